@@ -1,0 +1,111 @@
+"""End-to-end investigate: analysis against ingest, against a plain DuckDB load, and
+against the brute-force oracle on a subset; peak memory; page-size scaling.
+
+Run: python bench/bench_investigate.py [--requests N]   (default gives about 5.5 million records)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+from generate import generate
+
+import forensics
+from forensics.analysis import analyse
+from forensics.store import connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracle import run as oracle_run  # noqa: E402
+
+
+def _timed_investigate(logs: Path, db: Path) -> tuple[float, float, dict[str, int]]:
+    t = time.perf_counter()
+    forensics.ingest([logs], db)
+    ingest_s = time.perf_counter() - t
+    con = connect(db)
+    t = time.perf_counter()
+    figures = analyse(con)
+    analyse_s = time.perf_counter() - t
+    con.close()
+    return ingest_s, analyse_s, figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=500_000)
+    parser.add_argument("--oracle-requests", type=int, default=3_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        logs = root / "logs"
+        n = generate(logs, requests=args.requests, seed=3, decode_nodes=4)
+        t = time.perf_counter()
+        con = duckdb.connect(str(root / "plain.duckdb"))
+        con.execute(
+            f"CREATE TABLE t AS SELECT * FROM read_json('{logs}/*.jsonl', union_by_name=true)"
+        )
+        con.close()
+        plain = time.perf_counter() - t
+        ingest_s, analyse_s, figures = _timed_investigate(logs, root / "case.duckdb")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"records: {n:,}")
+        print(
+            f"plain DuckDB load {plain:.2f} s; ingest {ingest_s:.2f} s; analysis {analyse_s:.2f} s"
+        )
+        print(f"investigate / plain load: {(ingest_s + analyse_s) / plain:.2f}x")
+        print(f"analysis / ingest: {analyse_s / ingest_s:.2f} (target <= 1)")
+        print(f"peak RSS: {peak:.2f} GiB (target < 4)")
+        print(f"figures: {json.dumps(figures)}")
+
+        small = root / "small"
+        generate(small, requests=args.oracle_requests, seed=4, decode_nodes=2)
+        records = [json.loads(line) for f in sorted(small.iterdir()) for line in f.open()]
+        t = time.perf_counter()
+        expected = oracle_run(records).figures
+        oracle_s = time.perf_counter() - t
+        i_s, a_s, got = _timed_investigate(small, root / "small.duckdb")
+        assert got == expected, (got, expected)
+        print(
+            f"oracle on {len(records):,} records: {oracle_s:.2f} s; "
+            f"SQL analysis {a_s:.3f} s: oracle is {oracle_s / a_s:.0f}x slower (target >= 50x)"
+        )
+
+        coarse = root / "coarse"
+        generate(coarse, requests=20_000, seed=5, decode_nodes=2, pool_pages=2_049)
+        fine = root / "fine"
+        _scale_pages(coarse, fine, 64)
+        _, a1, f1 = _timed_investigate(coarse, root / "coarse.duckdb")
+        _, a64, f64 = _timed_investigate(fine, root / "fine.duckdb")
+        assert f1["exposed_responses"] == f64["exposed_responses"]
+        print(
+            f"page ids x64: analysis {a1:.2f} s -> {a64:.2f} s, ratio {a64 / a1:.2f} (target <= 2)"
+        )
+
+
+def _scale_pages(src: Path, dst: Path, factor: int) -> None:
+    dst.mkdir()
+    for f in src.iterdir():
+        with f.open() as fin, (dst / f.name).open("w") as fout:
+            for line in fin:
+                r = json.loads(line)
+                if r["kind"] == "config":
+                    r["pool_pages"] *= factor
+                    r["page_size"] = max(1, r["page_size"] // factor)
+                if r["kind"] == "kv":
+                    parts = []
+                    for part in r["pages"].split(","):
+                        lo, _, hi = part.partition("-")
+                        parts.append(f"{int(lo) * factor}-{(int(hi or lo) + 1) * factor - 1}")
+                    r["pages"] = ",".join(parts)
+                fout.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""A case file opened for investigation: the notebook API the CLI wraps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import duckdb
+import polars as pl
+
+from forensics.analysis import FIGURES, analyse, summary
+from forensics.errors import CaseError, QueryError
+from forensics.store import connect, one, sql_text
+
+
+@dataclass(frozen=True)
+class RequestReport:
+    """Everything the case knows of one request."""
+
+    request_id: str
+    lifecycle: pl.DataFrame  # its request and transfer records, in node order
+    pages: pl.DataFrame  # its page records on each node
+    saw: pl.DataFrame  # exposures where it read another request's content
+    seen_by: pl.DataFrame  # exposures where another request read its content
+    uninitialized: pl.DataFrame  # its reads of pages never written in the boot
+
+
+class Case:
+    """An investigation over one case database.
+
+    Opening a case whose records changed since the last analysis re-runs the analysis
+    (unless opened read-only, when a stale case is an error).
+    """
+
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.read_only = read_only
+        self._con = connect(self.path, read_only=read_only, create=False)
+        if self._stale():
+            if read_only:
+                self._con.close()
+                raise CaseError(f"{self.path}: not analysed yet (run 'kvforensics investigate')")
+            analyse(self._con)
+
+    def _stale(self) -> bool:
+        row = one(
+            self._con,
+            "SELECT (SELECT value FROM case_meta WHERE key = 'analysed_records'), "
+            "(SELECT count(*)::VARCHAR FROM records)",
+        )
+        assert row is not None
+        return row[0] != row[1]
+
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The case's DuckDB connection, for queries the API does not cover."""
+        return self._con
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> Case:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _frame(self, query: str, params: list[object] | None = None) -> pl.DataFrame:
+        return self._con.sql(query, params=params or None).pl()
+
+    def summary(self) -> dict[str, int]:
+        """The eight exposure figures of log-schema.md section 5."""
+        return summary(self._con)
+
+    def exposures(
+        self,
+        *,
+        tenant: str | None = None,
+        request: str | None = None,
+        victim: str | None = None,
+        delivered_only: bool = False,
+    ) -> pl.DataFrame:
+        """Exposure rows, filtered by tenant (reader's or victim's), reader or victim request."""
+        return self._frame(
+            sql_text("exposures_query.sql"),
+            [tenant, tenant, tenant, request, request, victim, victim, delivered_only],
+        )
+
+    def request(self, request_id: str) -> RequestReport:
+        """A request's lifecycle, pages, whose content it saw and who saw its content."""
+        exists = one(self._con, "SELECT count(*) FROM records WHERE request_id = ?", [request_id])
+        if not exists or not exists[0]:
+            raise QueryError(f"no request {request_id!r} in the case")
+        lifecycle = self._frame(
+            "SELECT node, boot, seq, ts, kind, event, status, reason, tenant_id, prompt_tokens, "
+            "transfer_id, src_node, dst_node, tokens FROM records "
+            "WHERE request_id = ? AND kind IN ('request', 'transfer') "
+            "ORDER BY ts, node, boot, seq NULLS FIRST",
+            [request_id],
+        )
+        pages = self._frame(
+            "SELECT node, boot, seq, ts, op, pages, source FROM records "
+            "WHERE request_id = ? AND kind = 'kv' ORDER BY node, boot, seq",
+            [request_id],
+        )
+        saw = self.exposures(request=request_id)
+        seen_by = self.exposures(victim=request_id)
+        uninitialized = self._frame(
+            "SELECT node, boot, lo, hi, seq, inferred FROM uninitialized_reads "
+            "WHERE request_id = ? ORDER BY node, boot, lo",
+            [request_id],
+        )
+        return RequestReport(request_id, lifecycle, pages, saw, seen_by, uninitialized)
+
+    def page_timeline(self, node: str, page: int, *, boot: int | None = None) -> pl.DataFrame:
+        """Every page operation on ``page`` of ``node`` in (boot, seq) order, with inferred reads."""
+        return self._frame(sql_text("page_timeline.sql"), [node, boot, boot, page])
+
+    def sql(self, query: str) -> pl.DataFrame:
+        """A read-only query over the case's tables."""
+        return run_read_only(self.path, query)
+
+    @property
+    def figures(self) -> tuple[str, ...]:
+        return FIGURES
+
+
+def run_read_only(path: Path, query: str) -> pl.DataFrame:
+    """Run ``query`` on a read-only connection to the case: writes are refused."""
+    con = connect(path, read_only=True, create=False)
+    try:
+        return con.sql(query).pl()
+    except duckdb.Error as exc:
+        raise QueryError(str(exc).splitlines()[0]) from exc
+    finally:
+        con.close()
+
+
+def quarantined(
+    path: Path | str, *, reason: str | None = None, with_raw: bool = False
+) -> pl.DataFrame:
+    """Quarantined records with file, line and reason; their text only when asked."""
+    raw = ", q.raw" if with_raw else ""
+    con = connect(path, read_only=True, create=False)
+    try:
+        return con.sql(
+            f"SELECT f.path AS file, q.line_no AS line, q.reason, q.detail{raw} "
+            "FROM quarantine q JOIN files f USING (file_id) "
+            "WHERE $reason::VARCHAR IS NULL OR q.reason = $reason::VARCHAR "
+            "ORDER BY f.path, q.line_no",
+            params={"reason": reason},
+        ).pl()
+    finally:
+        con.close()

@@ -1,0 +1,31 @@
+"""The toolkit's errors: one hierarchy, each class a kind of problem a user can act on."""
+
+from __future__ import annotations
+
+
+class KvfError(Exception):
+    """Base of every error the toolkit reports to its user."""
+
+
+class InputNotFound(KvfError):
+    """A path given to ingest does not exist."""
+
+
+class UnrecognisedFile(KvfError):
+    """A file is not in any format the toolkit reads."""
+
+
+class UnreadableFile(KvfError):
+    """A file cannot be opened or decoded."""
+
+
+class CaseLocked(KvfError):
+    """The case database is open in another process."""
+
+
+class CaseError(KvfError):
+    """The case database is missing, damaged or from an incompatible version."""
+
+
+class QueryError(KvfError):
+    """A query over the case was refused or failed."""

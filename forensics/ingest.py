@@ -1,0 +1,459 @@
+"""Ingest canonical log files into a case: every record ingested, a duplicate, or quarantined.
+
+Each file is one transaction: a process killed mid-way leaves the case as it was before
+that file, and running the same command again finishes the job. The outcome does not
+depend on file order: a conflict on ``(node, boot, seq)`` keeps the record whose canonical
+JSON sorts first, even when the winner arrives in a later file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from forensics import __version__
+from forensics.errors import KvfError, UnreadableFile
+from forensics.readers import LogFile, discover, read_chunks
+from forensics.schema import Reason
+from forensics.store import connect, one
+from forensics.validate import MACROS, stage_sql
+
+#: Columns copied from the stage into ``records`` (the typed fields and provenance).
+RECORD_COLUMNS = (
+    "kind", "ts", "node", "boot", "seq", "request_id", "event", "op", "pages", "page_ranges",
+    "max_page", "source", "tenant_id", "prompt_tokens", "max_new_tokens", "prefill_node",
+    "decode_node", "reason", "limit_tokens", "status", "finish_reason", "output_tokens",
+    "transfer_id", "src_node", "dst_node", "src_pages", "dst_pages", "tokens", "bytes", "role",
+    "engine", "engine_version", "model", "context_length", "page_size", "pool_pages",
+    "kv_bytes_per_token", "rec_hash", "raw", "doc",
+)
+
+Progress = Callable[[Path, int, int], None]
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How the records read ended: the three always add up to ``read``."""
+
+    read: int = 0
+    ingested: int = 0
+    duplicates: int = 0
+    quarantined: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.read + other.read,
+            self.ingested + other.ingested,
+            self.duplicates + other.duplicates,
+            self.quarantined + other.quarantined,
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "read": self.read,
+            "ingested": self.ingested,
+            "duplicates": self.duplicates,
+            "quarantined": self.quarantined,
+        }
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """One input file: its identity and how its records ended."""
+
+    path: str
+    sha256: str
+    size: int
+    format: str
+    compression: str
+    status: str  # "ingested" or "already_in_case"
+    counts: Counts
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "sha256": self.sha256,
+            "size": self.size,
+            "format": self.format,
+            "compression": self.compression,
+            "status": self.status,
+            **self.counts.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """The outcome of one ingest: the files named, their counts, and the case's totals."""
+
+    db: str
+    files: tuple[FileResult, ...]
+    skipped: tuple[str, ...]
+    records: Counts
+    case: Counts
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "db": self.db,
+            "records": self.records.as_dict(),
+            "files": [f.as_dict() for f in self.files],
+            "skipped": list(self.skipped),
+            "case": self.case.as_dict(),
+        }
+
+
+def ingest(
+    paths: Sequence[Path | str],
+    db: Path | str,
+    *,
+    progress: Progress | None = None,
+) -> IngestResult:
+    """Ingest the log files at ``paths`` (files or folders) into the case ``db``."""
+    logs, skipped = discover([Path(p) for p in paths])
+    con = connect(db)
+    try:
+        con.execute(MACROS)
+        results = [_ingest_file(con, log, progress) for log in logs]
+        final = [_with_counts(con, r) for r in results]
+        # a file named twice, or two paths with the same bytes, is one piece of evidence
+        distinct = {r.sha256: r.counts for r in final}
+        total = sum(distinct.values(), Counts())
+        return IngestResult(
+            db=str(db),
+            files=tuple(final),
+            skipped=tuple(str(p) for p in skipped),
+            records=total,
+            case=case_counts(con),
+        )
+    finally:
+        con.close()
+
+
+def case_counts(con: duckdb.DuckDBPyConnection) -> Counts:
+    """The case's totals over every file it holds."""
+    row = one(con, "SELECT coalesce(sum(read), 0), coalesce(sum(ingested), 0), coalesce(sum(duplicates), 0), "
+        "coalesce(sum(quarantined), 0) FROM file_counts")
+    assert row is not None
+    return Counts(*(int(v) for v in row))
+
+
+def _with_counts(con: duckdb.DuckDBPyConnection, result: FileResult) -> FileResult:
+    """The file's counts as they stand now (a later file can turn a record into a conflict)."""
+    row = one(
+        con,
+        "SELECT read, ingested, duplicates, quarantined FROM file_counts WHERE sha256 = ?",
+        [result.sha256],
+    )
+    assert row is not None
+    return FileResult(**{**result.__dict__, "counts": Counts(*(int(v) for v in row))})
+
+
+def sha256_of(path: Path) -> tuple[str, int]:
+    """The SHA-256 and size of a file's bytes as stored (compressed files are hashed as they are)."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with path.open("rb") as fh:
+            while block := fh.read(8 << 20):
+                digest.update(block)
+                size += len(block)
+    except OSError as exc:
+        raise UnreadableFile(f"{path}: cannot be read ({exc.strerror})") from exc
+    return digest.hexdigest(), size
+
+
+def _ingest_file(
+    con: duckdb.DuckDBPyConnection, log: LogFile, progress: Progress | None
+) -> FileResult:
+    sha, size = sha256_of(log.path)
+    known = one(con, "SELECT 1 FROM files WHERE sha256 = ?", [sha])
+    base = dict(
+        path=str(log.path), sha256=sha, size=size, format=log.format,
+        compression=log.compression, counts=Counts(),
+    )
+    if known:
+        return FileResult(status="already_in_case", **base)  # type: ignore[arg-type]
+    con.execute("BEGIN TRANSACTION")
+    try:
+        file_id = _next_file_id(con)
+        read = _stage(con, log, progress, size)
+        _check_strict_json(con)
+        _settle(con, file_id)
+        con.execute(
+            "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [file_id, str(log.path), size, sha, log.format, log.compression,
+             dt.datetime.now(dt.UTC), __version__, read],
+        )
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        con.execute("DROP TABLE IF EXISTS stage")
+    return FileResult(status="ingested", **base)  # type: ignore[arg-type]
+
+
+def _next_file_id(con: duckdb.DuckDBPyConnection) -> int:
+    row = one(con, "SELECT coalesce(max(file_id), 0) + 1 FROM files")
+    assert row is not None
+    return int(row[0])
+
+
+def _stage(
+    con: duckdb.DuckDBPyConnection, log: LogFile, progress: Progress | None, size: int
+) -> int:
+    """Validate the file's lines into the temp table ``stage``; the number of records read."""
+    query = stage_sql("chunk")
+    created = False
+    done = 0
+    for chunk in read_chunks(log):
+        con.register("chunk", chunk)
+        try:
+            if created:
+                con.execute(f"INSERT INTO stage {query}")
+            else:
+                con.execute(f"CREATE TEMP TABLE stage AS {query}")
+                created = True
+        finally:
+            con.unregister("chunk")
+        done += int(chunk["raw"].nbytes)
+        if progress is not None:
+            progress(log.path, min(done, size), size)
+    if not created:
+        empty = _empty_chunk()
+        con.register("chunk", empty)
+        con.execute(f"CREATE TEMP TABLE stage AS {query}")
+        con.unregister("chunk")
+    row = one(con, "SELECT count(*) FROM stage")
+    assert row is not None
+    return int(row[0])
+
+
+def _empty_chunk() -> object:
+    import pyarrow as pa
+
+    from forensics.readers import LINES_SCHEMA
+
+    return pa.table({n: pa.array([], t) for n, t in zip(LINES_SCHEMA.names, LINES_SCHEMA.types, strict=True)})
+
+
+def _strict_json_ok(text: str) -> bool:
+    def refuse(token: str) -> object:
+        raise ValueError(token)
+
+    try:
+        json.loads(text, parse_constant=refuse)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_strict_json(con: duckdb.DuckDBPyConnection) -> None:
+    """Lines DuckDB's lenient parser took (trailing commas, NaN) but JSON does not: not_json."""
+    rows = con.execute(
+        "SELECT line_no, coalesce(doc, raw) FROM stage WHERE suspect"
+    ).fetchall()
+    bad = [line for line, text in rows if not _strict_json_ok(text)]
+    if bad:
+        con.execute(
+            "UPDATE stage SET q_reason = ?, q_detail = 'not strict JSON (trailing comma or NaN)', "
+            "rec_hash = NULL WHERE list_contains(?, line_no)",
+            [Reason.NOT_JSON.value, bad],
+        )
+
+
+def _settle(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """Move the staged lines to records, duplicates and quarantine, resolving conflicts."""
+    con.execute(
+        f"""
+        INSERT INTO quarantine
+        SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL FROM stage WHERE q_reason IS NOT NULL
+        """
+    )
+    # lines that repeat a record: of this file (not its first occurrence) or of the case
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE repeats AS
+        SELECT line_no FROM (
+          SELECT line_no, row_number() OVER (PARTITION BY rec_hash ORDER BY line_no) AS occ
+          FROM stage WHERE q_reason IS NULL)
+        WHERE occ > 1
+        UNION
+        SELECT line_no FROM stage SEMI JOIN records USING (rec_hash)
+        """
+    )
+    _resolve_conflicts(con, file_id)
+    con.execute(
+        f"""
+        INSERT INTO duplicates SELECT {file_id}, line_no, rec_hash, raw, doc
+        FROM stage SEMI JOIN repeats USING (line_no) WHERE q_reason IS NULL
+        """
+    )
+    cols = ", ".join(RECORD_COLUMNS)
+    con.execute(
+        f"INSERT INTO records (file_id, line_no, {cols}) "
+        f"SELECT {file_id}, line_no, {cols} FROM stage ANTI JOIN repeats USING (line_no) "
+        "WHERE q_reason IS NULL"
+    )
+    _check_page_range(con, file_id)
+    con.execute("DROP TABLE repeats")
+
+
+def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """Of records sharing ``(node, boot, seq)``, keep the smallest canonical JSON."""
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE keyed AS
+        SELECT node, boot, seq, rec_hash, min(line_no) AS line_no
+        FROM stage WHERE q_reason IS NULL AND seq IS NOT NULL AND rec_hash NOT IN (
+          SELECT rec_hash FROM records) GROUP BY ALL
+        """
+    )
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE rivals AS
+        SELECT r.file_id, r.line_no, r.node, r.boot, r.seq, r.rec_hash, r.raw, r.doc
+        FROM records r SEMI JOIN (SELECT DISTINCT node, boot, seq FROM keyed) k
+          ON r.node = k.node AND r.boot = k.boot AND r.seq = k.seq
+        """
+    )
+    # keys with more than one distinct record, among this file's and the case's
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE contested AS
+        SELECT node, boot, seq FROM (
+          SELECT node, boot, seq, rec_hash FROM keyed
+          UNION SELECT node, boot, seq, rec_hash FROM rivals)
+        GROUP BY ALL HAVING count(*) > 1
+        """
+    )
+    if not _count(con, "contested"):
+        con.execute("DROP TABLE keyed; DROP TABLE rivals; DROP TABLE contested")
+        return
+    # every contender on a contested key, with its canonical JSON recomputed
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE rival_lines AS
+        SELECT row_number() OVER () AS line_no, raw, doc, c_file, c_line, c_hash, in_case FROM (
+          SELECT raw, doc, file_id AS c_file, line_no AS c_line, rec_hash AS c_hash, TRUE AS in_case
+          FROM rivals SEMI JOIN contested USING (node, boot, seq)
+          UNION ALL
+          SELECT s.raw, s.doc, {file_id}, s.line_no, s.rec_hash, FALSE
+          FROM stage s JOIN keyed k USING (line_no) SEMI JOIN contested c
+            ON k.node = c.node AND k.boot = c.boot AND k.seq = c.seq)
+        """
+    )
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE contenders AS
+        SELECT c.node, c.boot, c.seq, c.canon, l.c_hash AS rec_hash, l.c_file AS file_id,
+               l.c_line AS line_no, l.in_case
+        FROM ({stage_sql('rival_lines', with_canon=True)}) c JOIN rival_lines l USING (line_no)
+        """
+    )
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE losers AS
+        SELECT c.*, w.file_id AS w_file, w.line_no AS w_line FROM contenders c
+        JOIN (SELECT node, boot, seq, arg_min(struct_pack(file_id, line_no, canon), canon) AS w
+              FROM contenders GROUP BY ALL) USING (node, boot, seq)
+        WHERE c.canon <> w.canon
+        """
+    )
+    # this file's lines of any losing record, every occurrence (a repeat of the case's loser too)
+    con.execute(
+        f"""
+        INSERT INTO quarantine
+        SELECT {file_id}, s.line_no, '{Reason.CONFLICT.value}', {_conflict_detail("l")}, s.raw, s.rec_hash
+        FROM stage s JOIN (SELECT DISTINCT ON (rec_hash) * FROM losers) l ON l.rec_hash = s.rec_hash
+        WHERE s.q_reason IS NULL
+        """
+    )
+    con.execute("UPDATE stage SET q_reason = 'conflict' WHERE rec_hash IN (SELECT rec_hash FROM losers)")
+    # the case's losing records, and their earlier repeats, move to quarantine
+    con.execute(
+        f"""
+        INSERT INTO quarantine
+        SELECT r.file_id, r.line_no, '{Reason.CONFLICT.value}', {_conflict_detail('l')}, r.raw, r.rec_hash
+        FROM records r JOIN losers l ON l.rec_hash = r.rec_hash AND l.in_case
+        UNION ALL
+        SELECT d.file_id, d.line_no, '{Reason.CONFLICT.value}', {_conflict_detail('l')}, d.raw, d.rec_hash
+        FROM duplicates d JOIN losers l ON l.rec_hash = d.rec_hash AND l.in_case
+        """
+    )
+    con.execute("DELETE FROM records WHERE rec_hash IN (SELECT rec_hash FROM losers WHERE in_case)")
+    con.execute(
+        "DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM losers WHERE in_case)"
+    )
+    con.execute(
+        "DROP TABLE keyed; DROP TABLE rivals; DROP TABLE contested; DROP TABLE rival_lines; "
+        "DROP TABLE contenders; DROP TABLE losers"
+    )
+
+
+def _conflict_detail(alias: str) -> str:
+    """SQL for a conflict's detail: the key, and where the record that won it is."""
+    a = alias
+    return (
+        f"'conflicts on (node, boot, seq) = (' || {a}.node || ', ' || {a}.boot || ', ' || {a}.seq"
+        f" || ') with file ' || {a}.w_file || ' line ' || {a}.w_line"
+    )
+
+
+def _check_page_range(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """Quarantine page records with ids beyond the pool of the node's config in force.
+
+    New page records are checked, and when this file brought a node's config, all of that
+    node's page records are checked again (with their repeats).
+    """
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE beyond AS
+        WITH cfg AS (
+          SELECT node, (boot::HUGEINT << 64) + coalesce(seq, -1) AS ord, pool_pages,
+                 file_id AS c_file, line_no AS c_line
+          FROM records WHERE kind = 'config'
+        ), kv AS (
+          SELECT file_id, line_no, node, (boot::HUGEINT << 64) + seq AS ord, max_page, rec_hash
+          FROM records
+          WHERE kind = 'kv' AND (file_id = {file_id} OR node IN (
+            SELECT node FROM records WHERE kind = 'config' AND file_id = {file_id}))
+        )
+        SELECT kv.file_id, kv.line_no, kv.rec_hash,
+               'page ' || kv.max_page || ' is beyond pool_pages ' || cfg.pool_pages
+               || ' of the config at file ' || c_file || ' line ' || c_line AS detail
+        FROM kv ASOF JOIN cfg ON kv.node = cfg.node AND kv.ord >= cfg.ord
+        WHERE kv.max_page >= cfg.pool_pages
+        """
+    )
+    if not _count(con, "beyond"):
+        con.execute("DROP TABLE beyond")
+        return
+    reason = Reason.PAGE_OUT_OF_RANGE.value
+    con.execute(
+        f"""
+        INSERT INTO quarantine
+        SELECT r.file_id, r.line_no, '{reason}', b.detail, r.raw, r.rec_hash
+        FROM records r JOIN beyond b USING (file_id, line_no)
+        UNION ALL
+        SELECT d.file_id, d.line_no, '{reason}', b.detail, d.raw, d.rec_hash
+        FROM duplicates d JOIN beyond b ON d.rec_hash = b.rec_hash
+        """
+    )
+    con.execute("DELETE FROM records WHERE (file_id, line_no) IN (SELECT (file_id, line_no) FROM beyond)")
+    con.execute("DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
+    con.execute("DROP TABLE beyond")
+
+
+def _count(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    row = one(con, f"SELECT count(*) FROM {table}")
+    assert row is not None
+    return int(row[0])
+
+
+__all__ = ["Counts", "FileResult", "IngestResult", "KvfError", "ingest", "case_counts"]

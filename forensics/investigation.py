@@ -1,0 +1,43 @@
+"""The main job: ingest a log set, analyse it, and give the figures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from forensics.analysis import analyse
+from forensics.ingest import IngestResult, Progress, ingest
+from forensics.store import connect
+
+
+@dataclass(frozen=True)
+class Investigation:
+    """What ``investigate`` found: how the records ended, and the exposure figures."""
+
+    ingest: IngestResult
+    exposure: dict[str, int]
+
+    def as_dict(self) -> dict[str, object]:
+        data = self.ingest.as_dict()
+        return {
+            "db": data["db"],
+            "records": data["records"],
+            "exposure": self.exposure,
+            "files": data["files"],
+            "skipped": data["skipped"],
+            "case": data["case"],
+        }
+
+
+def investigate(
+    paths: Sequence[Path | str], db: Path | str, *, progress: Progress | None = None
+) -> Investigation:
+    """Ingest ``paths`` into the case ``db``, rebuild its timelines and exposures."""
+    result = ingest(paths, db, progress=progress)
+    con = connect(db)
+    try:
+        figures = analyse(con)
+    finally:
+        con.close()
+    return Investigation(result, figures)

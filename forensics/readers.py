@@ -1,0 +1,273 @@
+"""Finding log files and reading them as numbered lines, whatever their format and compression."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
+from forensics.schema import integer_fields
+
+CHUNK_BYTES = 32 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_PARQUET_MAGIC = b"PAR1"
+_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_INT_CELL = re.compile(r"-?(0|[1-9][0-9]*)")
+
+#: The Arrow schema of a chunk of lines handed to the validator.
+LINES_SCHEMA = pa.schema(
+    [("line_no", pa.int64()), ("raw", pa.large_string()), ("doc", pa.large_string())]
+)
+
+
+@dataclass(frozen=True)
+class LogFile:
+    """A file to ingest: where it is and how to decode it."""
+
+    path: Path
+    format: str  # jsonl, csv or parquet
+    compression: str  # none, gzip or zstd
+
+
+def discover(paths: list[Path]) -> tuple[list[LogFile], list[Path]]:
+    """Files to ingest under ``paths``, in a stable order, and the files passed over.
+
+    A file named explicitly must be a log file; inside folders, files of other kinds
+    (READMEs, checksums) are passed over and listed.
+    """
+    found: list[LogFile] = []
+    skipped: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise InputNotFound(f"{path}: no such file or folder")
+        if path.is_dir():
+            for child in sorted(p for p in path.rglob("*") if p.is_file()):
+                if any(part.startswith(".") for part in child.relative_to(path).parts):
+                    continue
+                log = identify(child, explicit=False)
+                if log is None:
+                    skipped.append(child)
+                else:
+                    found.append(log)
+        else:
+            log = identify(path, explicit=True)
+            if log is None:
+                raise UnrecognisedFile(
+                    f"{path}: not a log file this tool reads "
+                    "(JSON Lines, CSV or Parquet, optionally .gz or .zst)"
+                )
+            found.append(log)
+    return found, skipped
+
+
+def identify(path: Path, *, explicit: bool) -> LogFile | None:
+    """The format and compression of a file, from its name and first bytes; None if neither fits.
+
+    A file named explicitly whose name says nothing is taken as JSON Lines if it starts with ``{``.
+    """
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise UnreadableFile(f"{path}: cannot be read ({exc.strerror})") from exc
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = "none"
+    if head.startswith(_GZIP_MAGIC):
+        compression = "gzip"
+    elif head.startswith(_ZSTD_MAGIC):
+        compression = "zstd"
+    elif suffixes and suffixes[-1] in _COMPRESSIONS:
+        compression = _COMPRESSIONS[suffixes[-1]]
+    if suffixes and suffixes[-1] in _COMPRESSIONS:
+        suffixes = suffixes[:-1]
+    fmt = _FORMATS.get(suffixes[-1]) if suffixes else None
+    if head.startswith(_PARQUET_MAGIC):
+        fmt = "parquet"
+    if fmt is None and explicit and compression == "none" and head[:1] in (b"{", b"\xef"):
+        fmt = "jsonl"
+    if fmt is None:
+        return None
+    return LogFile(path, fmt, compression)
+
+
+def open_binary(log: LogFile) -> IO[bytes]:
+    """The file's decompressed bytes as a stream."""
+    if log.compression == "gzip":
+        return gzip.open(log.path, "rb")  # type: ignore[return-value]
+    if log.compression == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(log.path.open("rb"), read_across_frames=True)
+    return log.path.open("rb")
+
+
+def read_chunks(log: LogFile) -> Iterator[pa.Table]:
+    """The file's records as Arrow tables of (line_no, raw, text), a chunk at a time."""
+    try:
+        if log.format == "jsonl":
+            yield from _jsonl_chunks(log)
+        elif log.format == "csv":
+            yield from _csv_chunks(log)
+        else:
+            yield from _parquet_chunks(log)
+    except (OSError, EOFError, ValueError, pa.ArrowException) as exc:
+        if isinstance(exc, UnreadableFile):
+            raise
+        raise UnreadableFile(f"{log.path}: cannot be decoded as {log.format} ({exc})") from exc
+
+
+def _jsonl_chunks(log: LogFile) -> Iterator[pa.Table]:
+    next_line = 1
+    carry = b""
+    with open_binary(log) as fh:
+        first = True
+        while True:
+            block = fh.read(CHUNK_BYTES)
+            data = carry + block
+            if first and data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]
+            first = False
+            if not block:
+                if data:
+                    yield _lines_table(data + b"\n", next_line)
+                return
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                yield _lines_table(data[:cut], next_line)
+                next_line += data.count(b"\n", 0, cut)
+
+
+def _lines_table(data: bytes, first_line: int) -> pa.Table:
+    """Every newline-terminated line of ``data``, numbered from ``first_line``.
+
+    The strings are offsets over the one buffer: no per-line Python object is made.
+    """
+    buf = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    starts = np.empty_like(ends)
+    starts[0:1] = 0
+    starts[1:] = ends[:-1] + 1
+    # drop the terminator, "\r\n" or "\n"
+    cr = np.zeros(len(ends), dtype=bool)
+    nonempty = ends > starts
+    cr[nonempty] = buf[ends[nonempty] - 1] == 13
+    stops = ends - cr
+    # interleaved (start, stop) offsets: the even strings are the lines, the odd the terminators
+    offsets = np.empty(2 * len(ends), dtype=np.int64)
+    offsets[0::2] = starts
+    offsets[1::2] = stops
+    both = pa.LargeStringArray.from_buffers(
+        2 * len(ends) - 1, pa.py_buffer(offsets), pa.py_buffer(data)
+    )
+    lines = both.take(pa.array(np.arange(0, 2 * len(ends), 2, dtype=np.int64)))
+    try:
+        lines.validate(full=True)
+    except pa.ArrowInvalid:
+        lines = _decode_lossless(data, starts, stops)
+    line_no = np.arange(first_line, first_line + len(ends), dtype=np.int64)
+    table = pa.table(
+        {"line_no": line_no, "raw": lines, "doc": pa.nulls(len(ends), pa.large_string())},
+        schema=LINES_SCHEMA,
+    )
+    # several batches, so that DuckDB scans the chunk on every core
+    return pa.Table.from_batches(table.to_batches(max_chunksize=32_768), schema=LINES_SCHEMA)
+
+
+def _decode_lossless(data: bytes, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
+    """Lines of a chunk with invalid UTF-8: bad lines kept with escapes, so they fail as not JSON."""
+    out: list[str] = []
+    for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+        piece = data[a:b]
+        try:
+            out.append(piece.decode("utf-8"))
+        except UnicodeDecodeError:
+            # a NUL prefix can never start valid JSON, so the line is quarantined verbatim-escaped
+            out.append("\x00" + piece.decode("utf-8", "backslashreplace"))
+    return pa.array(out, pa.large_string())
+
+
+def _csv_cell(name: str, value: str, ints: frozenset[str]) -> Any:
+    if name in ints and _INT_CELL.fullmatch(value):
+        return int(value)
+    return value
+
+
+def _csv_chunks(log: LogFile) -> Iterator[pa.Table]:
+    ints = integer_fields()
+    with open_binary(log) as fh:
+        text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="strict", newline="")
+        consumed: list[tuple[int, str]] = []
+        counter = [0]
+
+        def lines() -> Iterator[str]:
+            for line in text:
+                counter[0] += 1
+                consumed.append((counter[0], line))
+                yield line
+
+        reader = csv.reader(lines())
+        header = next(reader, None)
+        if header is None:
+            return
+        header = [h.strip() for h in header]
+        rows: dict[str, list[Any]] = {"line_no": [], "raw": [], "doc": []}
+        consumed.clear()
+        for cells in reader:
+            first_no = consumed[0][0]
+            raw = "".join(line for _, line in consumed).rstrip("\r\n")
+            consumed.clear()
+            if not raw.strip():
+                continue
+            if len(cells) != len(header):
+                doc = f"\x00CSV row has {len(cells)} cells, the header {len(header)}"
+            else:
+                record = {h: _csv_cell(h, c, ints) for h, c in zip(header, cells, strict=True) if c != ""}
+                doc = json.dumps(record, ensure_ascii=False)
+            rows["line_no"].append(first_no)
+            rows["raw"].append(raw)
+            rows["doc"].append(doc)
+            if len(rows["raw"]) >= 200_000:
+                yield pa.table(rows, schema=LINES_SCHEMA)
+                rows = {"line_no": [], "raw": [], "doc": []}
+        if rows["raw"]:
+            yield pa.table(rows, schema=LINES_SCHEMA)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    return value
+
+
+def _parquet_chunks(log: LogFile) -> Iterator[pa.Table]:
+    with open_binary(log) as fh:
+        parquet = pq.ParquetFile(io.BytesIO(fh.read()) if log.compression != "none" else fh)
+        row = 0
+        for batch in parquet.iter_batches(batch_size=100_000):
+            docs = [
+                json.dumps(
+                    {k: _json_value(v) for k, v in rec.items() if v is not None},
+                    ensure_ascii=False,
+                )
+                for rec in batch.to_pylist()
+            ]
+            numbers = np.arange(row + 1, row + 1 + len(docs), dtype=np.int64)
+            row += len(docs)
+            yield pa.table({"line_no": numbers, "raw": docs, "doc": docs}, schema=LINES_SCHEMA)

@@ -1,0 +1,194 @@
+"""The canonical log schema v1, declared once as data: ingest, docs and messages read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+
+class FieldType(StrEnum):
+    """JSON shape a field must have."""
+
+    STR = "string"
+    INT = "integer"
+    TS = "timestamp"  # RFC 3339 string with offset, or integer nanoseconds
+    PAGES = "pages"  # a string of inclusive page-id ranges, "0-63,128"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a record: its JSON shape and the values it admits."""
+
+    name: str
+    type: FieldType
+    choices: tuple[str, ...] = ()
+    min_value: int | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The fields a record needs beyond the common ones, for one kind and event/op."""
+
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+
+
+class Reason(StrEnum):
+    """Why a record was quarantined (log-schema.md section 4)."""
+
+    NOT_JSON = "not_json"
+    NOT_OBJECT = "not_object"
+    UNKNOWN_KIND = "unknown_kind"
+    UNKNOWN_OP = "unknown_op"
+    UNKNOWN_EVENT = "unknown_event"
+    MISSING_FIELD = "missing_field"
+    WRONG_TYPE = "wrong_type"
+    BAD_VALUE = "bad_value"
+    BAD_TS = "bad_ts"
+    NEGATIVE_SEQ = "negative_seq"
+    BAD_PAGES = "bad_pages"
+    PAGE_OUT_OF_RANGE = "page_out_of_range"
+    CONFLICT = "conflict"
+    UNREADABLE = "unreadable"
+
+
+REASON_TEXT: Final[dict[Reason, str]] = {
+    Reason.NOT_JSON: "the line is not valid JSON (or not valid UTF-8)",
+    Reason.NOT_OBJECT: "the JSON value is not an object",
+    Reason.UNKNOWN_KIND: "kind is not config, request, kv or transfer",
+    Reason.UNKNOWN_OP: "op is not alloc, share, write, read or free",
+    Reason.UNKNOWN_EVENT: "event is not one the record kind defines",
+    Reason.MISSING_FIELD: "a required field is missing or null",
+    Reason.WRONG_TYPE: "a field has the wrong JSON type",
+    Reason.BAD_VALUE: "a field's value is outside what it admits (enumeration or minimum)",
+    Reason.BAD_TS: "ts is neither an RFC 3339 time with offset nor integer nanoseconds",
+    Reason.NEGATIVE_SEQ: "seq is negative",
+    Reason.BAD_PAGES: "a page list is not inclusive ranges a-b with a <= b",
+    Reason.PAGE_OUT_OF_RANGE: "a page id is outside [0, pool_pages) of the node's config in force",
+    Reason.CONFLICT: "another record has the same (node, boot, seq) and a smaller canonical JSON",
+    Reason.UNREADABLE: "the row could not be decoded from its file",
+}
+
+FIELDS: Final[dict[str, Field]] = {
+    f.name: f
+    for f in (
+        Field("kind", FieldType.STR, ("config", "request", "kv", "transfer")),
+        Field("ts", FieldType.TS),
+        Field("node", FieldType.STR),
+        Field("seq", FieldType.INT, min_value=0),
+        Field("boot", FieldType.INT, min_value=0),
+        # config
+        Field("role", FieldType.STR, ("prefill", "decode", "router")),
+        Field("engine", FieldType.STR),
+        Field("engine_version", FieldType.STR),
+        Field("model", FieldType.STR),
+        Field("context_length", FieldType.INT, min_value=1),
+        Field("page_size", FieldType.INT, min_value=1),
+        Field("pool_pages", FieldType.INT, min_value=1),
+        Field("kv_bytes_per_token", FieldType.INT, min_value=0),
+        # request
+        Field("request_id", FieldType.STR),
+        Field("event", FieldType.STR),
+        Field("tenant_id", FieldType.STR),
+        Field("prompt_tokens", FieldType.INT, min_value=0),
+        Field("max_new_tokens", FieldType.INT, min_value=0),
+        Field("prefill_node", FieldType.STR),
+        Field("decode_node", FieldType.STR),
+        Field("reason", FieldType.STR),
+        Field("limit_tokens", FieldType.INT, min_value=0),
+        Field("status", FieldType.INT, min_value=0),
+        Field("finish_reason", FieldType.STR),
+        Field("output_tokens", FieldType.INT, min_value=0),
+        # kv
+        Field("op", FieldType.STR),
+        Field("pages", FieldType.PAGES),
+        Field("source", FieldType.STR, ("compute", "transfer", "decode")),
+        # transfer
+        Field("transfer_id", FieldType.STR),
+        Field("src_node", FieldType.STR),
+        Field("dst_node", FieldType.STR),
+        Field("src_pages", FieldType.PAGES),
+        Field("dst_pages", FieldType.PAGES),
+        Field("tokens", FieldType.INT, min_value=0),
+        Field("bytes", FieldType.INT, min_value=0),
+    )
+}
+
+COMMON_REQUIRED: Final = ("kind", "ts", "node")
+COMMON_OPTIONAL: Final = ("seq", "boot")
+
+KINDS: Final = ("config", "request", "kv", "transfer")
+
+#: Per kind, the field that selects the variant ("event" or "op"), or None.
+DISCRIMINATOR: Final[dict[str, str | None]] = {
+    "config": None,
+    "request": "event",
+    "kv": "op",
+    "transfer": "event",
+}
+
+#: Fields every record of a kind needs, whatever its event or op.
+KIND_FIELDS: Final[dict[str, Variant]] = {
+    "config": Variant(
+        required=(
+            "role", "engine", "engine_version", "model",
+            "context_length", "page_size", "pool_pages",
+        ),
+        optional=("kv_bytes_per_token",),
+    ),
+    "request": Variant(required=("request_id", "event")),
+    "kv": Variant(required=("seq", "request_id", "op", "pages")),
+    "transfer": Variant(
+        required=("transfer_id", "request_id", "event", "src_node", "dst_node"),
+        optional=("src_pages", "dst_pages", "tokens", "bytes"),
+    ),
+}
+
+#: Per kind, the variants by event or op, with the fields each adds.
+VARIANTS: Final[dict[str, dict[str, Variant]]] = {
+    "config": {},
+    "request": {
+        "received": Variant(
+            required=("tenant_id", "prompt_tokens"),
+            optional=("max_new_tokens", "prefill_node", "decode_node"),
+        ),
+        "admitted": Variant(),
+        "rejected": Variant(required=("reason",), optional=("limit_tokens",)),
+        "prefill_started": Variant(),
+        "prefill_done": Variant(),
+        "decode_started": Variant(),
+        "finished": Variant(required=("status",), optional=("finish_reason", "output_tokens")),
+    },
+    "kv": {
+        "alloc": Variant(),
+        "share": Variant(),
+        "write": Variant(optional=("source",)),
+        "read": Variant(),
+        "free": Variant(),
+    },
+    "transfer": {"started": Variant(), "completed": Variant(), "failed": Variant()},
+}
+
+UNKNOWN_VARIANT_REASON: Final[dict[str, Reason]] = {
+    "request": Reason.UNKNOWN_EVENT,
+    "kv": Reason.UNKNOWN_OP,
+    "transfer": Reason.UNKNOWN_EVENT,
+}
+
+#: Field names in sorted order: the order of keys in canonical JSON.
+FIELD_ORDER: Final[tuple[str, ...]] = tuple(sorted(FIELDS))
+
+
+def fields_of(kind: str, variant: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Required and optional field names of a record of this kind and event/op."""
+    base = KIND_FIELDS[kind]
+    extra = VARIANTS[kind].get(variant or "", Variant())
+    required = COMMON_REQUIRED + base.required + extra.required
+    optional = COMMON_OPTIONAL + base.optional + extra.optional
+    return required, tuple(f for f in optional if f not in required)
+
+
+def integer_fields() -> frozenset[str]:
+    """Fields whose value is an integer (CSV cells are converted for these)."""
+    return frozenset(f.name for f in FIELDS.values() if f.type in (FieldType.INT, FieldType.TS))

@@ -1,0 +1,114 @@
+-- The case database: evidence manifest, ingested records, quarantine and duplicates.
+-- Every record read lands in exactly one of records, duplicates or quarantine.
+
+CREATE TABLE IF NOT EXISTS case_meta (
+  key VARCHAR PRIMARY KEY,
+  value VARCHAR
+);
+
+-- The evidence manifest: one row per input file.
+CREATE TABLE IF NOT EXISTS files (
+  file_id INTEGER PRIMARY KEY,
+  path VARCHAR NOT NULL,
+  size BIGINT NOT NULL,
+  sha256 VARCHAR NOT NULL UNIQUE,
+  format VARCHAR NOT NULL,
+  compression VARCHAR NOT NULL,
+  ingested_at TIMESTAMPTZ NOT NULL,
+  toolkit_version VARCHAR NOT NULL,
+  records_read BIGINT NOT NULL
+);
+
+-- Valid records, one typed column per schema field (NULL where a kind lacks it).
+CREATE TABLE IF NOT EXISTS records (
+  file_id INTEGER NOT NULL,
+  line_no BIGINT NOT NULL,
+  kind VARCHAR NOT NULL,
+  ts TIMESTAMPTZ NOT NULL,
+  node VARCHAR NOT NULL,
+  boot BIGINT NOT NULL,
+  seq BIGINT,
+  request_id VARCHAR,
+  event VARCHAR,
+  op VARCHAR,
+  pages VARCHAR,
+  page_ranges STRUCT(lo BIGINT, hi BIGINT)[],
+  max_page BIGINT,
+  source VARCHAR,
+  tenant_id VARCHAR,
+  prompt_tokens BIGINT,
+  max_new_tokens BIGINT,
+  prefill_node VARCHAR,
+  decode_node VARCHAR,
+  reason VARCHAR,
+  limit_tokens BIGINT,
+  status BIGINT,
+  finish_reason VARCHAR,
+  output_tokens BIGINT,
+  transfer_id VARCHAR,
+  src_node VARCHAR,
+  dst_node VARCHAR,
+  src_pages VARCHAR,
+  dst_pages VARCHAR,
+  tokens BIGINT,
+  bytes BIGINT,
+  role VARCHAR,
+  engine VARCHAR,
+  engine_version VARCHAR,
+  model VARCHAR,
+  context_length BIGINT,
+  page_size BIGINT,
+  pool_pages BIGINT,
+  kv_bytes_per_token BIGINT,
+  rec_hash UHUGEINT NOT NULL,
+  raw VARCHAR NOT NULL,
+  doc VARCHAR
+);
+
+-- Records kept verbatim with the reason they were not ingested.
+CREATE TABLE IF NOT EXISTS quarantine (
+  file_id INTEGER NOT NULL,
+  line_no BIGINT NOT NULL,
+  reason VARCHAR NOT NULL,
+  detail VARCHAR,
+  raw VARCHAR NOT NULL,
+  rec_hash UHUGEINT
+);
+
+-- Byte-for-byte repeats (same canonical JSON) of an ingested record.
+CREATE TABLE IF NOT EXISTS duplicates (
+  file_id INTEGER NOT NULL,
+  line_no BIGINT NOT NULL,
+  rec_hash UHUGEINT NOT NULL,
+  raw VARCHAR NOT NULL,
+  doc VARCHAR
+);
+
+CREATE OR REPLACE VIEW file_counts AS
+SELECT f.file_id, f.path, f.sha256, f.size, f.format, f.compression, f.ingested_at,
+       f.toolkit_version, f.records_read AS read,
+       coalesce(r.n, 0) AS ingested, coalesce(d.n, 0) AS duplicates, coalesce(q.n, 0) AS quarantined
+FROM files f
+LEFT JOIN (SELECT file_id, count(*) AS n FROM records GROUP BY ALL) r USING (file_id)
+LEFT JOIN (SELECT file_id, count(*) AS n FROM duplicates GROUP BY ALL) d USING (file_id)
+LEFT JOIN (SELECT file_id, count(*) AS n FROM quarantine GROUP BY ALL) q USING (file_id);
+
+CREATE OR REPLACE VIEW configs AS
+SELECT node, boot, seq, ts, role, engine, engine_version, model, context_length, page_size,
+       pool_pages, kv_bytes_per_token, file_id, line_no
+FROM records WHERE kind = 'config';
+
+CREATE OR REPLACE VIEW request_events AS
+SELECT request_id, event, node, boot, seq, ts, tenant_id, prompt_tokens, max_new_tokens,
+       prefill_node, decode_node, reason, limit_tokens, status, finish_reason, output_tokens,
+       file_id, line_no
+FROM records WHERE kind = 'request';
+
+CREATE OR REPLACE VIEW kv_ops AS
+SELECT node, boot, seq, ts, request_id, op, pages, page_ranges, source, file_id, line_no
+FROM records WHERE kind = 'kv';
+
+CREATE OR REPLACE VIEW transfers AS
+SELECT transfer_id, request_id, event, node, boot, seq, ts, src_node, dst_node, src_pages,
+       dst_pages, tokens, bytes, file_id, line_no
+FROM records WHERE kind = 'transfer';

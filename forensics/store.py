@@ -1,0 +1,58 @@
+"""Opening a case database: schema, settings, and the errors a user can act on."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from forensics.errors import CaseError, CaseLocked
+
+SCHEMA_VERSION = "1"
+
+
+def sql_text(name: str) -> str:
+    """The text of a named SQL file shipped in ``forensics/sql``."""
+    return resources.files("forensics").joinpath("sql", name).read_text(encoding="utf-8")
+
+
+def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -> duckdb.DuckDBPyConnection:
+    """A connection to the case at ``path`` (``:memory:`` for a scratch case), schema in place."""
+    target = str(path)
+    if target != ":memory:":
+        p = Path(target)
+        if not p.exists() and (read_only or not create):
+            raise CaseError(f"{p}: no such case (run 'kvforensics ingest' first)")
+        if p.exists() and p.is_dir():
+            raise CaseError(f"{p}: is a folder, not a case file")
+    try:
+        con = duckdb.connect(target, read_only=read_only)
+    except duckdb.IOException as exc:
+        text = str(exc)
+        if "lock" in text.lower():
+            holder = text.split("Conflicting lock is held in", 1)[-1].strip() if "Conflicting" in text else ""
+            extra = f" ({holder})" if holder else ""
+            raise CaseLocked(f"{target}: the case is open in another process{extra}") from exc
+        raise CaseError(f"{target}: cannot open the case ({text.splitlines()[0]})") from exc
+    except duckdb.Error as exc:
+        raise CaseError(f"{target}: not a DuckDB case file ({str(exc).splitlines()[0]})") from exc
+    con.execute("SET TimeZone = 'UTC'; SET enable_progress_bar = false")
+    if not read_only:
+        con.execute(sql_text("schema.sql"))
+        con.execute(
+            "INSERT INTO case_meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
+            [SCHEMA_VERSION],
+        )
+    version = one(con, "SELECT value FROM case_meta WHERE key = 'schema_version'")
+    if version is None or version[0] != SCHEMA_VERSION:
+        con.close()
+        raise CaseError(f"{target}: case schema {version} is not {SCHEMA_VERSION}")
+    return con
+
+
+def one(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> tuple[Any, ...] | None:
+    """The first row of a query, the result consumed whole (DuckDB 2 wants results finished)."""
+    rows = con.execute(sql, params or []).fetchall()
+    return rows[0] if rows else None

@@ -1,0 +1,339 @@
+"""SQL that validates staged lines against the schema declaration and computes canonical JSON.
+
+The whole check runs as one vectorised DuckDB query over a relation of lines
+``(line_no BIGINT, raw VARCHAR)``: each line is parsed once (one ``json_extract`` of every
+declared field) and the first failing check, in the order of log-schema.md section 4,
+names the quarantine reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from forensics.schema import (
+    COMMON_OPTIONAL,
+    DISCRIMINATOR,
+    FIELD_ORDER,
+    FIELDS,
+    KINDS,
+    UNKNOWN_VARIANT_REASON,
+    VARIANTS,
+    FieldType,
+    Reason,
+    fields_of,
+)
+
+_RFC3339 = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+_PAGES = r"[0-9]{1,12}(-[0-9]{1,12})?(,[0-9]{1,12}(-[0-9]{1,12})?)*"
+_INT = r"-?(0|[1-9][0-9]*)"
+_WS = "' ' || chr(9) || chr(10) || chr(13)"
+#: Lines DuckDB's lenient parser accepts but strict JSON may not (trailing commas, NaN).
+LENIENT_SUSPECT = r",\s*[\]}]|NaN|Infinity"
+
+SQL_TYPE = {
+    FieldType.STR: "VARCHAR",
+    FieldType.INT: "BIGINT",
+    FieldType.TS: "TIMESTAMPTZ",
+    FieldType.PAGES: "VARCHAR",
+}
+
+
+def _q(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _j(name: str) -> str:
+    return f'"j_{name}"'
+
+
+def _present(name: str) -> str:
+    # json_transform gives SQL NULL for an absent key and for a JSON null alike
+    return f"({_j(name)} IS NOT NULL)"
+
+
+def _is_str(name: str) -> str:
+    return f"starts_with({_j(name)}, '\"')"
+
+
+def _is_int(name: str) -> str:
+    return f"regexp_full_match({_j(name)}, {_q(_INT)})"
+
+
+def _type_ok(name: str) -> str:
+    ftype = FIELDS[name].type
+    if ftype in (FieldType.STR, FieldType.PAGES):
+        return _is_str(name)
+    if ftype is FieldType.INT:
+        return _is_int(name)
+    return f"({_is_str(name)} OR {_is_int(name)})"
+
+
+def _str_value(name: str) -> str:
+    j = _j(name)
+    return (
+        f"CASE WHEN {_is_str(name)} THEN "
+        f"CASE WHEN contains({j}, '\\') THEN json_extract_string({j}, '$') ELSE {j}[2:-2] END END"
+    )
+
+
+def _typed_value(name: str) -> str:
+    ftype = FIELDS[name].type
+    if ftype in (FieldType.STR, FieldType.PAGES):
+        return _str_value(name)
+    if ftype is FieldType.INT:
+        return f"CASE WHEN {_is_int(name)} THEN TRY_CAST({_j(name)} AS BIGINT) END"
+    # ts: RFC 3339 text with offset, or integer nanoseconds since the epoch
+    j = _j(name)
+    text = _str_value(name)
+    return (
+        f"CASE WHEN {_is_str(name)} THEN "
+        f"CASE WHEN regexp_full_match({text}, {_q(_RFC3339)}) THEN TRY_CAST({text} AS TIMESTAMPTZ) END "
+        f"WHEN {_is_int(name)} THEN "
+        f"TRY_CAST(make_timestamp(TRY_CAST({j} AS BIGINT) // 1000) AS TIMESTAMPTZ) END"
+    )
+
+
+class _Chain:
+    """Ordered checks; the first that holds names the reason."""
+
+    def __init__(self) -> None:
+        self.branches: list[tuple[str, str]] = []
+
+    def add(self, condition: str, reason: Reason, detail: str) -> None:
+        self.branches.append((condition, f"{{'reason': {_q(reason.value)}, 'detail': {detail}}}"))
+
+    def nest(self, condition: str, inner: _Chain) -> None:
+        """Rows meeting ``condition`` take ``inner``'s verdict (NULL when all its checks pass)."""
+        if inner.branches:
+            self.branches.append((condition, inner.sql()))
+
+    def sql(self) -> str:
+        whens = "\n    ".join(f"WHEN {cond} THEN {then}" for cond, then in self.branches)
+        return f"CASE\n    {whens}\n  END"
+
+
+def _variants() -> Iterable[tuple[str, str | None, str]]:
+    """Every (kind, variant, its name in the ``variant`` column)."""
+    for kind in KINDS:
+        if DISCRIMINATOR[kind] is None:
+            yield kind, None, f"{kind}/"
+        else:
+            for variant in VARIANTS[kind]:
+                yield kind, variant, f"{kind}/{variant}"
+
+
+def _variant_sql() -> str:
+    """SQL naming a record's variant, ``kind/event`` or ``kind/op`` (``config/``)."""
+    whens = " ".join(
+        f"WHEN {_q(kind)} THEN {disc}_s" for kind, disc in DISCRIMINATOR.items() if disc
+    )
+    return f"kind || '/' || coalesce(CASE kind {whens} END, '')"
+
+
+def _checks() -> _Chain:
+    chain = _Chain()
+    lit = _q
+    chain.add("NOT is_json", Reason.NOT_JSON, lit("not valid JSON"))
+    chain.add("NOT is_obj", Reason.NOT_OBJECT, lit("a JSON value that is not an object"))
+    chain.add(
+        "len(keys) <> len(list_distinct(keys))",
+        Reason.NOT_JSON,
+        lit("an object with a repeated key"),
+    )
+    chain.add("NOT " + _present("kind"), Reason.MISSING_FIELD, lit("missing field 'kind'"))
+    chain.add("NOT " + _is_str("kind"), Reason.WRONG_TYPE, lit("'kind' must be a string"))
+    chain.add(
+        f"kind NOT IN ({', '.join(lit(k) for k in KINDS)})",
+        Reason.UNKNOWN_KIND,
+        "'unknown kind ' || to_json(kind)",
+    )
+    for name in ("ts", "node"):
+        chain.add("NOT " + _present(name), Reason.MISSING_FIELD, lit(f"missing field '{name}'"))
+    chain.add(
+        "kind = 'kv' AND NOT " + _present("seq"),
+        Reason.MISSING_FIELD,
+        lit("missing field 'seq'"),
+    )
+    for name in ("node", *COMMON_OPTIONAL, "ts"):
+        chain.add(
+            f"{name} IS NULL AND {_present(name)} AND NOT {_type_ok(name)}",
+            Reason.WRONG_TYPE,
+            lit(f"'{name}' must be {_type_word(name)}"),
+        )
+    chain.add("ts IS NULL", Reason.BAD_TS, "'bad ts ' || j_ts")
+    chain.add("seq < 0", Reason.NEGATIVE_SEQ, "'seq is ' || seq")
+    for name in COMMON_OPTIONAL:
+        chain.add(
+            f"{_present(name)} AND {name} IS NULL",
+            Reason.BAD_VALUE,
+            lit(f"'{name}' is out of range"),
+        )
+    chain.add("boot < 0", Reason.BAD_VALUE, "'boot is ' || boot")
+    for kind in KINDS:
+        disc = DISCRIMINATOR[kind]
+        if disc is None:
+            continue
+        k = f"kind = {lit(kind)}"
+        chain.add(f"{k} AND NOT {_present(disc)}", Reason.MISSING_FIELD, lit(f"missing field '{disc}'"))
+        chain.add(f"{k} AND NOT {_is_str(disc)}", Reason.WRONG_TYPE, lit(f"'{disc}' must be a string"))
+        names = ", ".join(lit(v) for v in VARIANTS[kind])
+        chain.add(
+            f"{k} AND {disc}_s NOT IN ({names})",
+            UNKNOWN_VARIANT_REASON[kind],
+            f"'unknown {kind} {disc} ' || to_json({disc}_s)",
+        )
+    for kind, variant, name in _variants():
+        chain.nest(f"variant = {lit(name)}", _variant_checks(kind, variant))
+    return chain
+
+
+_COMMON = ("kind", "ts", "node", "seq", "boot")
+
+
+def _variant_checks(kind: str, variant: str | None) -> _Chain:
+    """Checks of the fields a kind and event/op adds: missing, then type, then value."""
+    chain = _Chain()
+    lit = _q
+    required, optional = fields_of(kind, variant)
+    own = [n for n in required + optional if n not in _COMMON and n != DISCRIMINATOR[kind]]
+    for name in own:
+        if name in required:
+            chain.add(f"NOT {_present(name)}", Reason.MISSING_FIELD, lit(f"missing field '{name}'"))
+    for name in own:
+        chain.add(
+            f"{name} IS NULL AND {_present(name)} AND NOT {_type_ok(name)}",
+            Reason.WRONG_TYPE,
+            lit(f"'{name}' must be {_type_word(name)}"),
+        )
+    for name in own:
+        field = FIELDS[name]
+        if name == "pages":
+            chain.add(
+                "page_ranges IS NULL OR list_bool_or(list_transform(page_ranges, lambda r: r.lo > r.hi))",
+                Reason.BAD_PAGES,
+                "'malformed pages ' || to_json(pages)",
+            )
+        elif field.type is FieldType.PAGES:
+            chain.add(
+                f"{_present(name)} AND NOT pages_ok({name})",
+                Reason.BAD_PAGES,
+                f"'malformed {name} ' || to_json({name})",
+            )
+        elif field.choices:
+            choices = ", ".join(lit(c) for c in field.choices)
+            chain.add(
+                f"{name} NOT IN ({choices})",
+                Reason.BAD_VALUE,
+                f"'{name} ' || to_json({name}) || ' is not one of {'/'.join(field.choices)}'",
+            )
+        elif field.type is FieldType.INT:
+            chain.add(
+                f"{_present(name)} AND {name} IS NULL",
+                Reason.BAD_VALUE,
+                lit(f"'{name}' is out of range"),
+            )
+            if field.min_value is not None:
+                chain.add(
+                    f"{name} < {field.min_value}",
+                    Reason.BAD_VALUE,
+                    f"'{name} is ' || {name} || ', below {field.min_value}'",
+                )
+    return chain
+
+
+def _type_word(name: str) -> str:
+    return {
+        FieldType.STR: "a string",
+        FieldType.INT: "an integer",
+        FieldType.PAGES: "a string of page ranges",
+        FieldType.TS: "an RFC 3339 string or integer nanoseconds",
+    }[FIELDS[name].type]
+
+
+def _canonical_sql() -> str:
+    """Canonical JSON: keys sorted, values as DuckDB minifies them, no white space."""
+    parts = ", ".join(
+        f"CASE WHEN {_j(n)} IS NOT NULL THEN {_q(json.dumps(n) + ':')} || {_j(n)} END"
+        for n in FIELD_ORDER
+    )
+    known = f"'{{' || concat_ws(',', {parts}) || '}}'"
+    present = " + ".join(f"({_j(n)} IS NOT NULL)::INT" for n in FIELD_ORDER)
+    generic = (
+        "'{' || array_to_string(list_transform(list_sort(keys), lambda k: to_json(k) || ':' || "
+        "json_extract(t, '/' || replace(replace(k, '~', '~0'), '/', '~1'))), ',') || '}'"
+    )
+    return f"CASE WHEN len(keys) = {present} THEN {known} ELSE {generic} END"
+
+
+MACROS = f"""
+CREATE OR REPLACE TEMP MACRO page_ranges(p) AS
+  list_transform(string_split(p, ','), lambda r: {{
+      'lo': CAST(split_part(r, '-', 1) AS BIGINT),
+      'hi': CAST(coalesce(nullif(split_part(r, '-', 2), ''), split_part(r, '-', 1)) AS BIGINT)}});
+CREATE OR REPLACE TEMP MACRO pages_ok(p) AS
+  CASE WHEN regexp_full_match(p, {_q(_PAGES)})
+       THEN NOT list_bool_or(list_transform(page_ranges(p), lambda r: r.lo > r.hi))
+       ELSE FALSE END;
+"""
+
+
+def stage_sql(source: str, *, with_canon: bool = False) -> str:
+    """A SELECT over ``source(line_no, raw, doc)``: every line's verdict and typed fields.
+
+    ``with_canon`` adds the canonical JSON text (wanted only to settle conflicts).
+    """
+    canon_col = " canon," if with_canon else ""
+    spec = json.dumps({n: "JSON" for n in FIELD_ORDER})
+    extracted = ",\n    ".join(f"v.{n} AS {_j(n)}" for n in FIELD_ORDER)
+    typed = ",\n    ".join(
+        f"{_typed_value(n)} AS {n}" for n in FIELD_ORDER if n not in ("event", "op")
+    )
+    check = _checks().sql()
+    return f"""
+WITH a AS (
+  SELECT line_no, raw, doc, coalesce(doc, raw) AS t FROM {source}
+  WHERE CASE WHEN starts_with(raw, '{{') THEN TRUE ELSE trim(raw, {_WS}) <> '' END
+), b AS (
+  SELECT *, json_valid(t) AS is_json FROM a
+), c AS (
+  SELECT *, CASE WHEN NOT is_json THEN FALSE WHEN starts_with(t, '{{') THEN TRUE
+              ELSE json_type(t) = 'OBJECT' END AS is_obj FROM b
+), d AS (
+  SELECT line_no, raw, doc, t, is_json, is_obj,
+    CASE WHEN is_obj THEN json_transform(t, {_q(spec)}) END AS v,
+    CASE WHEN is_obj THEN json_keys(t) END AS keys
+  FROM c
+), e AS (
+  SELECT line_no, raw, doc, t, is_json, is_obj, keys,
+    {extracted}
+  FROM d
+), f AS (
+  SELECT *,
+    {typed},
+    CASE WHEN starts_with(j_pages, '"') AND regexp_full_match({_str_value('pages')}, {_q(_PAGES)})
+         THEN page_ranges({_str_value('pages')}) END AS page_ranges,
+    {_str_value('event')} AS event_s,
+    {_str_value('op')} AS op_s
+  FROM e
+), g AS (
+  SELECT *, {_variant_sql()} AS variant FROM f
+), h AS (
+  SELECT *, {check} AS verdict FROM g
+), k AS (
+  SELECT *, CASE WHEN verdict IS NULL THEN {_canonical_sql()} END AS canon FROM h
+)
+SELECT
+  line_no, raw, doc,
+  verdict.reason AS q_reason, verdict.detail AS q_detail,
+  md5_number(canon) AS rec_hash,{canon_col}
+  regexp_matches(t, {_q(LENIENT_SUSPECT)}) AND is_json AS suspect,
+  {', '.join(n for n in FIELD_ORDER if n not in ('event', 'op', 'boot'))},
+  coalesce(boot, 0) AS boot,
+  event_s AS event, op_s AS op,
+  CASE WHEN verdict IS NULL AND kind = 'kv' THEN page_ranges END AS page_ranges,
+  CASE WHEN verdict IS NULL AND kind = 'kv'
+       THEN list_max(list_transform(page_ranges, lambda r: r.hi)) END AS max_page
+FROM k
+"""

@@ -1,0 +1,1 @@
+"""kvforensics command line: the console script over forensics, replay and reports."""

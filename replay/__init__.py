@@ -1,0 +1,1 @@
+"""The reference engine of the prefill/decode page handoff (replay of logged requests)."""

@@ -1,0 +1,1 @@
+"""Incident reports rendered from a case."""

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up a virtual environment and run the main job on the shipped sample incident.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e .
+mkdir -p out
+rm -f out/sample-case.duckdb
+.venv/bin/kvforensics investigate sample_logs/ --db out/sample-case.duckdb "$@"
