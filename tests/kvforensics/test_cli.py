@@ -1,0 +1,52 @@
+"""The command line: every command has help and is in the README; JSON output is the library's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+from typer.testing import CliRunner
+
+import forensics
+from kvforensics.cli import app
+
+RUNNER = CliRunner()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+COMMANDS = [c.name or c.callback.__name__ for c in app.registered_commands if c.callback]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_and_is_in_the_readme(command: str) -> None:
+    result = RUNNER.invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert len(result.output.strip()) > 40
+    assert f"kvforensics {command}" in README
+
+
+def test_investigate_json_equals_the_library(tmp_path: Path) -> None:
+    example = FIXTURES / "examples" / "placeholder" / "events.jsonl"
+    result = RUNNER.invoke(app, ["investigate", str(example), "--db", str(tmp_path / "a.duckdb"), "--json"])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    found = forensics.investigate([example], tmp_path / "b.duckdb")
+    assert printed["exposure"] == found.exposure
+    assert printed["records"] == found.ingest.records.as_dict()
+
+
+def test_errors_are_one_line_and_exit_nonzero(tmp_path: Path) -> None:
+    result = RUNNER.invoke(app, ["ingest", str(tmp_path / "nope"), "--db", str(tmp_path / "c.duckdb")])
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    assert "no such file or folder" in result.output
+
+
+def test_sql_refuses_writes(tmp_path: Path) -> None:
+    example = FIXTURES / "examples" / "placeholder" / "events.jsonl"
+    db = tmp_path / "a.duckdb"
+    forensics.investigate([example], db)
+    result = RUNNER.invoke(app, ["sql", "--db", str(db), "DELETE FROM records"])
+    assert result.exit_code == 1
+    with forensics.Case(db) as case:
+        assert case.summary()["exposed_responses"] == 1
