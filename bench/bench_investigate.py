@@ -23,6 +23,7 @@ from forensics.store import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from oracle import run as oracle_run  # noqa: E402
+from oracle import scale_pages  # noqa: E402
 
 
 def _timed_investigate(logs: Path, db: Path) -> tuple[float, float, dict[str, int]]:
@@ -92,19 +93,8 @@ def main() -> None:
 def _scale_pages(src: Path, dst: Path, factor: int) -> None:
     dst.mkdir()
     for f in src.iterdir():
-        with f.open() as fin, (dst / f.name).open("w") as fout:
-            for line in fin:
-                r = json.loads(line)
-                if r["kind"] == "config":
-                    r["pool_pages"] *= factor
-                    r["page_size"] = max(1, r["page_size"] // factor)
-                if r["kind"] == "kv":
-                    parts = []
-                    for part in r["pages"].split(","):
-                        lo, _, hi = part.partition("-")
-                        parts.append(f"{int(lo) * factor}-{(int(hi or lo) + 1) * factor - 1}")
-                    r["pages"] = ",".join(parts)
-                fout.write(json.dumps(r) + "\n")
+        records = scale_pages((json.loads(line) for line in f.open()), factor)
+        (dst / f.name).write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 if __name__ == "__main__":

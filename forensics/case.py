@@ -9,7 +9,7 @@ from types import TracebackType
 import duckdb
 import polars as pl
 
-from forensics.analysis import FIGURES, analyse, summary
+from forensics.analysis import analyse, summary
 from forensics.errors import CaseError, QueryError
 from forensics.store import connect, one, sql_text
 
@@ -125,10 +125,6 @@ class Case:
     def sql(self, query: str) -> pl.DataFrame:
         """A read-only query over the case's tables."""
         return run_read_only(self.path, query)
-
-    @property
-    def figures(self) -> tuple[str, ...]:
-        return FIGURES
 
 
 def run_read_only(path: Path, query: str) -> pl.DataFrame:

@@ -19,7 +19,7 @@ import duckdb
 
 from forensics import __version__
 from forensics.errors import KvfError, UnreadableFile
-from forensics.readers import LogFile, discover, read_chunks
+from forensics.readers import LINES_SCHEMA, LogFile, discover, read_chunks
 from forensics.schema import Reason
 from forensics.store import connect, one
 from forensics.validate import MACROS, stage_sql
@@ -119,7 +119,7 @@ def ingest(
     try:
         con.execute(MACROS)
         results = [_ingest_file(con, log, progress) for log in logs]
-        final = [_with_counts(con, r) for r in results]
+        final = _with_counts(con, results)
         # a file named twice, or two paths with the same bytes, is one piece of evidence
         distinct = {r.sha256: r.counts for r in final}
         total = sum(distinct.values(), Counts())
@@ -142,15 +142,15 @@ def case_counts(con: duckdb.DuckDBPyConnection) -> Counts:
     return Counts(*(int(v) for v in row))
 
 
-def _with_counts(con: duckdb.DuckDBPyConnection, result: FileResult) -> FileResult:
-    """The file's counts as they stand now (a later file can turn a record into a conflict)."""
-    row = one(
-        con,
-        "SELECT read, ingested, duplicates, quarantined FROM file_counts WHERE sha256 = ?",
-        [result.sha256],
-    )
-    assert row is not None
-    return FileResult(**{**result.__dict__, "counts": Counts(*(int(v) for v in row))})
+def _with_counts(con: duckdb.DuckDBPyConnection, results: list[FileResult]) -> list[FileResult]:
+    """The files' counts as they stand now (a later file can turn a record into a conflict)."""
+    rows = con.execute(
+        "SELECT sha256, read, ingested, duplicates, quarantined FROM file_counts "
+        "WHERE list_contains(?, sha256)",
+        [[r.sha256 for r in results]],
+    ).fetchall()
+    counts = {sha: Counts(*(int(v) for v in rest)) for sha, *rest in rows}
+    return [FileResult(**{**r.__dict__, "counts": counts[r.sha256]}) for r in results]
 
 
 def sha256_of(path: Path) -> tuple[str, int]:
@@ -225,21 +225,12 @@ def _stage(
         if progress is not None:
             progress(log.path, min(done, size), size)
     if not created:
-        empty = _empty_chunk()
-        con.register("chunk", empty)
+        con.register("chunk", LINES_SCHEMA.empty_table())
         con.execute(f"CREATE TEMP TABLE stage AS {query}")
         con.unregister("chunk")
     row = one(con, "SELECT count(*) FROM stage")
     assert row is not None
     return int(row[0])
-
-
-def _empty_chunk() -> object:
-    import pyarrow as pa
-
-    from forensics.readers import LINES_SCHEMA
-
-    return pa.table({n: pa.array([], t) for n, t in zip(LINES_SCHEMA.names, LINES_SCHEMA.types, strict=True)})
 
 
 def _strict_json_ok(text: str) -> bool:
@@ -310,8 +301,8 @@ def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
         """
         CREATE OR REPLACE TEMP TABLE keyed AS
         SELECT node, boot, seq, rec_hash, min(line_no) AS line_no
-        FROM stage WHERE q_reason IS NULL AND seq IS NOT NULL AND rec_hash NOT IN (
-          SELECT rec_hash FROM records) GROUP BY ALL
+        FROM stage ANTI JOIN repeats USING (line_no)
+        WHERE q_reason IS NULL AND seq IS NOT NULL GROUP BY ALL
         """
     )
     con.execute(

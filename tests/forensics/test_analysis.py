@@ -11,7 +11,7 @@ import pytest
 from conftest import example_dirs, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import expand
+from oracle import expand, scale_pages
 from oracle import run as oracle_run
 
 import forensics
@@ -153,24 +153,6 @@ def test_sql_equals_the_oracle_on_random_logs(
         assert _sql_exposures(case) == expected.exposures
 
 
-def _scaled(records: list[dict[str, Any]], factor: int) -> list[dict[str, Any]]:
-    """The same log with every page split into ``factor`` pages (page_size / factor)."""
-    out = []
-    for r in records:
-        r = dict(r)
-        if r["kind"] == "config":
-            r["pool_pages"] *= factor
-            r["page_size"] = max(1, r["page_size"] // factor)
-        if r["kind"] == "kv":
-            parts = []
-            for part in r["pages"].split(","):
-                lo, _, hi = part.partition("-")
-                parts.append(f"{int(lo) * factor}-{(int(hi or lo) + 1) * factor - 1}")
-            r["pages"] = ",".join(parts)
-        out.append(r)
-    return out
-
-
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(records=log_sets())
 def test_finer_pages_give_the_same_exposed_responses(
@@ -180,7 +162,7 @@ def test_finer_pages_give_the_same_exposed_responses(
     tmp = tmp_path_factory.mktemp("scale")
     coarse = forensics.investigate([write_jsonl(tmp / "a.jsonl", records)], tmp / "a.duckdb")
     fine = forensics.investigate(
-        [write_jsonl(tmp / "b.jsonl", _scaled(records, 64))], tmp / "b.duckdb"
+        [write_jsonl(tmp / "b.jsonl", scale_pages(records, 64))], tmp / "b.duckdb"
     )
     for name in FIGURES:
         factor = 64 if name in ("exposed_page_reads", "uninitialized_reads") else 1
