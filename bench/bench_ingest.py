@@ -1,6 +1,6 @@
 """Ingest speed: `forensics.ingest` against a plain DuckDB load of the same files.
 
-Run: python bench/bench_ingest.py [--requests N]   (default gives about 2.2 million records)
+Run: python bench/bench_ingest.py [--requests N]   (default gives about 2.1 million records)
 Prints the ratio ingest / plain load (target: at most 2x).
 """
 
@@ -19,7 +19,7 @@ import forensics
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=200_000)
+    parser.add_argument("--requests", type=int, default=260_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp) / "logs"

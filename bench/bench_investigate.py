@@ -1,7 +1,7 @@
 """End-to-end investigate: analysis against ingest, against a plain DuckDB load, and
 against the brute-force oracle on a subset; peak memory; page-size scaling.
 
-Run: python bench/bench_investigate.py [--requests N]   (default gives about 5.5 million records)
+Run: python bench/bench_investigate.py [--requests N]   (default gives about 5 million records)
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _timed_investigate(logs: Path, db: Path) -> tuple[float, float, dict[str, in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=500_000)
+    parser.add_argument("--requests", type=int, default=640_000)
     parser.add_argument("--oracle-requests", type=int, default=3_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

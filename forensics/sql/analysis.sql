@@ -1,6 +1,9 @@
 -- Page timelines and exposures (log-schema.md section 5), computed on page ranges.
 -- Each (node, boot)'s page ids are cut into elementary segments at every range boundary:
--- all pages of a segment share one history, so the cost follows the ranges, not the pages.
+-- all pages of a segment share one history. The cost follows the number of segments each
+-- range covers: small when boundaries are sparse, but on a long boot the boundaries of all
+-- requests accumulate until nearly every page id is one, and the cost becomes per page
+-- (bench/bench_investigate.py measures it; a per-(node, boot) interval-map sweep is the fix).
 
 -- One row per page range of a kv record.
 CREATE OR REPLACE TEMP TABLE kv_ranges AS
