@@ -1,10 +1,11 @@
-"""Exposure analysis: page timelines, exposures and the spec's summary figures, in SQL."""
+"""Exposure analysis: the page sweep, then exposures and the spec's summary figures in SQL."""
 
 from __future__ import annotations
 
 import duckdb
 
 from forensics.store import one, sql_text
+from forensics.sweep import sweep
 
 #: The summary figures of log-schema.md section 5, in the spec's order.
 FIGURES = (
@@ -20,7 +21,7 @@ FIGURES = (
 
 #: Tables the analysis writes into the case (documented in docs/tables.md).
 RESULT_TABLES = (
-    "requests", "page_segments", "page_reads", "page_writes", "exposures",
+    "requests", "page_reads", "page_writes", "exposures",
     "uninitialized_reads", "exposure_summary",
 )
 
@@ -29,6 +30,7 @@ def analyse(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     """Rebuild the timelines and exposures of the case on ``con``; the summary figures."""
     con.execute("BEGIN TRANSACTION")
     try:
+        sweep(con)
         con.execute(sql_text("analysis.sql"))
         con.execute(
             "INSERT INTO case_meta VALUES ('analysed_records', "
