@@ -29,3 +29,11 @@ class CaseError(KvfError):
 
 class QueryError(KvfError):
     """A query over the case was refused or failed."""
+
+
+class OutputExists(KvfError):
+    """An output folder that is not empty: nothing is overwritten."""
+
+
+class BadOption(KvfError):
+    """A command option outside what it admits."""

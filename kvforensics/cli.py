@@ -14,6 +14,8 @@ import typer
 
 import forensics
 from forensics.errors import KvfError
+from replay.engine import BEHAVIOURS
+from replay.simulate import Deployment
 
 app = typer.Typer(
     name="kvforensics",
@@ -205,6 +207,104 @@ def sql(
     from forensics.case import run_read_only
 
     _emit(_run(lambda: run_read_only(db, query)), fmt)
+
+
+Engine = StrEnum("Engine", {name: name for name in BEHAVIOURS})  # type: ignore[misc]
+PLACEHOLDER = Engine("sglang-placeholder")
+
+
+@app.command()
+def simulate(
+    out: Annotated[Path, typer.Option("--out", help="Folder for the log set (must be new or empty).")],
+    requests: Annotated[
+        int | None, typer.Option(help="Requests to simulate (default 1000; with --trace, the whole trace).")
+    ] = None,
+    engine: Annotated[Engine, typer.Option(help="Engine behaviour.")] = PLACEHOLDER,
+    seed: Annotated[int, typer.Option(help="Seed of every random choice.")] = 0,
+    trace: Annotated[
+        Path | None, typer.Option(help="A Mooncake (.jsonl) or Azure (.csv) trace to take arrivals from.")
+    ] = None,
+    length_scale: Annotated[float, typer.Option(help="Multiply every prompt length by this.")] = 1.0,
+    over_long: Annotated[
+        float | None,
+        typer.Option(help="Share of prompts made longer than prefill admits (default 0.02; 0 with --trace)."),
+    ] = None,
+    late_writes: Annotated[
+        float, typer.Option(help="Share of transfers that land after decode timed out and freed.")
+    ] = 0.0,
+    rate: Annotated[float, typer.Option(help="Synthetic arrivals per second.")] = 4.0,
+    context_length: Annotated[int, typer.Option(help="Context window, tokens.")] = Deployment.context_length,
+    prefill_pool_tokens: Annotated[
+        int, typer.Option(help="Prefill KV pool, tokens.")
+    ] = Deployment.prefill_pool_tokens,
+    decode_pool_tokens: Annotated[int, typer.Option(help="Decode KV pool, tokens.")] = Deployment.decode_pool_tokens,
+    page_size: Annotated[int, typer.Option(help="Tokens per KV page.")] = Deployment.page_size,
+    prefill_nodes: Annotated[int, typer.Option(help="Prefill nodes.")] = Deployment.prefill_nodes,
+    decode_nodes: Annotated[int, typer.Option(help="Decode nodes.")] = Deployment.decode_nodes,
+    as_json: JsonFlag = False,
+) -> None:
+    """Simulate a deployment with the reference engine and write a full log set (page records included)."""
+    from replay.simulate import simulate_to
+
+    deployment = Deployment(
+        engine=str(engine), context_length=context_length, prefill_pool_tokens=prefill_pool_tokens,
+        decode_pool_tokens=decode_pool_tokens, page_size=page_size, prefill_nodes=prefill_nodes,
+        decode_nodes=decode_nodes,
+    )
+    result = _run(lambda: simulate_to(
+        out, deployment=deployment, requests=requests, seed=seed, trace=trace,
+        length_scale=length_scale, over_long=over_long, late_writes=late_writes, rate=rate,
+    ))
+    if as_json:
+        _print_json(result.as_dict())
+        return
+    typer.echo(f"{result.records:,} records of {result.requests:,} requests in {out}")
+    typer.echo(f"  over-long prompts: {result.over_long:,}; late transfers: {result.late_writes:,}")
+    for name, value in result.outcomes.items():
+        typer.echo(f"  {name.replace('_', ' ')}: {value:,}")
+    typer.echo(f"\nnext: kvforensics investigate {out} --db CASE.duckdb")
+
+
+@app.command()
+def replay(
+    db: DbOption,
+    engine: Annotated[Engine, typer.Option(help="Engine behaviour to replay under.")] = PLACEHOLDER,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder for the replayed log set and its case (replaced).")
+    ] = None,
+    prefill_pool_tokens: Annotated[
+        int | None, typer.Option(help="What if the prefill KV pool had this many tokens.")
+    ] = None,
+    context_length: Annotated[int | None, typer.Option(help="What if the context window were this.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Replay the case's request and transfer records through the reference engine (never its page
+    records); print the replay's exposure figures and, where the case has page records, the agreement."""
+    from replay.replay import WhatIf, default_out
+    from replay.replay import replay as run_replay
+
+    what_if = WhatIf(prefill_pool_tokens=prefill_pool_tokens, context_length=context_length)
+    target = out or default_out(db, str(engine), what_if)
+    result = _run(lambda: run_replay(db, str(engine), target, what_if=what_if))
+    if as_json:
+        _print_json(result.as_dict())
+        return
+    typer.echo(f"replayed {result.records:,} records under {engine} into {result.out}")
+    if result.not_replayed:
+        typer.echo(f"  {result.not_replayed:,} requests have no engine events in the logs: not replayed")
+    typer.echo("")
+    width = max(len(k) for k in result.exposure)
+    for name, value in result.exposure.items():
+        typer.echo(f"{name:<{width}}  {value}")
+    if result.agreement:
+        a = result.agreement
+        allocs = a["allocations"]
+        typer.echo(f"\nagreement with the case's page records:\n  allocations reproduced page for page: "
+                   f"{allocs['reproduced']:,} of {allocs['logged']:,}")
+        for key in ("exposed_responses", "exposure_pairs"):
+            v = a[key]
+            typer.echo(f"  {key.replace('_', ' ')}: {v['confirmed']:,} confirmed, "
+                       f"{v['replay_only']:,} replay only, {v['log_only']:,} log only")
 
 
 def main() -> None:

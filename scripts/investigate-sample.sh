@@ -7,4 +7,4 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet -e .
 mkdir -p out
 rm -f out/sample-case.duckdb
-.venv/bin/kvforensics investigate sample_logs/ --db out/sample-case.duckdb "$@"
+.venv/bin/kvforensics investigate sample_logs/glm53-incident/ --db out/sample-case.duckdb "$@"

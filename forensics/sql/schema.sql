@@ -112,3 +112,15 @@ CREATE OR REPLACE VIEW transfers AS
 SELECT transfer_id, request_id, event, node, boot, seq, ts, src_node, dst_node, src_pages,
        dst_pages, tokens, bytes, file_id, line_no
 FROM records WHERE kind = 'transfer';
+
+-- Replays of the case through the reference engine (kvforensics replay), latest per what-if.
+CREATE TABLE IF NOT EXISTS replays (
+  engine VARCHAR NOT NULL,
+  what_if VARCHAR NOT NULL,  -- JSON of the counterfactual options, {} for none
+  out VARCHAR NOT NULL,
+  records BIGINT NOT NULL,
+  not_replayed BIGINT NOT NULL,
+  exposure VARCHAR NOT NULL,  -- JSON of the eight figures
+  agreement VARCHAR,  -- JSON, NULL where the case has no page records
+  PRIMARY KEY (engine, what_if)
+);

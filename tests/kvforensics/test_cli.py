@@ -50,3 +50,32 @@ def test_sql_refuses_writes(tmp_path: Path) -> None:
     assert result.exit_code == 1
     with forensics.Case(db) as case:
         assert case.summary()["exposed_responses"] == 1
+
+
+def test_simulate_and_replay_print_what_the_library_returns(tmp_path: Path) -> None:
+    from replay.replay import replay
+    from replay.simulate import simulate_to
+
+    args = ["--requests", "120", "--seed", "3", "--over-long", "0.1", "--decode-nodes", "2", "--prefill-nodes", "2"]
+    result = RUNNER.invoke(app, ["simulate", "--out", str(tmp_path / "logs"), *args, "--json"])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    from replay.simulate import Deployment
+
+    library = simulate_to(tmp_path / "logs2", deployment=Deployment(prefill_nodes=2, decode_nodes=2),
+                          requests=120, seed=3, over_long=0.1)
+    assert printed["records"] == library.records and printed["outcomes"] == library.outcomes
+    again = RUNNER.invoke(app, ["simulate", "--out", str(tmp_path / "logs"), *args])
+    assert again.exit_code == 1 and "not an empty folder" in again.output
+
+    forensics.investigate([tmp_path / "logs"], tmp_path / "case.duckdb")
+    out = tmp_path / "replayed"
+    result = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--engine", "sglang-hardened",
+                                 "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    assert printed["exposure"]["exposure_pairs"] == 0
+    direct = replay(tmp_path / "case.duckdb", "sglang-hardened", tmp_path / "direct")
+    assert printed["exposure"] == direct.exposure and printed["agreement"] == direct.agreement
+    bad = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--engine", "vllm"])
+    assert bad.exit_code != 0

@@ -1,0 +1,378 @@
+"""The reference engine: SGLang's prefill/decode page handoff, node by node (reference-engine.md).
+
+A :class:`NodeEngine` owns one node's page pool. It is fed that node's request and transfer
+events in the node's order, decides what the engine behaviour does with each (go on, reject,
+fail), and emits the events that happen together with the ``kv`` records they cause. The
+simulator feeds it events it times itself; a replay feeds it the events of a case. Both get
+the same page decisions from the same code.
+
+Decisions that involve more than one node are taken once per request, before any node runs,
+by :func:`plan`: whether the router or the prefill node rejects it, and how many KV tokens the
+transfer carries (one, for an over-long prompt swapped for the placeholder).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from replay.logset import LogSet
+from replay.pool import PagePool, Pages, page_string
+
+BEHAVIOURS = ("sglang-placeholder", "sglang-hardened", "coverage-check", "page-tags")
+
+#: HTTP status and finish reason of each way the engine ends a request early.
+ROUTER_REJECT = (400, "context_length_exceeded")
+PREFILL_REJECT = (400, "input_too_long")
+POOL_EXHAUSTED = (503, "kv_pool_exhausted")
+COVERAGE_MISMATCH = (500, "kv_coverage_mismatch")
+TAG_MISMATCH = (500, "kv_tag_mismatch")
+DECODE_TIMEOUT = (504, "transfer_timeout")
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    """Pages that ``tokens`` tokens occupy."""
+    return -(-tokens // page_size)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """A node's serving configuration, as its ``config`` record states it."""
+
+    node: str
+    role: str
+    context_length: int
+    page_size: int
+    pool_pages: int
+    engine: str = "sglang"
+    engine_version: str = "0.5.21"
+    model: str = "glm-5.3"
+
+    @property
+    def pool_tokens(self) -> int:
+        return (self.pool_pages - 1) * self.page_size
+
+    @property
+    def max_req_input_len(self) -> int:
+        """The longest prompt prefill admits (SGLang's ``max_req_input_len``)."""
+        return min(self.context_length - 1, self.pool_tokens - 1) - 5
+
+    def record(self, ts: str, boot: int = 0) -> dict[str, Any]:
+        return {
+            "kind": "config", "ts": ts, "node": self.node, "boot": boot, "role": self.role,
+            "engine": self.engine, "engine_version": self.engine_version, "model": self.model,
+            "context_length": self.context_length, "page_size": self.page_size,
+            "pool_pages": self.pool_pages,
+        }
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the router knows of a request when it arrives."""
+
+    request_id: str
+    tenant_id: str
+    prompt_tokens: int
+    max_new_tokens: int
+    prefill_node: str | None
+    decode_node: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The cross-node decisions for one request under one behaviour and configuration."""
+
+    router_rejects: bool  # prompt_tokens >= context_length
+    over_long: bool  # max_req_input_len < prompt_tokens < context_length
+    prefill_rejects: bool  # over-long under sglang-hardened: nothing allocated anywhere
+    kv_tokens: int  # KV tokens the transfer carries (1 for the placeholder)
+    limit_tokens: int  # the prefill node's max_req_input_len
+    context_length: int  # the window the router enforces
+
+
+def plan(request: Request, behaviour: str, prefill: NodeConfig) -> Plan:
+    """Decide what the router and the prefill node do with ``request``."""
+    router_rejects = request.prompt_tokens >= prefill.context_length
+    over_long = not router_rejects and request.prompt_tokens > prefill.max_req_input_len
+    hardened = behaviour == "sglang-hardened"
+    return Plan(
+        router_rejects=router_rejects,
+        over_long=over_long,
+        prefill_rejects=over_long and hardened,
+        kv_tokens=1 if over_long else request.prompt_tokens,
+        limit_tokens=prefill.max_req_input_len,
+        context_length=prefill.context_length,
+    )
+
+
+@dataclass
+class _Held:
+    """A request's pages on a node."""
+
+    prompt: Pages | None = None  # decode: the preallocation; prefill: the computed pages
+    extra: Pages | None = None  # decode: pages for the output beyond the prompt
+    ended: bool = False  # the engine ended the request on this node
+    reading: bool = False  # decode: attending its pages (from decode_started)
+    released: bool = False
+
+
+@dataclass
+class NodeEngine:
+    """One node's pool and the engine behaviour acting on that node's events."""
+
+    config: NodeConfig
+    behaviour: str
+    log: LogSet
+    requests: dict[str, Request]
+    plans: dict[str, Plan]
+    check_invariants: bool = False
+    boot: int = 0
+    pool: PagePool = field(init=False)
+    held: dict[str, _Held] = field(init=False)
+    tags: np.ndarray = field(init=False)
+    tag_ids: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.behaviour not in BEHAVIOURS:
+            raise ValueError(f"unknown engine {self.behaviour!r}; one of {', '.join(BEHAVIOURS)}")
+        self.tag_ids = {}
+        self._texts: dict[int, tuple[Pages, str]] = {}
+        self.start_boot(self.boot, self.config)
+
+    # -- state -------------------------------------------------------------------------
+
+    def start_boot(self, boot: int, config: NodeConfig) -> None:
+        """A new process lifetime: a fresh pool, nothing held, nothing written."""
+        self.boot = boot
+        self.config = config
+        self.pool = PagePool(config.pool_pages)
+        self.held = {}
+        self.tags = np.full(config.pool_pages, -1, dtype=np.int64)
+
+    def check(self) -> None:
+        """The allocator invariant over what every request holds now."""
+        held: list[Pages] = []
+        for h in self.held.values():
+            if not h.released:
+                held.extend(p for p in (h.prompt, h.extra) if p is not None)
+        self.pool.check(held)
+
+    # -- emitting ------------------------------------------------------------------------
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        record["node"] = self.config.node
+        record["boot"] = self.boot
+        self.log.emit(record)
+
+    def _text(self, pages: Pages) -> str:
+        """The page string of ``pages``, computed once per array a request holds."""
+        hit = self._texts.get(id(pages))
+        if hit is not None and hit[0] is pages:
+            return hit[1]
+        text = page_string(pages)
+        self._texts[id(pages)] = (pages, text)
+        return text
+
+    def _kv(self, ts: str, rid: str, op: str, pages: Pages, source: str | None = None,
+            text: str | None = None) -> None:
+        self._emit({"kind": "kv", "ts": ts, "request_id": rid, "op": op,
+                    "pages": text or self._text(pages), "source": source})
+        if op == "write":
+            tag = self.tag_ids.setdefault(rid, len(self.tag_ids))
+            self.tags[pages] = tag
+
+    def _finish(self, ts: str, rid: str, outcome: tuple[int, str]) -> None:
+        status, reason = outcome
+        self._emit({"kind": "request", "ts": ts, "request_id": rid, "event": "finished",
+                    "status": status, "finish_reason": reason, "output_tokens": 0})
+
+    def _free(self, ts: str, rid: str) -> None:
+        h = self.held.get(rid)
+        if h is None or h.released:
+            return
+        pages = [p for p in (h.prompt, h.extra) if p is not None and len(p)]
+        h.released = True
+        for p in pages:
+            self._texts.pop(id(p), None)
+        if pages:
+            every = pages[0] if len(pages) == 1 else np.concatenate(pages)
+            self._kv(ts, rid, "free", every, text=page_string(every) if len(pages) > 1 else None)
+            self.pool.release(every)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def handle(self, record: dict[str, Any]) -> bool:
+        """Act on one event of this node; whether the request goes on past it."""
+        kind = record["kind"]
+        rid = record.get("request_id")
+        if rid is None or kind not in ("request", "transfer"):
+            self._emit(record)
+            return True
+        p = self.plans.get(rid)
+        if p is None:  # a request the router never logged: carried through untouched
+            self._emit(record)
+            return True
+        role = self.config.role
+        if role == "router":
+            return self._router(record, p)
+        if p.router_rejects:
+            return False
+        if role == "prefill":
+            done = self._prefill(record, rid, p)
+        else:
+            done = self._decode(record, rid, p)
+        if self.check_invariants:
+            self.check()
+        return done
+
+    def _router(self, record: dict[str, Any], p: Plan) -> bool:
+        received = record["kind"] == "request" and record["event"] == "received"
+        if p.router_rejects and not received:
+            return False  # the router's own rejection was emitted at received
+        self._emit(record)
+        if received and p.router_rejects:
+            ts, rid = record["ts"], record["request_id"]
+            self._emit({"kind": "request", "ts": ts, "request_id": rid, "event": "rejected",
+                        "reason": ROUTER_REJECT[1], "limit_tokens": p.context_length})
+            self._finish(ts, rid, ROUTER_REJECT)
+            return False
+        return True
+
+    def _prefill(self, record: dict[str, Any], rid: str, p: Plan) -> bool:
+        ts, event = record["ts"], record["event"]
+        h = self.held.setdefault(rid, _Held())
+        if h.ended:
+            return False
+        if record["kind"] == "request":
+            if event == "rejected" and p.over_long:
+                if not p.prefill_rejects:
+                    return True  # the placeholder's rejection is emitted at prefill_started
+                self._reject_over_long(ts, rid, p)
+                h.ended = True
+                self._finish(ts, rid, PREFILL_REJECT)
+                return False
+            if p.prefill_rejects:
+                return False
+            if event == "prefill_started":
+                if p.over_long:
+                    self._reject_over_long(ts, rid, p)
+                self._emit(record)
+                h.prompt = self.pool.alloc(pages_for(p.kv_tokens, self.config.page_size))
+                self._kv(ts, rid, "alloc", h.prompt)
+                return True
+            self._emit(record)
+            if event == "prefill_done" and h.prompt is not None:
+                self._kv(ts, rid, "write", h.prompt, "compute")
+            return True
+        if p.prefill_rejects:
+            return False
+        record = dict(record, tokens=p.kv_tokens)
+        if h.prompt is not None:
+            record["src_pages"] = self._text(h.prompt)
+        record.pop("dst_pages", None)
+        self._emit(record)
+        if event in ("completed", "failed"):
+            self._free(ts, rid)
+        return True
+
+    def _reject_over_long(self, ts: str, rid: str, p: Plan) -> None:
+        self._emit({"kind": "request", "ts": ts, "request_id": rid, "event": "rejected",
+                    "reason": PREFILL_REJECT[1], "limit_tokens": p.limit_tokens})
+
+    def _decode(self, record: dict[str, Any], rid: str, p: Plan) -> bool:
+        if p.prefill_rejects:
+            return False
+        ts, event = record["ts"], record["event"]
+        h = self.held.setdefault(rid, _Held())
+        page_size = self.config.page_size
+        if record["kind"] == "transfer":
+            # The transfer lands whether or not the request still holds its pages.
+            if event != "completed" or h.prompt is None:
+                if not h.ended:
+                    self._emit(record)
+                return not h.ended
+            n = pages_for(p.kv_tokens, page_size)
+            landed = h.prompt if n >= len(h.prompt) else h.prompt[:n]
+            text = self._text(landed) if landed is h.prompt else page_string(landed)
+            record = dict(record, tokens=p.kv_tokens, dst_pages=text)
+            record.pop("src_pages", None)
+            self._emit(record)
+            self._kv(ts, rid, "write", landed, "transfer", text)
+            if self.behaviour == "page-tags":
+                self._fail_retagged_readers(ts, rid)
+            return not h.ended
+        if h.ended:
+            return False
+        if event == "admitted":
+            need = pages_for(self.requests[rid].prompt_tokens, page_size)
+            if need > self.pool.available:
+                h.ended = True
+                self._emit({"kind": "request", "ts": ts, "request_id": rid, "event": "rejected",
+                            "reason": POOL_EXHAUSTED[1]})
+                self._finish(ts, rid, POOL_EXHAUSTED)
+                return False
+            self._emit(record)
+            h.prompt = self.pool.alloc(need)
+            self._kv(ts, rid, "alloc", h.prompt)
+            return True
+        if event == "decode_started" and h.prompt is not None:
+            return self._decode_start(record, rid, p, h)
+        self._emit(record)
+        if event in ("finished", "rejected"):  # as logged: later logged events still apply
+            self._free(ts, rid)
+            return False
+        return True
+
+    def _decode_start(self, record: dict[str, Any], rid: str, p: Plan, h: _Held) -> bool:
+        ts = record["ts"]
+        request = self.requests[rid]
+        page_size = self.config.page_size
+        assert h.prompt is not None
+        failure = None
+        if self.behaviour == "coverage-check" and p.kv_tokens < request.prompt_tokens:
+            failure = COVERAGE_MISMATCH
+        elif self.behaviour == "page-tags":
+            tag = self.tag_ids.get(rid, -2)
+            if not bool(np.all(self.tags[h.prompt] == tag)):
+                failure = TAG_MISMATCH
+        total = pages_for(request.prompt_tokens + request.max_new_tokens, page_size)
+        extra = max(0, total - len(h.prompt))
+        if failure is None and extra > self.pool.available:
+            failure = POOL_EXHAUSTED
+        if failure is not None:
+            self._finish(ts, rid, failure)
+            self._free(ts, rid)
+            h.ended = True
+            return False
+        self._emit(record)
+        h.reading = True
+        self._kv(ts, rid, "read", h.prompt)
+        if extra:
+            h.extra = self.pool.alloc(extra)
+            self._kv(ts, rid, "alloc", h.extra)
+            self._kv(ts, rid, "write", h.extra, "decode")
+            self._kv(ts, rid, "read", h.extra)
+        return True
+
+    def _fail_retagged_readers(self, ts: str, writer: str) -> None:
+        """Page tags: a request attending a page another request just wrote fails at its next step."""
+        for rid, h in self.held.items():
+            if rid == writer or not h.reading or h.ended or h.released:
+                continue
+            tag = self.tag_ids.get(rid, -2)
+            pages = [p for p in (h.prompt, h.extra) if p is not None]
+            if any(bool(np.any(self.tags[p] != tag)) for p in pages):
+                self._finish(ts, rid, TAG_MISMATCH)
+                self._free(ts, rid)
+                h.ended = True
+
+    def time_out(self, ts: str, rid: str) -> None:
+        """Decode gives up waiting for the transfer: it ends the request and frees its pages."""
+        h = self.held.setdefault(rid, _Held())
+        if h.ended:
+            return
+        self._finish(ts, rid, DECODE_TIMEOUT)
+        self._free(ts, rid)
+        h.ended = True

@@ -1,0 +1,294 @@
+"""A deterministic simulation of a disaggregated deployment, written as a canonical log set.
+
+Requests arrive at a router, which assigns a prefill and a decode node round-robin. Decode
+preallocates the prompt's pages at admission; each prefill node computes one prompt at a
+time in arrival order and frees its pages once the transfer is sent; the transfer lands on
+decode, which then reads and decodes; at the end decode frees everything. Durations follow
+a fixed cost model (below), so the same arrivals and options always give the same log,
+byte for byte. The page decisions are the reference engine's (:mod:`replay.engine`), the
+same code a replay runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forensics.errors import BadOption, OutputExists
+from replay.engine import NodeConfig, NodeEngine, Plan, Request, plan
+from replay.logset import EPOCH, LogSet, ts_text
+from replay.workload import Arrival, read_trace, synthetic
+
+# Cost model, in nanoseconds.
+PREFILL_FIXED = 30_000_000
+PREFILL_PER_TOKEN = 5_000  # 200k tokens/s
+TRANSFER_FIXED = 5_000_000
+TRANSFER_PER_TOKEN = 500  # 2M tokens/s
+DECODE_PER_TOKEN = 25_000_000  # 40 tokens/s per request
+DECODE_TIMEOUT = 30_000_000_000  # decode gives up on a transfer after 30 s
+LATE_BY = 5_000_000_000  # a late transfer lands 5 s after that
+
+T0 = dt.datetime(2026, 9, 14, 8, 0, tzinfo=dt.UTC)
+
+
+def pool_pages(tokens: int, page_size: int) -> int:
+    """Pool page ids for a pool of ``tokens`` tokens (page 0 reserved, so one more)."""
+    return tokens // page_size + 1
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The deployment simulated; the defaults are the incident's (GLM-5.3 on SGLang)."""
+
+    engine: str = "sglang-placeholder"
+    context_length: int = 1_048_576
+    prefill_pool_tokens: int = 681_280
+    decode_pool_tokens: int = 2_097_152
+    page_size: int = 64
+    prefill_nodes: int = 4
+    decode_nodes: int = 4
+    tenants: int = 12
+    model: str = "glm-5.3"
+    engine_version: str = "0.5.21"
+
+    def configs(self) -> list[NodeConfig]:
+        out = []
+        for role, n, tokens in (("prefill", self.prefill_nodes, self.prefill_pool_tokens),
+                                ("decode", self.decode_nodes, self.decode_pool_tokens)):
+            for i in range(n):
+                out.append(NodeConfig(
+                    node=f"{role}-{i}", role=role, context_length=self.context_length,
+                    page_size=self.page_size, pool_pages=pool_pages(tokens, self.page_size),
+                    engine="sglang", engine_version=self.engine_version, model=self.model))
+        return out
+
+
+@dataclass
+class SimResult:
+    """What a simulation wrote and what happened to its requests."""
+
+    files: list[Path]
+    records: int
+    requests: int
+    over_long: int
+    late_writes: int
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "files": [str(f) for f in self.files], "records": self.records, "requests": self.requests,
+            "over_long": self.over_long, "late_writes": self.late_writes, "outcomes": self.outcomes,
+        }
+
+
+def simulate_to(
+    out: Path,
+    *,
+    deployment: Deployment = Deployment(),
+    requests: int | None = None,
+    seed: int = 0,
+    trace: Path | None = None,
+    length_scale: float = 1.0,
+    over_long: float | None = None,
+    late_writes: float = 0.0,
+    rate: float = 4.0,
+) -> SimResult:
+    """The ``simulate`` command: a synthetic workload (or ``trace``'s arrivals) shaped and
+    simulated on ``deployment`` into the new or empty folder ``out``."""
+    checks = {"--page-size": deployment.page_size, "--prefill-nodes": deployment.prefill_nodes,
+              "--decode-nodes": deployment.decode_nodes, "--context-length": deployment.context_length,
+              "--requests": 1 if requests is None else requests}
+    for name, number in checks.items():
+        if number < 1:
+            raise BadOption(f"{name} must be at least 1, not {number}")
+    for name, tokens in (("--prefill-pool-tokens", deployment.prefill_pool_tokens),
+                         ("--decode-pool-tokens", deployment.decode_pool_tokens)):
+        if tokens < deployment.page_size:
+            raise BadOption(f"{name} must hold at least one page ({deployment.page_size} tokens), not {tokens}")
+    if length_scale <= 0 or rate <= 0:
+        raise BadOption("--length-scale and --rate must be positive")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OutputExists(f"{out}: exists and is not an empty folder; choose another --out")
+    rng = random.Random(seed)
+    if trace is not None:
+        arrivals = read_trace(trace, limit=requests)
+        share = 0.0 if over_long is None else over_long
+    else:
+        arrivals = synthetic(1000 if requests is None else requests, rng, rate=rate)
+        share = 0.02 if over_long is None else over_long
+    for name, value in (("--over-long", share), ("--late-writes", late_writes)):
+        if not 0.0 <= value <= 1.0:
+            raise BadOption(f"{name} is a share between 0 and 1, not {value}")
+    shaped = shape(arrivals, rng, deployment, over_long=share, length_scale=length_scale)
+    return simulate(out, shaped, deployment=deployment, seed=seed, late_writes=late_writes)
+
+
+def shape(arrivals: list[Arrival], rng: random.Random, deployment: Deployment, *,
+          over_long: float = 0.0, length_scale: float = 1.0) -> list[Arrival]:
+    """Scale prompt lengths by ``length_scale`` and make a share ``over_long`` of prompts
+    longer than prefill admits (but inside the context window)."""
+    limit = NodeConfig("p", "prefill", deployment.context_length, deployment.page_size,
+                       pool_pages(deployment.prefill_pool_tokens, deployment.page_size)).max_req_input_len
+    out = []
+    for a in arrivals:
+        prompt = max(1, round(a.prompt_tokens * length_scale))
+        if rng.random() < over_long:
+            prompt = rng.randint(limit + 1, deployment.context_length - 1)
+        out.append(Arrival(a.offset_ns, prompt, a.output_tokens))
+    return out
+
+
+def simulate(
+    out: Path,
+    arrivals: list[Arrival],
+    *,
+    deployment: Deployment = Deployment(),
+    seed: int = 0,
+    late_writes: float = 0.0,
+    check_invariants: bool = False,
+) -> SimResult:
+    """Simulate ``arrivals`` on ``deployment`` and write the full log set (page records
+    included) into ``out``."""
+    rng = random.Random(seed)
+    log = LogSet()
+    t0 = (T0 - EPOCH) // dt.timedelta(microseconds=1) * 1000
+    configs = deployment.configs()
+    prefill_cfgs = [c for c in configs if c.role == "prefill"]
+    decode_cfgs = [c for c in configs if c.role == "decode"]
+    tenants = [f"tenant-{i:02d}" for i in range(deployment.tenants)]
+    weights = [1 / (i + 1) for i in range(len(tenants))]
+
+    requests: dict[str, Request] = {}
+    plans: dict[str, Plan] = {}
+    arrival_of: dict[str, int] = {}
+    late: set[str] = set()
+    for i, a in enumerate(sorted(arrivals, key=lambda a: a.offset_ns)):
+        rid = f"req-{seed}-{i:06d}"
+        pre, dec = prefill_cfgs[i % len(prefill_cfgs)], decode_cfgs[i % len(decode_cfgs)]
+        requests[rid] = Request(rid, rng.choices(tenants, weights)[0], a.prompt_tokens,
+                                a.output_tokens, pre.node, dec.node)
+        plans[rid] = plan(requests[rid], deployment.engine, pre)
+        arrival_of[rid] = t0 + a.offset_ns
+        if late_writes and rng.random() < late_writes:
+            late.add(rid)
+
+    router_cfg = NodeConfig("router", "router", deployment.context_length, deployment.page_size, 2)
+    engines: dict[str, NodeEngine] = {
+        c.node: NodeEngine(c, deployment.engine, log, requests, plans, check_invariants)
+        for c in (router_cfg, *configs)
+    }
+    for c in configs:
+        log.emit(c.record(ts_text(t0)))
+
+    queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+    order = 0
+
+    def at(t: int, fn: Callable[..., None], *args: Any) -> None:
+        nonlocal order
+        heapq.heappush(queue, (t, order, fn, args))
+        order += 1
+
+    waiting: dict[str, deque[str]] = {c.node: deque() for c in prefill_cfgs}
+    busy: dict[str, bool] = {c.node: False for c in prefill_cfgs}
+    finished = {"delivered": 0}
+
+    def event(rid: str, node: str, t: int, name: str, **extra: Any) -> bool:
+        return engines[node].handle({"kind": "request", "ts": ts_text(t), "node": node,
+                                     "request_id": rid, "event": name, **extra})
+
+    def transfer(rid: str, node: str, t: int, name: str) -> bool:
+        r = requests[rid]
+        return engines[node].handle({
+            "kind": "transfer", "ts": ts_text(t), "node": node, "transfer_id": f"xfer-{rid}",
+            "request_id": rid, "event": name, "src_node": r.prefill_node, "dst_node": r.decode_node,
+            "tokens": plans[rid].kv_tokens})
+
+    def arrive(t: int, rid: str) -> None:
+        r = requests[rid]
+        assert r.prefill_node is not None and r.decode_node is not None
+        if not event(rid, "router", t, "received", tenant_id=r.tenant_id, prompt_tokens=r.prompt_tokens,
+                     max_new_tokens=r.max_new_tokens, prefill_node=r.prefill_node,
+                     decode_node=r.decode_node):
+            return
+        if plans[rid].prefill_rejects:
+            event(rid, r.prefill_node, t, "rejected")
+            return
+        if not event(rid, r.decode_node, t, "admitted"):
+            return
+        if rid in late:
+            at(t + DECODE_TIMEOUT, time_out, rid)
+        waiting[r.prefill_node].append(rid)
+        if not busy[r.prefill_node]:
+            busy[r.prefill_node] = True
+            at(t, prefill_start, r.prefill_node)
+
+    def prefill_start(t: int, node: str) -> None:
+        rid = waiting[node].popleft()
+        event(rid, node, t, "prefill_started")
+        at(t + PREFILL_FIXED + PREFILL_PER_TOKEN * plans[rid].kv_tokens, prefill_done, rid)
+
+    def prefill_done(t: int, rid: str) -> None:
+        r = requests[rid]
+        assert r.prefill_node is not None
+        event(rid, r.prefill_node, t, "prefill_done")
+        transfer(rid, r.prefill_node, t, "started")
+        sent = t + TRANSFER_FIXED + TRANSFER_PER_TOKEN * plans[rid].kv_tokens
+        at(sent, send, rid)
+        at(max(sent, arrival_of[rid] + DECODE_TIMEOUT + LATE_BY) if rid in late else sent, land, rid)
+
+    def send(t: int, rid: str) -> None:
+        """Prefill has sent its last chunk: it frees its pages and takes the next prompt."""
+        node = requests[rid].prefill_node
+        assert node is not None
+        transfer(rid, node, t, "completed")
+        if waiting[node]:
+            at(t, prefill_start, node)
+        else:
+            busy[node] = False
+
+    def time_out(t: int, rid: str) -> None:
+        node = requests[rid].decode_node
+        assert node is not None
+        engines[node].time_out(ts_text(t), rid)
+
+    def land(t: int, rid: str) -> None:
+        r = requests[rid]
+        assert r.decode_node is not None
+        if transfer(rid, r.decode_node, t, "completed"):
+            at(t, decode_start, rid)
+
+    def decode_start(t: int, rid: str) -> None:
+        node = requests[rid].decode_node
+        assert node is not None
+        if event(rid, node, t, "decode_started"):
+            at(t + DECODE_PER_TOKEN * requests[rid].max_new_tokens, finish, rid)
+
+    def finish(t: int, rid: str) -> None:
+        node = requests[rid].decode_node
+        assert node is not None
+        if event(rid, node, t, "finished", status=200, finish_reason="stop",
+                 output_tokens=requests[rid].max_new_tokens):
+            finished["delivered"] += 1
+
+    for rid, t in arrival_of.items():
+        at(t, arrive, rid)
+    while queue:
+        t, _, fn, args = heapq.heappop(queue)
+        fn(t, *args)
+
+    files = log.write(out)
+    by_router = sum(p.router_rejects for p in plans.values())
+    by_prefill = sum(p.prefill_rejects for p in plans.values())
+    return SimResult(
+        files=files, records=log.records, requests=len(requests),
+        over_long=sum(p.over_long for p in plans.values()), late_writes=len(late),
+        outcomes={"delivered": finished["delivered"], "rejected_by_router": by_router,
+                  "rejected_by_prefill": by_prefill,
+                  "failed_on_decode": len(requests) - finished["delivered"] - by_router - by_prefill},
+    )

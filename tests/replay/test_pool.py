@@ -1,0 +1,63 @@
+"""The page pool against a plain-list model of SGLang's disaggregated allocator policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replay.pool import PagePool, PoolExhausted, page_string
+
+
+def test_pages_come_ascending_from_one_and_freed_pages_wait_for_a_shortage() -> None:
+    pool = PagePool(10)  # pages 1..9; 0 reserved
+    a = pool.alloc(3)
+    assert a.tolist() == [1, 2, 3]
+    pool.release(a)
+    assert pool.alloc(4).tolist() == [4, 5, 6, 7]  # released pages are not reused yet
+    assert pool.alloc(3).tolist() == [1, 2, 3]  # shortage: release list merged in, all sorted
+    assert pool.alloc(2).tolist() == [8, 9]
+    assert pool.merges == 1
+    with pytest.raises(PoolExhausted):
+        pool.alloc(3)
+
+
+def test_the_invariant_check_catches_a_page_held_twice() -> None:
+    pool = PagePool(6)
+    a = pool.alloc(2)
+    pool.check([a])
+    with pytest.raises(AssertionError, match="held twice"):
+        pool.check([a, a[:1]])
+    with pytest.raises(AssertionError):
+        pool.check([])  # pages lost
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 6)), max_size=60))
+def test_pool_equals_a_list_model(steps: list[tuple[bool, int]]) -> None:
+    size = 16
+    pool = PagePool(size)
+    free, released = list(range(1, size)), []  # the model
+    held: list[np.ndarray] = []
+    for allocate, n in steps:
+        if allocate:
+            if n > len(free) + len(released):
+                with pytest.raises(PoolExhausted):
+                    pool.alloc(n)
+                continue
+            if len(free) < n:
+                free, released = sorted(free + released), []
+            want, free = free[:n], free[n:]
+            got = pool.alloc(n)
+            assert got.tolist() == want
+            held.append(got)
+        elif held:
+            pages = held.pop(n % len(held))
+            pool.release(pages)
+            released.extend(pages.tolist())
+        pool.check(held)
+
+
+def test_page_strings_are_canonical_ranges() -> None:
+    assert page_string(np.array([5, 1, 2, 3, 9, 10], dtype=np.int64)) == "1-3,5,9-10"
+    assert page_string(np.array([7], dtype=np.int64)) == "7"

@@ -1,0 +1,153 @@
+"""The reference engine and replay: invariants, determinism, confirmation, what-if, traces."""
+
+from __future__ import annotations
+
+import filecmp
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import SHARED
+
+import forensics
+from replay.engine import BEHAVIOURS
+from replay.replay import WhatIf, replay
+from replay.simulate import Deployment, shape, simulate, simulate_to
+from replay.workload import read_trace, synthetic
+
+# Small pools so that pages are reused (and stale) within a few hundred requests.
+SMALL = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=262_144,
+                   page_size=64, prefill_nodes=2, decode_nodes=2)
+
+
+def _arrivals(n: int, seed: int, deployment: Deployment, over_long: float = 0.05) -> list:
+    rng = random.Random(seed)
+    return shape(synthetic(n, rng, rate=3.0), rng, deployment, over_long=over_long, length_scale=0.5)
+
+
+def _strip_pages(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        lines = f.read_text().splitlines(keepends=True)
+        (dst / f.name).write_text("".join(line for line in lines if '"kind":"kv"' not in line))
+    return dst
+
+
+@pytest.mark.parametrize("engine", BEHAVIOURS)
+def test_the_allocator_invariant_holds_after_every_step(engine: str, tmp_path: Path) -> None:
+    deployment = Deployment(**{**SMALL.__dict__, "engine": engine})
+    result = simulate(tmp_path / "logs", _arrivals(300, 1, deployment), deployment=deployment, seed=1,
+                      late_writes=0.05, check_invariants=True)
+    assert result.requests == 300
+    assert result.over_long > 0 and result.late_writes > 0
+
+
+def test_the_same_command_twice_gives_byte_identical_log_sets(tmp_path: Path) -> None:
+    a = simulate_to(tmp_path / "a", deployment=SMALL, requests=200, seed=7, late_writes=0.02)
+    b = simulate_to(tmp_path / "b", deployment=SMALL, requests=200, seed=7, late_writes=0.02)
+    assert [f.name for f in a.files] == [f.name for f in b.files]
+    for fa, fb in zip(a.files, b.files, strict=True):
+        assert filecmp.cmp(fa, fb, shallow=False), fa.name
+    c = simulate_to(tmp_path / "c", deployment=SMALL, requests=200, seed=8, late_writes=0.02)
+    assert any(not filecmp.cmp(fa, fc, shallow=False) for fa, fc in zip(a.files, c.files, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("engine", "seed", "requests", "late"),
+    [("sglang-placeholder", 1, 400, 0.0), ("sglang-placeholder", 2, 250, 0.05),
+     ("sglang-placeholder", 3, 600, 0.02), ("coverage-check", 4, 300, 0.05),
+     ("page-tags", 5, 300, 0.05), ("sglang-hardened", 6, 300, 0.05)],
+)
+def test_replay_without_page_records_gives_the_full_logs_figures(
+    engine: str, seed: int, requests: int, late: float, tmp_path: Path
+) -> None:
+    deployment = Deployment(**{**SMALL.__dict__, "engine": engine})
+    full = tmp_path / "full"
+    simulate(full, _arrivals(requests, seed, deployment), deployment=deployment, seed=seed, late_writes=late)
+    logged = forensics.investigate([full], tmp_path / "full.duckdb").exposure
+    if engine == "sglang-placeholder":
+        assert logged["exposed_responses"] > 0  # the incident happens, so the comparison means something
+    stripped = forensics.investigate([_strip_pages(full, tmp_path / "stripped")], tmp_path / "stripped.duckdb")
+    assert stripped.exposure["exposed_responses"] == 0  # no page records, no page evidence
+    result = replay(tmp_path / "stripped.duckdb", engine, tmp_path / "replayed")
+    assert result.exposure == logged
+    assert result.agreement is None
+    # The replayed log set is the simulated one, record for record.
+    for f in sorted(full.iterdir()):
+        assert filecmp.cmp(f, tmp_path / "replayed" / "logs" / f.name, shallow=False), f.name
+    # On the full case, agreement is measured and complete.
+    checked = replay(tmp_path / "full.duckdb", engine, tmp_path / "checked")
+    assert checked.agreement is not None
+    allocations = checked.agreement["allocations"]
+    assert allocations["logged"] > 0 and allocations["reproduced"] == allocations["logged"]
+    assert checked.agreement["exposed_responses"]["replay_only"] == 0
+    assert checked.agreement["exposed_responses"]["log_only"] == 0
+
+
+def test_what_if_the_fix_or_a_pool_that_fits_the_context(tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    simulate(full, _arrivals(400, 1, SMALL), deployment=SMALL, seed=1)
+    logged = forensics.investigate([full], tmp_path / "case.duckdb").exposure
+    assert logged["exposed_responses"] > 0
+    for engine in ("sglang-hardened", "coverage-check", "page-tags"):
+        assert replay(tmp_path / "case.duckdb", engine, tmp_path / engine).exposure["exposure_pairs"] == 0
+    big = replay(tmp_path / "case.duckdb", "sglang-placeholder", tmp_path / "big",
+                 what_if=WhatIf(prefill_pool_tokens=SMALL.context_length * 2))
+    assert big.exposure["exposure_pairs"] == 0
+    small = replay(tmp_path / "case.duckdb", "sglang-placeholder", tmp_path / "small",
+                   what_if=WhatIf(prefill_pool_tokens=SMALL.prefill_pool_tokens // 2))
+    assert small.exposure["exposed_responses"] > logged["exposed_responses"]
+    with forensics.Case(tmp_path / "case.duckdb", read_only=True) as case:
+        kept = case.sql("SELECT engine, what_if FROM replays ORDER BY ALL").rows()
+    assert len(kept) == 5
+
+
+def test_late_writes_survive_the_fix_for_placeholders(tmp_path: Path) -> None:
+    """A late transfer is a different bug: the hardened engine still has it, page tags stop it."""
+    deployment = Deployment(**{**SMALL.__dict__, "decode_pool_tokens": 65_600})
+    full = tmp_path / "full"
+    simulate(full, _arrivals(500, 9, deployment, over_long=0.0), deployment=deployment, seed=9, late_writes=0.1)
+    logged = forensics.investigate([full], tmp_path / "case.duckdb").exposure
+    assert logged["exposure_pairs"] > 0  # only late writes can cause these
+    hardened = replay(tmp_path / "case.duckdb", "sglang-hardened", tmp_path / "hardened").exposure
+    assert hardened == logged
+    tags = replay(tmp_path / "case.duckdb", "page-tags", tmp_path / "tags").exposure
+    assert tags["exposed_responses"] == 0
+    assert tags["contained_requests"] > 0  # readers of a retagged page fail instead of answering
+
+
+@pytest.mark.skipif(not (SHARED / "traces").is_dir(), reason="needs ../shared/traces (present in CI)")
+@pytest.mark.parametrize(("name", "scale"), [("mooncake_conversation_trace.jsonl", 6.0),
+                                             ("azure_llm_2023_code.csv", 120.0)])
+def test_public_traces_scaled_into_the_incident_expose_only_under_the_placeholder(
+    name: str, scale: float, tmp_path: Path
+) -> None:
+    arrivals = read_trace(SHARED / "traces" / name, limit=2000)
+    figures = {}
+    for engine in ("sglang-placeholder", "sglang-hardened"):
+        deployment = Deployment(engine=engine)
+        shaped = shape(arrivals, random.Random(0), deployment, length_scale=scale)
+        simulate(tmp_path / engine, shaped, deployment=deployment, seed=0)
+        figures[engine] = forensics.investigate([tmp_path / engine], tmp_path / f"{engine}.duckdb").exposure
+        shutil.rmtree(tmp_path / engine)
+    assert figures["sglang-placeholder"]["exposed_responses"] > 0
+    assert figures["sglang-hardened"]["exposure_pairs"] == 0
+    assert figures["sglang-hardened"]["uninitialized_reads"] == 0
+
+
+def test_trace_files_are_read_in_both_formats(tmp_path: Path) -> None:
+    moon = tmp_path / "m.jsonl"
+    moon.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+                    '{"timestamp": 1500, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n')
+    azure = tmp_path / "a.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:17:03.9799600,100,7\n2023-11-16 18:17:05.0000000,200,9\n")
+    m = read_trace(moon)
+    assert [(a.offset_ns, a.prompt_tokens, a.output_tokens) for a in m] == [(0, 10, 2), (1_500_000_000, 600, 5)]
+    a = read_trace(azure)
+    assert [(x.offset_ns, x.prompt_tokens) for x in a] == [(0, 100), (1_020_040_000, 200)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0}\n')
+    with pytest.raises(forensics.KvfError, match="bad.jsonl:1"):
+        read_trace(bad)
