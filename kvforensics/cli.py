@@ -101,19 +101,84 @@ def ingest(paths: PathsArg, db: DbOption, as_json: JsonFlag = False) -> None:
         _print_counts(result)
 
 
+class Audience(StrEnum):
+    internal = "internal"
+    regulator = "regulator"
+    customer = "customer"
+
+
+AudienceOption = Annotated[
+    Audience, typer.Option(help="Who reads it: internal shows ids; regulator and customer never do.")
+]
+KeyOption = Annotated[
+    str | None, typer.Option(help="Replace request and tenant ids by HMAC-SHA256 pseudonyms under this key.")
+]
+GeneratedAtOption = Annotated[
+    str | None, typer.Option(help="The report's generation time (ISO 8601), for byte-identical re-runs.")
+]
+
+
 @app.command()
-def investigate(paths: PathsArg, db: DbOption, as_json: JsonFlag = False) -> None:
-    """Ingest, rebuild page timelines, find exposures, and print the figures."""
-    found = _run(lambda: _with_progress(lambda p: forensics.investigate(paths, db, progress=p)))
+def investigate(
+    paths: PathsArg,
+    db: DbOption,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also replay where the logs allow it and write the HTML report here.")
+    ] = None,
+    audience: AudienceOption = Audience.internal,
+    pseudonymize_key: KeyOption = None,
+    generated_at: GeneratedAtOption = None,
+    no_replay: Annotated[bool, typer.Option("--no-replay", help="With --out: skip the replays.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Ingest, rebuild page timelines, find exposures, and print the figures; with --out, the whole
+    job: replay confirmation and what-if where the evidence allows, then the HTML report."""
+    from reports.job import run
+
+    found = _run(lambda: _with_progress(lambda p: run(
+        paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
+        generated_at=generated_at, with_replay=not no_replay, progress=p)))
     if as_json:
         _print_json(found.as_dict())
         return
-    _print_counts(found.ingest)
+    _print_counts(found.investigation.ingest)
     typer.echo("")
-    width = max(len(k) for k in found.exposure)
-    for name, value in found.exposure.items():
+    exposure = found.investigation.exposure
+    width = max(len(k) for k in exposure)
+    for name, value in exposure.items():
         typer.echo(f"{name:<{width}}  {value}")
+    for r in found.replays:
+        agreement = ""
+        if r.agreement:
+            a = r.agreement["exposed_responses"]
+            agreement = (f"; {a['confirmed']} confirmed, {a['replay_only']} replay only, "
+                         f"{a['log_only']} log only")
+        typer.echo(f"replay under {r.engine}: {r.exposure['exposed_responses']} exposed responses{agreement}")
+    if found.replay_skipped:
+        typer.echo(f"replay skipped: {found.replay_skipped}")
+    if found.report is not None:
+        typer.echo(f"\nreport: {found.report.out}")
     typer.echo(f"\nnext: kvforensics exposures --db {db}")
+
+
+@app.command()
+def report(
+    db: DbOption,
+    out: Annotated[Path, typer.Option("--out", help="The HTML file to write.")],
+    audience: AudienceOption = Audience.internal,
+    pseudonymize_key: KeyOption = None,
+    generated_at: GeneratedAtOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Write the self-contained HTML incident report of an analysed case."""
+    from reports.render import report as write_report
+
+    done = _run(lambda: write_report(db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
+                                     generated_at=generated_at))
+    if as_json:
+        _print_json(done.as_dict())
+        return
+    typer.echo(f"report ({done.audience}, {done.bytes:,} bytes): {done.out}")
 
 
 def _emit(frame: pl.DataFrame, fmt: Format) -> None:

@@ -6,5 +6,6 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e .
 mkdir -p out
-rm -f out/sample-case.duckdb
-.venv/bin/kvforensics investigate sample_logs/glm53-incident/ --db out/sample-case.duckdb "$@"
+rm -rf out/sample-case.duckdb out/sample-case.replay-*
+.venv/bin/kvforensics investigate sample_logs/glm53-incident/ --db out/sample-case.duckdb \
+  --out out/sample-report.html "$@"

@@ -1,0 +1,209 @@
+"""What the report shows, read from a case: every figure with the SQL that produced it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from forensics.analysis import FIGURES
+
+#: Each summary figure recomputed from the documented tables; the report checks that every
+#: one equals the analysis's value before it prints it, and shows the query beside it.
+FIGURE_SQL: dict[str, str] = {
+    "exposed_responses": "SELECT count(DISTINCT reader_request) FROM exposures WHERE reader_delivered",
+    "contained_requests": "SELECT count(DISTINCT reader_request) FROM exposures WHERE NOT reader_delivered",
+    "victim_requests": "SELECT count(DISTINCT victim_request) FROM exposures WHERE reader_delivered",
+    "exposure_pairs": (
+        "SELECT count(*) FROM (SELECT DISTINCT reader_request, victim_request "
+        "FROM exposures WHERE reader_delivered)"
+    ),
+    "cross_tenant_pairs": (
+        "SELECT count(*) FROM (SELECT DISTINCT reader_request, victim_request FROM exposures "
+        "WHERE reader_delivered AND reader_tenant <> victim_tenant)"
+    ),
+    "exposed_page_reads": (
+        "SELECT count(*) FROM (SELECT DISTINCT e.reader_request, e.node, p.page FROM exposures e, "
+        "LATERAL (SELECT unnest(generate_series(CAST(split_part(r, '-', 1) AS BIGINT), "
+        "CAST(split_part(r, '-', -1) AS BIGINT))) AS page FROM (SELECT unnest(string_split(e.pages, ',')) AS r)) p "
+        "WHERE e.reader_delivered)"
+    ),
+    "uninitialized_reads": (
+        "SELECT count(*) FROM (SELECT DISTINCT request_id, node, unnest(generate_series(lo, hi)) AS page "
+        "FROM uninitialized_reads)"
+    ),
+    "affected_tenants": "SELECT count(DISTINCT victim_tenant) FROM exposures WHERE reader_delivered",
+}
+
+AUDIENCES = ("internal", "regulator", "customer")
+
+
+class Names:
+    """Request and tenant ids as the report shows them: as logged, keyed pseudonyms, or ordinals."""
+
+    def __init__(self, mode: str, key: str | None = None) -> None:
+        self.mode = mode  # "ids", "keyed" or "ordinal"
+        self._key = (key or "").encode()
+        self._ordinal: dict[tuple[str, str], str] = {}
+
+    def __call__(self, kind: str, value: str | None) -> str:
+        if value is None:
+            return "(unknown)"
+        if self.mode == "ids":
+            return value
+        if self.mode == "keyed":
+            digest = hmac.new(self._key, f"{kind}:{value}".encode(), hashlib.sha256).hexdigest()
+            return f"{kind}-{digest[:12]}"
+        key = (kind, value)
+        if key not in self._ordinal:
+            self._ordinal[key] = f"{kind} {sum(1 for k in self._ordinal if k[0] == kind) + 1}"
+        return self._ordinal[key]
+
+    def prime(self, kind: str, values: list[str]) -> None:
+        """Number ordinal names in sorted id order, so they do not depend on table order."""
+        if self.mode == "ordinal":
+            for v in sorted(set(values)):
+                self(kind, v)
+
+
+@dataclass
+class ReportData:
+    """Everything the template renders; strings from the logs are escaped by the template."""
+
+    audience: str
+    generated_at: str
+    toolkit_version: str
+    figures: dict[str, int]
+    figure_sql: dict[str, str]
+    window: tuple[str | None, str | None]
+    records: dict[str, int]
+    configs: list[dict[str, Any]]
+    handoffs: list[dict[str, Any]]
+    responses: list[dict[str, Any]]
+    victims: list[dict[str, Any]]
+    tenants: list[str]
+    matrix: dict[tuple[str, str], int]
+    replays: list[dict[str, Any]]
+    files: list[dict[str, Any]]
+    over_time: list[tuple[dt.datetime, int]]
+    prompts: list[tuple[dt.datetime, int, bool]]
+    prompt_limit: int | None
+    naming: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    cur = con.execute(sql, params or [])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _ts(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, generated_at: str,
+           toolkit_version: str) -> ReportData:
+    """Read the report's content from an analysed case."""
+    summary = _rows(con, f"SELECT {', '.join(FIGURES)} FROM exposure_summary")[0]
+    figures = {k: int(summary[k]) for k in FIGURES}
+    for name, sql in FIGURE_SQL.items():
+        value = con.execute(sql).fetchall()[0][0]
+        if int(value or 0) != figures[name]:
+            raise AssertionError(f"{name}: the analysis says {figures[name]}, its query {value}")
+    first, last = con.execute(
+        "SELECT min(first_ts), max(first_ts) FROM exposures WHERE reader_delivered").fetchall()[0]
+    counts = _rows(con, "SELECT count(*) AS records FROM records")[0]
+    q = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
+    d = con.execute("SELECT count(*) FROM duplicates").fetchall()[0][0]
+    records = {"ingested": counts["records"], "duplicates": d, "quarantined": q,
+               "read": counts["records"] + d + q}
+
+    configs = _rows(con, """
+        SELECT node, boot, role, engine, engine_version, model, context_length, page_size, pool_pages,
+               (pool_pages - 1) * page_size AS pool_tokens,
+               least(context_length - 1, (pool_pages - 1) * page_size - 1) - 5 AS max_req_input_len
+        FROM configs ORDER BY node, boot, seq""")
+    for c in configs:
+        c["context_exceeds_pool"] = c["role"] == "prefill" and c["context_length"] > c["max_req_input_len"] + 1
+    limits = [c["max_req_input_len"] for c in configs if c["role"] == "prefill"]
+
+    handoffs = _rows(con, """
+        WITH rej AS (
+          SELECT r.request_id, min(r.ts) AS rejected_at, any_value(r.node) AS node,
+                 any_value(r.reason) AS reason, any_value(r.limit_tokens) AS limit_tokens
+          FROM request_events r JOIN configs c ON c.node = r.node AND c.role = 'prefill'
+          WHERE r.event = 'rejected' GROUP BY r.request_id
+        )
+        SELECT rej.request_id, rej.node, rej.rejected_at, rej.reason, rej.limit_tokens,
+               q.prompt_tokens, q.status, q.delivered,
+               (SELECT min(t.tokens) FROM transfers t
+                 WHERE t.request_id = rej.request_id AND t.event = 'completed') AS tokens_sent,
+               EXISTS (SELECT 1 FROM request_events e
+                 WHERE e.request_id = rej.request_id AND e.event = 'decode_started') AS decoded
+        FROM rej LEFT JOIN requests q USING (request_id)
+        WHERE tokens_sent IS NOT NULL OR decoded OR q.delivered
+        ORDER BY rejected_at, request_id""")
+    responses = _rows(con, """
+        SELECT reader_request, any_value(reader_tenant) AS reader_tenant, count(DISTINCT victim_request) AS victims,
+               count(DISTINCT victim_tenant) AS victim_tenants, sum(n_pages)::BIGINT AS pages,
+               min(first_ts) AS first_ts, bool_or(inferred) AS inferred, bool_or(reader_delivered) AS delivered
+        FROM exposures GROUP BY reader_request ORDER BY first_ts, reader_request""")
+    victims = _rows(con, """
+        SELECT victim_request, any_value(victim_tenant) AS victim_tenant,
+               count(DISTINCT reader_request) AS readers, sum(n_pages)::BIGINT AS pages, min(first_ts) AS first_seen
+        FROM exposures WHERE reader_delivered GROUP BY victim_request ORDER BY first_seen, victim_request""")
+    pairs = _rows(con, """
+        SELECT reader_tenant, victim_tenant, count(*) AS pairs FROM (
+          SELECT DISTINCT reader_request, victim_request, reader_tenant, victim_tenant
+          FROM exposures WHERE reader_delivered) GROUP BY ALL""")
+    names.prime("tenant", [t for p in pairs for t in (p["reader_tenant"], p["victim_tenant"]) if t])
+    names.prime("request", [r["reader_request"] for r in responses] + [v["victim_request"] for v in victims])
+    for r in responses:
+        r["reader_request"] = names("request", r["reader_request"])
+        r["reader_tenant"] = names("tenant", r["reader_tenant"])
+        r["first_ts"] = _ts(r["first_ts"])
+    for v in victims:
+        v["victim_request"] = names("request", v["victim_request"])
+        v["victim_tenant"] = names("tenant", v["victim_tenant"])
+        v["first_seen"] = _ts(v["first_seen"])
+    for h in handoffs:
+        h["request_id"] = names("request", h["request_id"])
+        h["rejected_at"] = _ts(h["rejected_at"])
+    matrix: dict[tuple[str, str], int] = {}
+    for p in pairs:
+        key = (names("tenant", p["reader_tenant"]), names("tenant", p["victim_tenant"]))
+        matrix[key] = matrix.get(key, 0) + int(p["pairs"])
+    tenants = sorted({t for k in matrix for t in k})
+
+    replays = _rows(con, "SELECT * FROM replays ORDER BY engine, what_if")
+    for r in replays:
+        r["exposure"] = json.loads(r["exposure"])
+        r["agreement"] = json.loads(r["agreement"]) if r["agreement"] else None
+        r["what_if"] = json.loads(r["what_if"])
+    files = _rows(con, """
+        SELECT f.path, f.size, f.sha256, f.ingested_at, f.toolkit_version, c.read, c.ingested, c.duplicates,
+               c.quarantined FROM files f JOIN file_counts c USING (file_id) ORDER BY f.file_id""")
+    for f in files:
+        f["ingested_at"] = _ts(f["ingested_at"])
+    over_time = [(r["t"], int(r["n"])) for r in _rows(con, """
+        SELECT first_ts AS t, count(*) AS n FROM (
+          SELECT reader_request, min(first_ts) AS first_ts FROM exposures WHERE reader_delivered GROUP BY ALL)
+        GROUP BY ALL ORDER BY t""")]
+    prompts = [(r["ts"], int(r["prompt_tokens"]), bool(r["exposed"])) for r in _rows(con, """
+        SELECT e.ts, e.prompt_tokens,
+               e.request_id IN (SELECT reader_request FROM exposures WHERE reader_delivered) AS exposed
+        FROM request_events e WHERE e.event = 'received' AND e.prompt_tokens IS NOT NULL
+        ORDER BY e.ts, e.request_id""")]
+    return ReportData(
+        audience=audience, generated_at=generated_at, toolkit_version=toolkit_version, figures=figures,
+        figure_sql=FIGURE_SQL, window=(_ts(first), _ts(last)), records=records, configs=configs,
+        handoffs=handoffs, responses=responses, victims=victims, tenants=tenants, matrix=matrix,
+        replays=replays, files=files, over_time=over_time, prompts=prompts,
+        prompt_limit=min(limits) if limits else None, naming=names.mode,
+    )

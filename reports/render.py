@@ -1,0 +1,114 @@
+"""``kvforensics report``: one self-contained HTML file from an analysed case.
+
+Jinja2 renders it with autoescaping on, so every string that came from the logs is escaped;
+charts are SVG images in ``data:`` URIs (an image cannot run scripts); the page carries a
+Content-Security-Policy that allows nothing but those images and its own stylesheet (by
+hash). No prompt or response text is ever read. Same case and options, same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+import forensics
+from forensics.errors import BadOption
+from reports import charts
+from reports.data import AUDIENCES, Names, ReportData, gather
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    out: Path
+    audience: str
+    bytes: int
+    figures: dict[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"out": str(self.out), "audience": self.audience, "bytes": self.bytes, "figures": self.figures}
+
+
+def _generated_at(text: str | None) -> str:
+    if text is None:
+        return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise BadOption(f"--generated-at: not an ISO 8601 time: {text!r}") from exc
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(
+            lambda name: resources.files("reports").joinpath("templates", name).read_text(encoding="utf-8")
+        ),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["n"] = lambda v: "" if v is None else f"{v:,}" if isinstance(v, int) else v
+    return env
+
+
+def render(data: ReportData) -> str:
+    """The report's HTML for ``data``."""
+    env = _environment()
+    css = resources.files("reports").joinpath("templates", "report.css.j2").read_text(encoding="utf-8")
+    css_hash = base64.b64encode(hashlib.sha256(css.encode()).digest()).decode()
+    context_lengths = sorted({c["context_length"] for c in data.configs if c["role"] == "prefill"})
+    return env.get_template("report.html.j2").render(
+        d=data,
+        css=css,
+        csp=f"default-src 'none'; img-src data:; style-src 'sha256-{css_hash}'; base-uri 'none'; form-action 'none'",
+        chart_time=charts.exposures_over_time(data.over_time),
+        chart_prompts=charts.prompts_against_limit(
+            data.prompts, data.prompt_limit, context_lengths[0] if context_lengths else None),
+        page_size=1000,
+    )
+
+
+def report(
+    db: Path | str,
+    out: Path | str,
+    *,
+    audience: str = "internal",
+    pseudonymize_key: str | None = None,
+    generated_at: str | None = None,
+) -> ReportResult:
+    """Write the incident report of the case ``db`` to ``out``.
+
+    ``internal`` shows request and tenant ids as logged (keyed pseudonyms with a key);
+    ``regulator`` and ``customer`` never show them: keyed pseudonyms with a key, else ordinals.
+    """
+    if audience not in AUDIENCES:
+        raise BadOption(f"--audience must be one of {', '.join(AUDIENCES)}, not {audience!r}")
+    if pseudonymize_key is not None and not pseudonymize_key:
+        raise BadOption("--pseudonymize-key must not be empty")
+    if pseudonymize_key:
+        names = Names("keyed", pseudonymize_key)
+    else:
+        names = Names("ids" if audience == "internal" else "ordinal")
+    stamp = _generated_at(generated_at)
+    with forensics.Case(db) as case:
+        data = gather(case.connection, audience=audience, names=names, generated_at=stamp,
+                      toolkit_version=forensics.__version__)
+    html = render(data)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, out)
+    return ReportResult(out, audience, len(html.encode()), data.figures)
