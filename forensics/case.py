@@ -11,6 +11,7 @@ import polars as pl
 
 from forensics.analysis import analyse, summary
 from forensics.errors import CaseError, QueryError
+from forensics.findings import Finding, findings
 from forensics.store import connect, one, sql_text
 
 
@@ -122,9 +123,27 @@ class Case:
         """Every page operation on ``page`` of ``node`` in (boot, seq) order, with inferred reads."""
         return self._frame(sql_text("page_timeline.sql"), [node, boot, boot, page])
 
+    def findings(self) -> list[Finding]:
+        """Root-cause signatures and evidence gaps found in the case (forensics/sql/findings.sql)."""
+        return findings(self._con)
+
     def sql(self, query: str) -> pl.DataFrame:
-        """A read-only query over the case's tables."""
-        return run_read_only(self.path, query)
+        """A read-only query over the case's tables (only SELECT statements are run)."""
+        if self.read_only:
+            try:
+                return self._con.sql(query).pl()
+            except duckdb.Error as exc:
+                raise QueryError(str(exc).splitlines()[0]) from exc
+        try:
+            statements = self._con.extract_statements(query)
+        except duckdb.Error as exc:
+            raise QueryError(str(exc).splitlines()[0]) from exc
+        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            raise QueryError("Case.sql runs one read-only SELECT query; open the case read-only for anything else")
+        try:
+            return self._con.sql(query).pl()
+        except duckdb.Error as exc:
+            raise QueryError(str(exc).splitlines()[0]) from exc
 
 
 def run_read_only(path: Path, query: str) -> pl.DataFrame:

@@ -274,6 +274,29 @@ def sql(
     _emit(_run(lambda: run_read_only(db, query)), fmt)
 
 
+@app.command()
+def findings(db: DbOption, as_json: JsonFlag = False) -> None:
+    """Root-cause signatures and evidence gaps, each with its evidence rows and the SQL that found them."""
+
+    def load() -> list[dict[str, Any]]:
+        with forensics.Case(db) as case:
+            return [f.as_dict(rows=None if as_json else 5) for f in case.findings()]
+
+    found = _run(load)
+    if as_json:
+        _print_json({"findings": found})
+        return
+    if not found:
+        typer.echo("no findings")
+        return
+    for f in found:
+        typer.echo(f"[{f['severity']}] {f['id']}: {f['title']}")
+        for row in f["evidence"]:
+            typer.echo("    " + ", ".join(f"{k}={v}" for k, v in row.items()))
+        if f["count"] > len(f["evidence"]):
+            typer.echo(f"    ... {f['count'] - len(f['evidence']):,} more (--json for all)")
+
+
 Engine = StrEnum("Engine", {name: name for name in BEHAVIOURS})  # type: ignore[misc]
 PLACEHOLDER = Engine("sglang-placeholder")
 

@@ -12,6 +12,7 @@ from typing import Any
 import duckdb
 
 from forensics.analysis import FIGURES
+from forensics.findings import findings
 
 #: Each summary figure recomputed from the documented tables; the report checks that every
 #: one equals the analysis's value before it prints it, and shows the query beside it.
@@ -94,7 +95,7 @@ class ReportData:
     prompts: list[tuple[dt.datetime, int, bool]]
     prompt_limit: int | None
     naming: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
@@ -200,10 +201,11 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
                e.request_id IN (SELECT reader_request FROM exposures WHERE reader_delivered) AS exposed
         FROM request_events e WHERE e.event = 'received' AND e.prompt_tokens IS NOT NULL
         ORDER BY e.ts, e.request_id""")]
+    found = [f.as_dict(rows=10 if names.mode == "ids" else 0) for f in findings(con)]
     return ReportData(
         audience=audience, generated_at=generated_at, toolkit_version=toolkit_version, figures=figures,
         figure_sql=FIGURE_SQL, window=(_ts(first), _ts(last)), records=records, configs=configs,
         handoffs=handoffs, responses=responses, victims=victims, tenants=tenants, matrix=matrix,
         replays=replays, files=files, over_time=over_time, prompts=prompts,
-        prompt_limit=min(limits) if limits else None, naming=names.mode,
+        prompt_limit=min(limits) if limits else None, naming=names.mode, findings=found,
     )

@@ -1,0 +1,73 @@
+"""Findings: root-cause signatures and evidence gaps, each with its evidence rows and its SQL.
+
+The queries live in ``sql/findings.sql``, one per finding, each headed by ``-- name:``,
+``-- severity:`` and ``-- title:`` lines (``{count}`` in the title is the number of rows).
+They read only the documented tables and views, so each can be re-run by hand with
+``kvforensics sql``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from forensics.store import sql_text
+
+SEVERITIES = ("critical", "high", "medium", "low")
+
+
+@dataclass(frozen=True)
+class FindingSpec:
+    id: str
+    severity: str
+    title: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding: a stable id, severity, one-line title, count, evidence rows and their SQL."""
+
+    id: str
+    severity: str
+    title: str
+    count: int
+    evidence: pl.DataFrame
+    sql: str
+
+    def as_dict(self, *, rows: int | None = 20) -> dict[str, Any]:
+        shown = self.evidence if rows is None else self.evidence.head(rows)
+        return {
+            "id": self.id, "severity": self.severity, "title": self.title, "count": self.count,
+            "evidence": [{k: _plain(v) for k, v in r.items()} for r in shown.to_dicts()],
+            "sql": self.sql,
+        }
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def specs() -> list[FindingSpec]:
+    """The findings defined in ``sql/findings.sql``, in file order."""
+    out = []
+    for block in re.split(r"\n(?=-- name: )", sql_text("findings.sql").strip()):
+        head = dict(re.findall(r"^-- (name|severity|title): (.*)$", block, re.M))
+        body = "\n".join(line for line in block.splitlines() if not line.startswith("--")).strip().rstrip(";")
+        out.append(FindingSpec(head["name"], head["severity"], head["title"], body))
+    return out
+
+
+def findings(con: duckdb.DuckDBPyConnection) -> list[Finding]:
+    """Every finding with at least one evidence row, most severe first, then in file order."""
+    found = []
+    for spec in specs():
+        evidence = con.sql(spec.sql).pl()
+        if evidence.height:
+            found.append(Finding(spec.id, spec.severity, spec.title.format(count=f"{evidence.height:,}"),
+                                 evidence.height, evidence, spec.sql))
+    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))

@@ -1,0 +1,121 @@
+-- name: config.context_exceeds_pool
+-- severity: high
+-- title: the context window exceeds what the prefill KV pool admits on {count} node config(s)
+-- A prefill node whose context_length is more than its max_req_input_len admits: prompts in
+-- the window [at_risk_from, at_risk_to] pass the router and are rejected (or worse) on prefill.
+WITH c AS (
+  SELECT node, boot, seq, ts, context_length, page_size, pool_pages,
+         (pool_pages - 1) * page_size AS pool_tokens,
+         least(context_length - 1, (pool_pages - 1) * page_size - 1) - 5 AS max_req_input_len
+  FROM configs WHERE role = 'prefill'
+)
+SELECT c.node, c.boot, c.seq, c.ts, c.context_length, c.pool_tokens, c.max_req_input_len,
+       c.max_req_input_len + 1 AS at_risk_from, c.context_length - 1 AS at_risk_to,
+       (SELECT count(*) FROM request_events r WHERE r.event = 'received'
+          AND r.prompt_tokens BETWEEN c.max_req_input_len + 1 AND c.context_length - 1) AS prompts_in_window
+FROM c WHERE c.pool_tokens < c.context_length
+ORDER BY node, boot, seq;
+
+-- name: handoff.rejected_but_transferred
+-- severity: critical
+-- title: {count} request(s) rejected on a prefill node still had a transfer, a decode start or a delivered response
+WITH rejected AS (
+  SELECT r.request_id, any_value(r.node ORDER BY r.ts) AS prefill_node, min(r.ts) AS rejected_at,
+         any_value(r.reason ORDER BY r.ts) AS reason, any_value(r.limit_tokens ORDER BY r.ts) AS limit_tokens
+  FROM request_events r
+  WHERE r.event = 'rejected' AND r.node IN (SELECT node FROM configs WHERE role = 'prefill')
+  GROUP BY r.request_id
+)
+SELECT j.request_id, j.prefill_node, j.rejected_at, j.reason, j.limit_tokens, q.prompt_tokens,
+       (SELECT count(*) FROM transfers t WHERE t.request_id = j.request_id AND t.event = 'completed') AS transfers_completed,
+       (SELECT count(*) FROM request_events e WHERE e.request_id = j.request_id AND e.event = 'decode_started') AS decode_starts,
+       q.status, q.delivered
+FROM rejected j LEFT JOIN requests q USING (request_id)
+WHERE transfers_completed > 0 OR decode_starts > 0 OR coalesce(q.delivered, FALSE)
+ORDER BY rejected_at, request_id;
+
+-- name: handoff.coverage_mismatch
+-- severity: high
+-- title: {count} transfer(s) carried fewer KV tokens than the prompt, and decode went on to read
+SELECT t.transfer_id, t.request_id, t.node, t.seq, t.ts, t.src_node, t.dst_node, t.tokens, q.prompt_tokens,
+       q.prompt_tokens - t.tokens AS tokens_missing
+FROM transfers t JOIN requests q USING (request_id)
+WHERE t.event = 'completed' AND t.node = t.dst_node AND t.tokens < q.prompt_tokens
+  AND (EXISTS (SELECT 1 FROM request_events e WHERE e.request_id = t.request_id AND e.node = t.dst_node
+                 AND e.event = 'decode_started' AND e.boot = t.boot AND e.seq > t.seq)
+       OR EXISTS (SELECT 1 FROM kv_ops k WHERE k.request_id = t.request_id AND k.node = t.dst_node
+                 AND k.op = 'read' AND k.boot = t.boot AND k.seq > t.seq))
+ORDER BY t.ts, t.transfer_id;
+
+-- name: response.delivered_after_reject
+-- severity: critical
+-- title: {count} request(s) were rejected and still answered with a 2xx response
+SELECT q.request_id, q.tenant_id, q.prompt_tokens, q.status, q.first_ts, q.last_ts,
+       (SELECT string_agg(DISTINCT e.node, ',' ORDER BY e.node) FROM request_events e
+         WHERE e.request_id = q.request_id AND e.event = 'rejected') AS rejected_on
+FROM requests q WHERE q.rejected AND q.delivered
+ORDER BY q.first_ts, q.request_id;
+
+-- name: kv.late_write
+-- severity: high
+-- title: {count} write(s) landed on pages their writer had already freed
+WITH w AS (
+  SELECT node, boot, seq, ts, request_id, pages, source, unnest(page_ranges) AS g FROM kv_ops WHERE op = 'write'
+), late AS (
+  SELECT DISTINCT w.node, w.boot, w.seq, w.ts, w.request_id, w.pages, w.source
+  FROM w JOIN (SELECT node, boot, seq, request_id, unnest(page_ranges) AS g FROM kv_ops WHERE op = 'free') f
+    ON f.node = w.node AND f.boot = w.boot AND f.request_id = w.request_id AND f.seq < w.seq
+   AND f.g.lo <= w.g.hi AND w.g.lo <= f.g.hi
+  WHERE NOT EXISTS (
+    SELECT 1 FROM (SELECT node, boot, seq, request_id, unnest(page_ranges) AS g FROM kv_ops
+                   WHERE op IN ('alloc', 'share')) a
+    WHERE a.node = w.node AND a.boot = w.boot AND a.request_id = w.request_id
+      AND a.seq > f.seq AND a.seq < w.seq AND a.g.lo <= w.g.hi AND w.g.lo <= a.g.hi)
+)
+SELECT l.*, (SELECT count(DISTINCT e.reader_request) FROM exposures e
+               WHERE e.victim_request = l.request_id AND e.node = l.node AND e.boot = l.boot
+                 AND e.first_seq >= l.seq) AS tainted_readers
+FROM late l ORDER BY l.ts, l.node, l.seq;
+
+-- name: kv.uninitialized_read
+-- severity: medium
+-- title: {count} request(s) read pages never written in the boot
+SELECT request_id, node, boot, count(*) AS ranges, sum(hi - lo + 1)::BIGINT AS pages, min(seq) AS first_seq,
+       bool_or(inferred) AS inferred
+FROM uninitialized_reads GROUP BY ALL ORDER BY node, boot, first_seq, request_id;
+
+-- name: evidence.seq_gap
+-- severity: medium
+-- title: {count} gap(s) in nodes' seq: records are missing there, and so is their evidence
+SELECT node, boot, prev_seq + 1 AS missing_from, seq - 1 AS missing_to, seq - prev_seq - 1 AS missing,
+       prev_ts AS window_start, ts AS window_end
+FROM (SELECT node, boot, seq, ts, lag(seq) OVER w AS prev_seq, lag(ts) OVER w AS prev_ts
+      FROM records WHERE seq IS NOT NULL
+      WINDOW w AS (PARTITION BY node, boot ORDER BY seq))
+WHERE seq - prev_seq > 1
+ORDER BY node, boot, missing_from;
+
+-- name: evidence.clock_skew
+-- severity: low
+-- title: {count} sign(s) of clock skew: transfers completing before they started, or ts running backwards in seq order
+WITH pairs AS (
+  SELECT s.src_node, c.dst_node, epoch_us(c.ts) - epoch_us(s.ts) AS d_us
+  FROM transfers s JOIN transfers c
+    ON c.transfer_id = s.transfer_id AND s.event = 'started' AND s.node = s.src_node
+   AND c.event = 'completed' AND c.node = c.dst_node
+), by_link AS (
+  SELECT 'transfer' AS signal, src_node AS node_a, dst_node AS node_b, count(*) AS n,
+         min(d_us) / 1e6 AS min_seconds, max(d_us) / 1e6 AS max_seconds
+  FROM pairs GROUP BY ALL HAVING min(d_us) < 0
+), backwards AS (
+  SELECT 'ts_before_previous_seq' AS signal, node AS node_a, NULL AS node_b, count(*) AS n,
+         min(step_us) / 1e6 AS min_seconds, max(step_us) / 1e6 AS max_seconds
+  FROM (SELECT node, epoch_us(ts) - epoch_us(lag(ts) OVER (PARTITION BY node, boot ORDER BY seq)) AS step_us
+        FROM records WHERE seq IS NOT NULL)
+  WHERE step_us < 0 GROUP BY ALL
+)
+SELECT signal, node_a, node_b, n, min_seconds, max_seconds,
+       CASE signal WHEN 'transfer' THEN 'node_b''s clock is behind node_a''s by at least ' || round(-min_seconds, 6) || ' s'
+            ELSE 'node_a''s ts went back by up to ' || round(-min_seconds, 6) || ' s between consecutive seq' END AS bound
+FROM (SELECT * FROM by_link UNION ALL SELECT * FROM backwards)
+ORDER BY signal, node_a, node_b;
