@@ -22,7 +22,7 @@ from reports.render import report
 
 SMALL = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=262_144,
                    page_size=64, prefill_nodes=2, decode_nodes=2)
-HOSTILE_TENANT = "<script>alert('t')</script>"
+HOSTILE_TENANT = "<script>alert('t')</script></style>"
 HOSTILE_REQUEST = '"><img src=x onerror=alert(1)>'
 
 
@@ -88,7 +88,8 @@ def test_strings_from_the_logs_are_escaped(tmp_path: Path) -> None:
     forensics.investigate([write_jsonl(tmp_path / "logs.jsonl", records)], tmp_path / "case.duckdb")
     html = report(tmp_path / "case.duckdb", tmp_path / "r.html").out.read_text()
     assert HOSTILE_TENANT not in html and HOSTILE_REQUEST not in html
-    assert "&lt;script&gt;alert(&#39;t&#39;)&lt;/script&gt;" in html
+    assert "&lt;script&gt;alert(&#39;t&#39;)&lt;/script&gt;&lt;/style&gt;" in html
+    assert html.count("</style>") == 1
     assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in html
     assert "<script" not in html.lower() and "<img src=x" not in html
 
@@ -122,6 +123,7 @@ def test_investigate_with_out_runs_the_whole_job_from_the_cli(tmp_path: Path) ->
     assert [r["engine"] for r in printed["replays"]] == ["sglang-placeholder", "sglang-hardened"]
     assert printed["replays"][0]["exposure"] == printed["exposure"]
     assert printed["report"]["figures"] == printed["exposure"]
+    assert _figures((tmp_path / "r.html").read_text()) == printed["exposure"]
     again = runner.invoke(app, ["report", "--db", str(tmp_path / "c.duckdb"), "--out", str(tmp_path / "s.html"),
                                 "--generated-at", "2026-11-30T12:00:00Z", "--json"])
     assert again.exit_code == 0, again.output
@@ -131,7 +133,29 @@ def test_investigate_with_out_runs_the_whole_job_from_the_cli(tmp_path: Path) ->
     assert bad.exit_code == 1 and "ISO 8601" in bad.output
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium to print")
+needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None,
+                                    reason="needs Debian's chromium (scripts/test.sh installs it)")
+
+
+@needs_chromium
+def test_chromium_opens_it_offline_with_no_request_and_no_console_error(incident: Path, tmp_path: Path) -> None:
+    from cdp import load
+
+    bad = tmp_path / "bad.html"  # the harness must see what it is looking for
+    bad.write_text('<img src="https://example.invalid/x.png"><script>console.error("boom")</script>')
+    seen = load(bad)
+    assert seen.requests == ["https://example.invalid/x.png"]
+    assert any("boom" in m for m in seen.console)
+
+    out = report(incident, tmp_path / "r.html", generated_at="2026-11-30T12:00:00Z").out
+    loaded = load(out)
+    assert loaded.requests == []
+    assert loaded.console == []
+    (tmp_path / "report.png").write_bytes(loaded.screenshot)
+    assert loaded.screenshot.startswith(b"\x89PNG") and len(loaded.screenshot) > 50_000
+
+
+@needs_chromium
 def test_it_prints_to_pdf_offline(incident: Path, tmp_path: Path) -> None:
     out = report(incident, tmp_path / "r.html", generated_at="2026-11-30T12:00:00Z").out
     pdf = tmp_path / "r.pdf"
