@@ -379,7 +379,7 @@ def replay(
         return
     typer.echo(f"replayed {result.records:,} records under {engine} into {result.out}")
     if result.not_replayed:
-        typer.echo(f"  {result.not_replayed:,} requests have no engine events in the logs: not replayed")
+        typer.echo(f"  {result.not_replayed:,} requests could not be placed (no prefill or decode node): not replayed")
     typer.echo("")
     width = max(len(k) for k in result.exposure)
     for name, value in result.exposure.items():

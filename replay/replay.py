@@ -28,7 +28,14 @@ from forensics.errors import CaseError
 from forensics.store import connect, one
 from replay.engine import BEHAVIOURS, NodeConfig, NodeEngine, Plan, Request, plan
 from replay.logset import EPOCH, LogSet, ts_text
-from replay.simulate import pool_pages
+from replay.simulate import (
+    DECODE_PER_TOKEN,
+    PREFILL_FIXED,
+    PREFILL_PER_TOKEN,
+    TRANSFER_FIXED,
+    TRANSFER_PER_TOKEN,
+    pool_pages,
+)
 
 _EVENT_FIELDS = (
     "kind", "ts", "node", "boot", "seq", "request_id", "event", "tenant_id", "prompt_tokens",
@@ -65,7 +72,7 @@ class ReplayResult:
     out: Path
     records: int
     exposure: dict[str, int]
-    not_replayed: int  # requests with no engine event in the logs
+    not_replayed: int  # requests that could not be placed on any node
     agreement: dict[str, Any] | None  # None where the case has no page records
 
     def as_dict(self) -> dict[str, Any]:
@@ -95,11 +102,12 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
     if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
         raise CaseError(f"{db}: no prefill or decode config records, nothing to replay")
 
-    requests, plans, not_replayed = _plan_requests(configs, events, engine, what_if)
+    requests, plans, arrivals, unlogged = _plan_requests(configs, events, engine, what_if)
+    extra, not_replayed = _arrival_events(unlogged, requests, plans, arrivals, configs)
     log = LogSet()
     for node in sorted(set(configs) | set(events)):
         _replay_node(node, configs.get(node, []), events.get(node, []), engine, what_if, log,
-                     requests, plans)
+                     requests, plans, extra.get(node, []), set(unlogged))
 
     if out.exists():
         shutil.rmtree(out)
@@ -172,8 +180,9 @@ def _plan_requests(
     events: dict[str, list[dict[str, Any]]],
     engine: str,
     what_if: WhatIf,
-) -> tuple[dict[str, Request], dict[str, Plan], int]:
-    """The requests as the router logged them, and the engine's cross-node decisions."""
+) -> tuple[dict[str, Request], dict[str, Plan], dict[str, str], list[str]]:
+    """The requests as the router logged them, the engine's cross-node decisions, and the
+    requests that reach the engine under this replay but have no engine event in the logs."""
     last_config = {node: what_if.apply(per[-1][3]) for node, per in configs.items() if per}
     prefill_configs = [c for _, c in sorted(last_config.items()) if c.role == "prefill"]
     fallback = prefill_configs[0] if prefill_configs else next(iter(last_config.values()))
@@ -195,6 +204,7 @@ def _plan_requests(
                     prefill_of.setdefault(rid, node)
     requests: dict[str, Request] = {}
     plans: dict[str, Plan] = {}
+    arrivals: dict[str, str] = {}
     for rid, r in sorted(received.items()):
         max_new = r["max_new_tokens"] if r["max_new_tokens"] is not None else output.get(rid, 0)
         request = Request(rid, r["tenant_id"], r["prompt_tokens"], max_new,
@@ -203,8 +213,65 @@ def _plan_requests(
         prefill = last_config.get(prefill_node or "", fallback)
         requests[rid] = request
         plans[rid] = plan(request, engine, prefill)
-    not_replayed = sum(1 for rid, p in plans.items() if not p.router_rejects and not engine_nodes[rid])
-    return requests, plans, not_replayed
+        arrivals[rid] = r["ts"]
+    unlogged = [rid for rid, p in plans.items() if not p.router_rejects and not engine_nodes[rid]]
+    return requests, plans, arrivals, unlogged
+
+
+def _arrival_events(
+    unlogged: list[str],
+    requests: dict[str, Request],
+    plans: dict[str, Plan],
+    arrivals: dict[str, str],
+    configs: dict[str, list[tuple[int, int, str, NodeConfig]]],
+) -> tuple[dict[str, list[dict[str, Any]]], int]:
+    """Engine events, timed by the simulator's cost model from each request's arrival, for
+    requests the logs show no engine event for: they join each node's logged order by time."""
+    roles: dict[str, list[str]] = defaultdict(list)
+    for node, per in sorted(configs.items()):
+        if per:
+            roles[per[-1][3].role].append(node)
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    placed = 0
+    for i, rid in enumerate(unlogged):
+        r, p = requests[rid], plans[rid]
+        prefill = r.prefill_node if r.prefill_node in roles["prefill"] else None
+        decode = r.decode_node if r.decode_node in roles["decode"] else None
+        prefill = prefill or (roles["prefill"][i % len(roles["prefill"])] if roles["prefill"] else None)
+        decode = decode or (roles["decode"][i % len(roles["decode"])] if roles["decode"] else None)
+        if prefill is None or decode is None:
+            continue
+        placed += 1
+        t0 = _ns(arrivals[rid])
+        t1 = t0 + PREFILL_FIXED + PREFILL_PER_TOKEN * p.kv_tokens
+        t2 = t1 + TRANSFER_FIXED + TRANSFER_PER_TOKEN * p.kv_tokens
+        t3 = t2 + DECODE_PER_TOKEN * r.max_new_tokens
+
+        def ev(node: str, t: int, name: str, kind: str = "request", rid: str = rid, **extra: Any) -> None:
+            out[node].append({"kind": kind, "ts": ts_text(t), "node": node, "boot": 0, "seq": None,
+                              "request_id": rid, "event": name, **extra})
+
+        transfer: dict[str, Any] = {"transfer_id": f"xfer-{rid}", "src_node": prefill, "dst_node": decode,
+                    "tokens": p.kv_tokens}
+        if p.prefill_rejects:
+            ev(prefill, t0, "rejected")
+            continue
+        ev(decode, t0, "admitted")
+        ev(prefill, t0, "prefill_started")
+        ev(prefill, t1, "prefill_done")
+        ev(prefill, t1, "started", "transfer", **transfer)
+        ev(prefill, t2, "completed", "transfer", **transfer)
+        ev(decode, t2, "completed", "transfer", **transfer)
+        ev(decode, t2, "decode_started")
+        ev(decode, t3, "finished", status=200, finish_reason="stop", output_tokens=r.max_new_tokens)
+    for records in out.values():
+        records.sort(key=lambda e: e["ts"])  # stable: a request's own events keep their order
+    return out, len(unlogged) - placed
+
+
+def _ns(text: str) -> int:
+    t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return (t - EPOCH) // dt.timedelta(microseconds=1) * 1000
 
 
 def _replay_node(
@@ -216,13 +283,19 @@ def _replay_node(
     log: LogSet,
     requests: dict[str, Request],
     plans: dict[str, Plan],
+    extra: list[dict[str, Any]],
+    unlogged: set[str],
 ) -> None:
-    """Feed one node's configs and events, merged in (boot, seq) order, to a node engine."""
+    """Feed one node's configs and events, merged in (boot, seq) order, to a node engine;
+    ``extra`` events (of requests the logs have no engine event for) join by time."""
     if not configs:  # a router (or any node without a config): its events pass through
         router = NodeEngine(NodeConfig(node, "router", 1 << 62, 1, 2), engine, log, requests, plans)
         for record in events:
+            if record["request_id"] in unlogged and record["event"] != "received":
+                continue  # the logged router rejection no longer applies
             router.handle(dict(record))
         return
+    pending = list(reversed(extra))
     timeline = sorted(
         [(boot, seq, 0, i) for i, (boot, seq, _, _) in enumerate(configs)]
         + [(e["boot"], e["seq"] if e["seq"] is not None else 1 << 62, 1, i) for i, e in enumerate(events)]
@@ -247,7 +320,11 @@ def _replay_node(
         if events[i]["boot"] != node_engine.boot:
             log.new_boot(node)
             node_engine.start_boot(events[i]["boot"], node_engine.config)
+        while pending and pending[-1]["ts"] < events[i]["ts"]:
+            node_engine.handle(dict(pending.pop(), boot=node_engine.boot))
         node_engine.handle(dict(events[i]))
+    while pending and node_engine is not None:
+        node_engine.handle(dict(pending.pop(), boot=node_engine.boot))
 
 
 def _ts(value: Any) -> str:

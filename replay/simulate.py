@@ -272,9 +272,12 @@ def simulate(
     def finish(t: int, rid: str) -> None:
         node = requests[rid].decode_node
         assert node is not None
-        if event(rid, node, t, "finished", status=200, finish_reason="stop",
-                 output_tokens=requests[rid].max_new_tokens):
-            finished["delivered"] += 1
+        held = engines[node].held.get(rid)
+        if held is not None and held.ended:  # the engine failed it already (page tags)
+            return
+        event(rid, node, t, "finished", status=200, finish_reason="stop",
+              output_tokens=requests[rid].max_new_tokens)
+        finished["delivered"] += 1
 
     for rid, t in arrival_of.items():
         at(t, arrive, rid)

@@ -151,3 +151,47 @@ def test_trace_files_are_read_in_both_formats(tmp_path: Path) -> None:
     bad.write_text('{"timestamp": 0}\n')
     with pytest.raises(forensics.KvfError, match="bad.jsonl:1"):
         read_trace(bad)
+
+
+def test_requests_the_logs_never_handed_to_an_engine_join_in_arrival_order(tmp_path: Path) -> None:
+    """A wider context window admits prompts the router rejected: they have no engine events in
+    the logs, so the replay times them from their arrival and merges them into each node's order."""
+    full = tmp_path / "full"
+    rng = random.Random(5)
+    arrivals = shape(synthetic(300, rng, rate=3.0), rng, SMALL, length_scale=4.0)
+    sim = simulate(full, arrivals, deployment=SMALL, seed=5)
+    assert sim.outcomes["rejected_by_router"] > 0 and sim.outcomes["delivered"] > 0
+    forensics.investigate([full], tmp_path / "case.duckdb")
+    as_logged = replay(tmp_path / "case.duckdb", "sglang-placeholder", tmp_path / "as-logged")
+    assert as_logged.not_replayed == 0
+    wide = replay(tmp_path / "case.duckdb", "sglang-placeholder", tmp_path / "wide",
+                  what_if=WhatIf(context_length=1 << 20, prefill_pool_tokens=1 << 21))
+    assert wide.not_replayed == 0
+    assert wide.exposure["exposure_pairs"] == 0  # the pool fits the context: no placeholder, no stale reads
+    with forensics.Case(tmp_path / "wide" / "replay.duckdb", read_only=True) as case:
+        started = case.sql("SELECT count(DISTINCT request_id) AS n FROM request_events "
+                           "WHERE event = 'decode_started'")["n"][0]
+        by_router = case.sql("SELECT count(*) AS n FROM request_events "
+                             "WHERE event = 'rejected' AND reason = 'context_length_exceeded'")["n"][0]
+        turned_away = case.sql("SELECT count(DISTINCT request_id) AS n FROM request_events "
+                               "WHERE event = 'finished' AND finish_reason = 'kv_pool_exhausted'")["n"][0]
+        decoded = set(case.sql("SELECT DISTINCT request_id FROM request_events "
+                               "WHERE event = 'decode_started'")["request_id"].to_list())
+    with forensics.Case(tmp_path / "case.duckdb", read_only=True) as case:
+        were_rejected = set(case.sql("SELECT DISTINCT request_id FROM request_events "
+                                     "WHERE reason = 'context_length_exceeded'")["request_id"].to_list())
+    assert by_router == 0
+    assert len(were_rejected) == sim.outcomes["rejected_by_router"]
+    assert were_rejected & decoded  # the router's rejections now reach decode
+    assert started + turned_away == sim.requests  # every request placed: decoded or turned away by a pool
+
+
+def test_the_simulators_outcomes_match_its_log(tmp_path: Path) -> None:
+    deployment = Deployment(**{**SMALL.__dict__, "engine": "page-tags", "decode_pool_tokens": 65_600})
+    sim = simulate(tmp_path / "logs", _arrivals(300, 9, deployment), deployment=deployment, seed=9,
+                   late_writes=0.1)
+    lines = [x for f in (tmp_path / "logs").iterdir() for x in f.read_text().splitlines()]
+    delivered = sum('"event":"finished","status":200' in x for x in lines)
+    assert sim.outcomes["delivered"] == delivered > 0
+    assert sum(sim.outcomes.values()) == sim.requests
+    assert sim.outcomes["failed_on_decode"] > 0
