@@ -60,9 +60,14 @@ class LogSet:
     def write(self, out: Path) -> list[Path]:
         """One ``NODE.jsonl`` per node in ``out``; the files written, in name order."""
         out.mkdir(parents=True, exist_ok=True)
-        paths = []
+        paths: list[Path] = []
+        used: set[str] = set()
         for node in sorted(self.lines):
-            path = out / f"{_file_name(node)}.jsonl"
+            name = _file_name(node)
+            while name in used:  # two node names made safe alike: keep both files
+                name += "_"
+            used.add(name)
+            path = out / f"{name}.jsonl"
             with path.open("w", encoding="utf-8", newline="\n") as fh:
                 for line in self.lines[node]:
                     fh.write(line)

@@ -96,6 +96,7 @@ class ReportData:
     prompt_limit: int | None
     naming: str
     findings: list[dict[str, Any]] = field(default_factory=list)
+    tiers: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
@@ -202,10 +203,16 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         FROM request_events e WHERE e.event = 'received' AND e.prompt_tokens IS NOT NULL
         ORDER BY e.ts, e.request_id""")]
     found = [f.as_dict(rows=10 if names.mode == "ids" else 0) for f in findings(con)]
+    filled = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_exposures'").fetchall()[0][0]
+    tiers = _rows(con, f"""
+        SELECT evidence, count(DISTINCT reader_request) AS responses, count(*) AS rows FROM (
+          SELECT evidence, reader_request FROM exposures WHERE reader_delivered
+          {"UNION ALL SELECT evidence, reader_request FROM replay_exposures WHERE reader_delivered" if filled else ""})
+        GROUP BY evidence ORDER BY evidence""")
     return ReportData(
         audience=audience, generated_at=generated_at, toolkit_version=toolkit_version, figures=figures,
         figure_sql=FIGURE_SQL, window=(_ts(first), _ts(last)), records=records, configs=configs,
         handoffs=handoffs, responses=responses, victims=victims, tenants=tenants, matrix=matrix,
         replays=replays, files=files, over_time=over_time, prompts=prompts,
-        prompt_limit=min(limits) if limits else None, naming=names.mode, findings=found,
+        prompt_limit=min(limits) if limits else None, naming=names.mode, findings=found, tiers=tiers,
     )

@@ -21,12 +21,15 @@ class JobResult:
     replays: list[ReplayResult] = field(default_factory=list)
     report: ReportResult | None = None
     replay_skipped: str | None = None
+    filled: dict[str, Any] | None = None  # nodes without page records, filled by replay
 
     def as_dict(self) -> dict[str, Any]:
         out = self.investigation.as_dict()
         out["replays"] = [r.as_dict() for r in self.replays]
         if self.replay_skipped:
             out["replay_skipped"] = self.replay_skipped
+        if self.filled is not None:
+            out["filled_by_replay"] = self.filled
         if self.report is not None:
             out["report"] = self.report.as_dict()
         return out
@@ -46,6 +49,38 @@ def replayable(db: Path | str) -> str | None:
     if not row[1]:
         return "no received request records"
     return None
+
+
+def fill_from_replay(db: Path | str, confirmation: ReplayResult) -> dict[str, Any]:
+    """Exposures on engine nodes that logged requests but no page records, taken from the replay
+    that follows the logs (``sglang-placeholder``), into the case's ``replay_exposures``."""
+    con = connect(db)
+    try:
+        missing = [n for (n,) in con.execute(
+            "SELECT DISTINCT node FROM configs WHERE role IN ('prefill', 'decode') "
+            "AND node IN (SELECT node FROM request_events) AND node NOT IN (SELECT node FROM kv_ops) "
+            "ORDER BY node").fetchall()]
+        replayed = str(confirmation.out / "replay.duckdb").replace("'", "''")
+        con.execute(f"ATTACH '{replayed}' AS replayed (READ_ONLY)")
+        try:
+            con.execute("""
+                CREATE OR REPLACE TABLE replay_exposures AS
+                SELECT e.* EXCLUDE (evidence),
+                       CASE WHEN EXISTS (
+                         SELECT 1 FROM transfers t JOIN requests q USING (request_id)
+                         WHERE t.request_id = e.reader_request AND t.dst_node = e.node
+                           AND t.event = 'completed' AND t.tokens < q.prompt_tokens)
+                       THEN 'transfer records + replay' ELSE 'request records + replay' END AS evidence
+                FROM replayed.exposures e WHERE list_contains(?, e.node)
+                ORDER BY e.first_ts, e.node, e.reader_request, e.victim_request""", [missing])
+        finally:
+            con.execute("DETACH replayed")
+        row = one(con, "SELECT count(DISTINCT reader_request) FILTER (WHERE reader_delivered), count(*) "
+                       "FROM replay_exposures")
+    finally:
+        con.close()
+    assert row is not None
+    return {"nodes": missing, "exposed_responses": row[0], "rows": row[1]}
 
 
 def run(
@@ -68,6 +103,7 @@ def run(
         if why_not is None:
             for engine in JOB_REPLAYS:
                 result.replays.append(replay(db, engine, default_out(db, engine, WhatIf())))
+            result.filled = fill_from_replay(db, result.replays[0])
         else:
             result.replay_skipped = why_not
     else:

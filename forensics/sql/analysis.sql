@@ -64,7 +64,8 @@ WITH islands AS (
 SELECT g.reader AS reader_request, g.victim AS victim_request, g.node, g.boot, g.pages, g.n_pages,
        g.first_seq, t.ts AS first_ts, g.inferred,
        rq.tenant_id AS reader_tenant, vq.tenant_id AS victim_tenant,
-       coalesce(rq.delivered, FALSE) AS reader_delivered
+       coalesce(rq.delivered, FALSE) AS reader_delivered,
+       CASE WHEN g.inferred THEN 'page records, read inferred' ELSE 'page records' END AS evidence
 FROM grouped g
 LEFT JOIN requests rq ON rq.request_id = g.reader
 LEFT JOIN requests vq ON vq.request_id = g.victim

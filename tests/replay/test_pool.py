@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -61,3 +63,15 @@ def test_pool_equals_a_list_model(steps: list[tuple[bool, int]]) -> None:
 def test_page_strings_are_canonical_ranges() -> None:
     assert page_string(np.array([5, 1, 2, 3, 9, 10], dtype=np.int64)) == "1-3,5,9-10"
     assert page_string(np.array([7], dtype=np.int64)) == "7"
+
+
+def test_node_names_that_look_alike_as_file_names_keep_their_own_files(tmp_path: Path) -> None:
+    from replay.logset import LogSet
+
+    log = LogSet()
+    for node in ("decode/0", "decode:0", "decode_0"):
+        log.emit({"kind": "request", "ts": "2026-09-14T08:00:00.000000Z", "node": node, "request_id": "r",
+                  "event": "admitted"})
+    files = log.write(tmp_path)
+    assert len(files) == 3 and len({f.name for f in files}) == 3
+    assert sorted(f.read_text().count('"node"') for f in files) == [1, 1, 1]

@@ -195,3 +195,31 @@ def test_the_simulators_outcomes_match_its_log(tmp_path: Path) -> None:
     assert sim.outcomes["delivered"] == delivered > 0
     assert sum(sim.outcomes.values()) == sim.requests
     assert sim.outcomes["failed_on_decode"] > 0
+
+
+def test_a_node_without_page_records_is_filled_by_replay_with_its_evidence_tier(tmp_path: Path) -> None:
+    from reports.job import run
+
+    full = tmp_path / "full"
+    simulate(full, _arrivals(400, 1, SMALL), deployment=SMALL, seed=1)
+    forensics.investigate([full], tmp_path / "full.duckdb")
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for f in full.iterdir():
+        lines = f.read_text().splitlines(keepends=True)
+        keep = lines if f.name != "decode-1.jsonl" else [x for x in lines if '"kind":"kv"' not in x]
+        (partial / f.name).write_text("".join(keep))
+    job = run([partial], tmp_path / "partial.duckdb", tmp_path / "report.html", generated_at="2026-11-30T12:00:00Z")
+    assert job.filled is not None and job.filled["nodes"] == ["decode-1"]
+    query = "SELECT DISTINCT reader_request, node, evidence FROM {} WHERE reader_delivered"
+    with forensics.Case(tmp_path / "full.duckdb", read_only=True) as case:
+        truth = set(case.sql(query.format("exposures")).select("reader_request", "node").rows())
+    with forensics.Case(tmp_path / "partial.duckdb", read_only=True) as case:
+        logged = case.sql(query.format("exposures"))
+        filled = case.sql(query.format("replay_exposures"))
+    assert set(logged["node"].to_list()) <= {"decode-0"} and set(filled["node"].to_list()) == {"decode-1"}
+    found = set(logged.select("reader_request", "node").rows()) | set(filled.select("reader_request", "node").rows())
+    assert found == truth
+    assert set(filled["evidence"].to_list()) == {"transfer records + replay"}  # the placeholder sent 1 token
+    assert set(logged["evidence"].to_list()) == {"page records"}
+    assert "transfer records + replay" in (tmp_path / "report.html").read_text()
