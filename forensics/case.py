@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -11,8 +12,19 @@ import polars as pl
 
 from forensics.analysis import analyse, summary
 from forensics.errors import CaseError, QueryError
-from forensics.findings import Finding, findings
+from forensics.findings import Findings, findings
 from forensics.store import connect, one, sql_text
+
+
+class Summary(dict[str, int]):
+    """The summary figures: a plain dict that shows itself as a compact table in a notebook."""
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(name)}</td><td style='text-align:right'>{value:,}</td></tr>"
+            for name, value in self.items()
+        )
+        return f"<table><thead><tr><th>figure</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>"
 
 
 @dataclass(frozen=True)
@@ -75,9 +87,9 @@ class Case:
     def _frame(self, query: str, params: list[object] | None = None) -> pl.DataFrame:
         return self._con.sql(query, params=params or None).pl()
 
-    def summary(self) -> dict[str, int]:
-        """The eight exposure figures of log-schema.md section 5."""
-        return summary(self._con)
+    def summary(self) -> Summary:
+        """The eight exposure figures of log-schema.md section 5 (a dict; a table in a notebook)."""
+        return Summary(summary(self._con))
 
     def exposures(
         self,
@@ -123,9 +135,9 @@ class Case:
         """Every page operation on ``page`` of ``node`` in (boot, seq) order, with inferred reads."""
         return self._frame(sql_text("page_timeline.sql"), [node, boot, boot, page])
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> Findings:
         """Root-cause signatures and evidence gaps found in the case (forensics/sql/findings.sql)."""
-        return findings(self._con)
+        return Findings(findings(self._con))
 
     def sql(self, query: str) -> pl.DataFrame:
         """A read-only query over the case's tables (only SELECT statements are run)."""

@@ -8,6 +8,7 @@ They read only the documented tables and views, so each can be re-run by hand wi
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,25 @@ class Finding:
             "evidence": [{k: _plain(v) for k, v in r.items()} for r in shown.to_dicts()],
             "sql": self.sql,
         }
+
+
+    def _repr_html_(self) -> str:
+        return Findings([self])._repr_html_() + self.evidence.head(10)._repr_html_()
+
+
+class Findings(list[Finding]):
+    """A list of findings that shows itself as a compact table in a notebook."""
+
+    def _repr_html_(self) -> str:
+        if not self:
+            return "<p>no findings</p>"
+        rows = "".join(
+            f"<tr><td>{html.escape(f.severity)}</td><td><code>{html.escape(f.id)}</code></td>"
+            f"<td style='text-align:right'>{f.count:,}</td><td>{html.escape(f.title)}</td></tr>"
+            for f in self
+        )
+        return ("<table><thead><tr><th>severity</th><th>id</th><th>count</th><th>finding</th></tr></thead>"
+                f"<tbody>{rows}</tbody></table>")
 
 
 def _plain(value: Any) -> Any:

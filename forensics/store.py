@@ -38,7 +38,11 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
         raise CaseError(f"{target}: cannot open the case ({text.splitlines()[0]})") from exc
     except duckdb.Error as exc:
         raise CaseError(f"{target}: not a DuckDB case file ({str(exc).splitlines()[0]})") from exc
-    con.execute("SET TimeZone = 'UTC'; SET enable_progress_bar = false")
+    con.execute("SET TimeZone = 'UTC'")
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.InvalidInputException:
+        pass  # in Jupyter without ipywidgets DuckDB refuses to touch the setting; there is no bar to hide
     if not read_only:
         con.execute(sql_text("schema.sql"))
         con.execute(

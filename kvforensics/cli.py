@@ -131,8 +131,10 @@ def investigate(
     no_replay: Annotated[bool, typer.Option("--no-replay", help="With --out: skip the replays.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Ingest, rebuild page timelines, find exposures, and print the figures; with --out, the whole
-    job: replay confirmation and what-if where the evidence allows, then the HTML report."""
+    """Ingest, rebuild page timelines, find exposures, print the figures; with --out, the whole job.
+
+    The whole job adds replay confirmation and what-if where the evidence allows, then the HTML report.
+    """
     from reports.job import run
 
     found = _run(lambda: _with_progress(lambda p: run(
@@ -369,8 +371,10 @@ def replay(
     context_length: Annotated[int | None, typer.Option(help="What if the context window were this.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Replay the case's request and transfer records through the reference engine (never its page
-    records); print the replay's exposure figures and, where the case has page records, the agreement."""
+    """Replay the case's request and transfer records (never its page records) through the reference engine.
+
+    Prints the replay's exposure figures and, where the case has page records, the agreement.
+    """
     from replay.replay import WhatIf, default_out
     from replay.replay import replay as run_replay
 
