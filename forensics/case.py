@@ -140,19 +140,14 @@ class Case:
         return Findings(findings(self._con))
 
     def sql(self, query: str) -> pl.DataFrame:
-        """A read-only query over the case's tables (only SELECT statements are run)."""
-        if self.read_only:
-            try:
-                return self._con.sql(query).pl()
-            except duckdb.Error as exc:
-                raise QueryError(str(exc).splitlines()[0]) from exc
+        """A read-only query over the case's tables (on a writable case, one SELECT only)."""
         try:
-            statements = self._con.extract_statements(query)
-        except duckdb.Error as exc:
-            raise QueryError(str(exc).splitlines()[0]) from exc
-        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
-            raise QueryError("Case.sql runs one read-only SELECT query; open the case read-only for anything else")
-        try:
+            if not self.read_only:
+                statements = self._con.extract_statements(query)
+                if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+                    raise QueryError(
+                        "Case.sql runs one read-only SELECT query; open the case read-only for anything else"
+                    )
             return self._con.sql(query).pl()
         except duckdb.Error as exc:
             raise QueryError(str(exc).splitlines()[0]) from exc

@@ -363,7 +363,8 @@ def replay(
     db: DbOption,
     engine: Annotated[Engine, typer.Option(help="Engine behaviour to replay under.")] = PLACEHOLDER,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Folder for the replayed log set and its case (replaced).")
+        Path | None,
+        typer.Option("--out", help="Folder for the replayed log set and its case (an earlier replay's is replaced)."),
     ] = None,
     prefill_pool_tokens: Annotated[
         int | None, typer.Option(help="What if the prefill KV pool had this many tokens.")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import forensics
-from forensics.errors import CaseError
+from forensics.errors import CaseError, OutputExists
 from forensics.store import connect, one
 from replay.engine import BEHAVIOURS, NodeConfig, NodeEngine, Plan, Request, plan
 from replay.logset import EPOCH, LogSet, ts_text
@@ -45,6 +45,10 @@ _EVENT_FIELDS = (
 )
 _CONFIG_FIELDS = ("node", "boot", "seq", "ts", "role", "engine", "engine_version", "model",
                   "context_length", "page_size", "pool_pages")
+
+
+#: What a replay folder holds; only such a folder is replaced by the next replay.
+_REPLAY_FILES = {"logs", "replay.duckdb", "replay.duckdb.wal"}
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,8 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
                      requests, plans, extra.get(node, []), set(unlogged))
 
     if out.exists():
+        if not out.is_dir() or not {p.name for p in out.iterdir()} <= _REPLAY_FILES:
+            raise OutputExists(f"{out}: exists and is not an earlier replay's folder; choose another --out")
         shutil.rmtree(out)
     logs = out / "logs"
     log.write(logs)

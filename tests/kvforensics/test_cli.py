@@ -79,3 +79,9 @@ def test_simulate_and_replay_print_what_the_library_returns(tmp_path: Path) -> N
     assert printed["exposure"] == direct.exposure and printed["agreement"] == direct.agreement
     bad = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--engine", "vllm"])
     assert bad.exit_code != 0
+    again = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--out", str(out)])
+    assert again.exit_code == 0, again.output  # an earlier replay's folder is replaced
+    precious = tmp_path / "logs"  # anything else is not
+    refused = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--out", str(precious)])
+    assert refused.exit_code == 1 and "not an earlier replay" in refused.output
+    assert any(precious.iterdir())
