@@ -156,8 +156,11 @@ def investigate(
             agreement = (f"; {a['confirmed']} confirmed, {a['replay_only']} replay only, "
                          f"{a['log_only']} log only")
         typer.echo(f"replay under {r.engine}: {r.exposure['exposed_responses']} exposed responses{agreement}")
-    if found.filled and found.filled["nodes"]:
-        typer.echo(f"page records missing on {', '.join(found.filled['nodes'])}: filled by replay, "
+    if found.filled and (found.filled["nodes"] or found.filled["gap_windows"]):
+        where = [f"on {', '.join(found.filled['nodes'])}"] if found.filled["nodes"] else []
+        if found.filled["gap_windows"]:
+            where.append(f"in {found.filled['gap_windows']} seq-gap windows")
+        typer.echo(f"page records missing {' and '.join(where)}: filled by replay, "
                    f"{found.filled['exposed_responses']} exposed responses there (table replay_exposures)")
     if found.replay_skipped:
         typer.echo(f"replay skipped: {found.replay_skipped}")

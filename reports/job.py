@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import forensics
+from forensics.findings import specs
 from forensics.store import connect, one
 from replay.replay import ReplayResult, WhatIf, default_out, replay
 from reports.render import ReportResult, report
@@ -52,14 +53,18 @@ def replayable(db: Path | str) -> str | None:
 
 
 def fill_from_replay(db: Path | str, confirmation: ReplayResult) -> dict[str, Any]:
-    """Exposures on engine nodes that logged requests but no page records, taken from the replay
-    that follows the logs (``sglang-placeholder``), into the case's ``replay_exposures``."""
+    """Exposures where page records are missing, taken from the replay that follows the logs
+    (``sglang-placeholder``) into the case's ``replay_exposures``: on engine nodes that logged
+    requests but no page records, and inside the windows of a node's seq gaps (by time)."""
+    gap_sql = next(spec.sql for spec in specs() if spec.id == "evidence.seq_gap")
     con = connect(db)
     try:
         missing = [n for (n,) in con.execute(
             "SELECT DISTINCT node FROM configs WHERE role IN ('prefill', 'decode') "
             "AND node IN (SELECT node FROM request_events) AND node NOT IN (SELECT node FROM kv_ops) "
             "ORDER BY node").fetchall()]
+        con.execute(f"CREATE OR REPLACE TEMP TABLE gap_windows AS SELECT node, window_start, window_end "
+                    f"FROM ({gap_sql}) WHERE node IN (SELECT node FROM kv_ops)")
         replayed = str(confirmation.out / "replay.duckdb").replace("'", "''")
         con.execute(f"ATTACH '{replayed}' AS replayed (READ_ONLY)")
         try:
@@ -71,16 +76,22 @@ def fill_from_replay(db: Path | str, confirmation: ReplayResult) -> dict[str, An
                          WHERE t.request_id = e.reader_request AND t.dst_node = e.node
                            AND t.event = 'completed' AND t.tokens < q.prompt_tokens)
                        THEN 'transfer records + replay' ELSE 'request records + replay' END AS evidence
-                FROM replayed.exposures e WHERE list_contains(?, e.node)
+                FROM replayed.exposures e
+                WHERE list_contains(?, e.node)
+                   OR (EXISTS (SELECT 1 FROM gap_windows w WHERE w.node = e.node
+                                 AND e.first_ts BETWEEN w.window_start AND w.window_end)
+                       AND NOT EXISTS (SELECT 1 FROM exposures x WHERE x.node = e.node
+                                         AND x.reader_request = e.reader_request
+                                         AND x.victim_request = e.victim_request))
                 ORDER BY e.first_ts, e.node, e.reader_request, e.victim_request""", [missing])
         finally:
             con.execute("DETACH replayed")
-        row = one(con, "SELECT count(DISTINCT reader_request) FILTER (WHERE reader_delivered), count(*) "
-                       "FROM replay_exposures")
+        row = one(con, "SELECT count(DISTINCT reader_request) FILTER (WHERE reader_delivered), count(*), "
+                       "(SELECT count(*) FROM gap_windows) FROM replay_exposures")
     finally:
         con.close()
     assert row is not None
-    return {"nodes": missing, "exposed_responses": row[0], "rows": row[1]}
+    return {"nodes": missing, "gap_windows": row[2], "exposed_responses": row[0], "rows": row[1]}
 
 
 def run(

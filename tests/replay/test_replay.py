@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import filecmp
+import json
 import random
 import shutil
 from pathlib import Path
@@ -223,3 +224,31 @@ def test_a_node_without_page_records_is_filled_by_replay_with_its_evidence_tier(
     assert set(filled["evidence"].to_list()) == {"transfer records + replay"}  # the placeholder sent 1 token
     assert set(logged["evidence"].to_list()) == {"page records"}
     assert "transfer records + replay" in (tmp_path / "report.html").read_text()
+
+
+def test_page_records_missing_in_a_window_are_filled_by_replay(tmp_path: Path) -> None:
+    from reports.job import run
+
+    full = tmp_path / "full"
+    simulate(full, _arrivals(400, 1, SMALL), deployment=SMALL, seed=1)
+    forensics.investigate([full], tmp_path / "full.duckdb")
+    with forensics.Case(tmp_path / "full.duckdb", read_only=True) as case:
+        reader = case.sql("SELECT reader_request FROM exposures WHERE node = 'decode-0' AND reader_delivered "
+                          "AND NOT inferred ORDER BY first_seq LIMIT 1")["reader_request"][0]
+        seqs = case.sql(f"SELECT min(seq) AS lo, max(seq) AS hi FROM kv_ops WHERE node = 'decode-0' "
+                        f"AND request_id = '{reader}' AND op IN ('alloc', 'read')").row(0)
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for f in full.iterdir():
+        lines = f.read_text().splitlines(keepends=True)
+        if f.name == "decode-0.jsonl":  # the page records of a window, around the reader's alloc to read
+            lines = [x for x in lines if not ('"kind":"kv"' in x and seqs[0] <= json.loads(x)["seq"] <= seqs[1])]
+        (partial / f.name).write_text("".join(lines))
+    job = run([partial], tmp_path / "partial.duckdb", tmp_path / "report.html")
+    assert job.filled is not None and job.filled["nodes"] == [] and job.filled["gap_windows"] >= 1
+    with forensics.Case(tmp_path / "partial.duckdb", read_only=True) as case:
+        logged = set(case.sql("SELECT reader_request FROM exposures WHERE node = 'decode-0'")["reader_request"])
+        filled = case.sql("SELECT reader_request, evidence FROM replay_exposures WHERE node = 'decode-0'")
+    assert reader not in logged  # its page records are gone, and with them the page evidence
+    assert reader in set(filled["reader_request"])
+    assert set(filled["evidence"]) <= {"transfer records + replay", "request records + replay"}
