@@ -258,8 +258,13 @@ class NodeEngine:
             if event == "prefill_started":
                 if p.over_long:
                     self._reject_over_long(ts, rid, p)
+                need = pages_for(p.kv_tokens, self.config.page_size)
+                if need > self.pool.available:  # prompts overlapping on prefill, or a smaller what-if pool
+                    h.ended = True
+                    self._finish(ts, rid, POOL_EXHAUSTED)
+                    return False
                 self._emit(record)
-                h.prompt = self.pool.alloc(pages_for(p.kv_tokens, self.config.page_size))
+                h.prompt = self.pool.alloc(need)
                 self._kv(ts, rid, "alloc", h.prompt)
                 return True
             self._emit(record)

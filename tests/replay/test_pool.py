@@ -75,3 +75,21 @@ def test_node_names_that_look_alike_as_file_names_keep_their_own_files(tmp_path:
     files = log.write(tmp_path)
     assert len(files) == 3 and len({f.name for f in files}) == 3
     assert sorted(f.read_text().count('"node"') for f in files) == [1, 1, 1]
+
+
+def test_a_prefill_pool_too_small_for_overlapping_prompts_fails_the_request_not_the_replay() -> None:
+    from replay.engine import NodeConfig, NodeEngine, Request, plan
+    from replay.logset import LogSet
+
+    config = NodeConfig("prefill-0", "prefill", context_length=4096, page_size=16, pool_pages=9)  # 8 pages
+    requests = {r: Request(r, "t", 100, 1, "prefill-0", "decode-0") for r in ("a", "b")}  # 7 pages each
+    plans = {r: plan(q, "sglang-placeholder", config) for r, q in requests.items()}
+    log = LogSet()
+    engine = NodeEngine(config, "sglang-placeholder", log, requests, plans, check_invariants=True)
+    ts = "2026-09-14T08:00:00.000000Z"
+    start = {"kind": "request", "ts": ts, "node": "prefill-0", "event": "prefill_started"}
+    assert engine.handle(dict(start, request_id="a"))
+    assert not engine.handle(dict(start, request_id="b"))  # a still holds 7 of the 8 pages
+    lines = log.lines["prefill-0"]
+    assert '"request_id":"b","event":"finished","status":503' in lines[-1]
+    assert not any('"request_id":"b","op":"alloc"' in x for x in lines)
