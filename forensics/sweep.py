@@ -161,8 +161,9 @@ def sweep(con: duckdb.DuckDBPyConnection) -> None:
     types = {"nb": i32, "reader": i32, "victim": i32, "seq": i64, "inferred": pa.bool_(),
              "lo": i64, "hi": i64, "start_seq": i64, "end_seq": i64, "version": i64}
     for name, out in (("exposures", exposures), ("uninitialized", uninitialized), ("reads", reads)):
-        arrow = out.table(types)  # noqa: F841 - read by the replacement scan below
-        con.execute(f"CREATE OR REPLACE TEMP TABLE sweep_{name} AS SELECT * FROM arrow")
+        con.register("sweep_rows", out.table(types))
+        con.execute(f"CREATE OR REPLACE TEMP TABLE sweep_{name} AS SELECT * FROM sweep_rows")
+        con.unregister("sweep_rows")
 
 
 def _without_shared(seen: _Out, clean: dict[tuple[int, int], list[tuple[int, int]]]) -> _Out:

@@ -72,6 +72,12 @@ def _print_json(data: object) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 
 
+def _print_figures(figures: dict[str, int]) -> None:
+    width = max(len(k) for k in figures)
+    for name, value in figures.items():
+        typer.echo(f"{name:<{width}}  {value}")
+
+
 def _print_counts(result: forensics.IngestResult) -> None:
     for f in result.files:
         c = f.counts
@@ -145,10 +151,7 @@ def investigate(
         return
     _print_counts(found.investigation.ingest)
     typer.echo("")
-    exposure = found.investigation.exposure
-    width = max(len(k) for k in exposure)
-    for name, value in exposure.items():
-        typer.echo(f"{name:<{width}}  {value}")
+    _print_figures(found.investigation.exposure)
     for r in found.replays:
         agreement = ""
         if r.agreement:
@@ -392,9 +395,7 @@ def replay(
     if result.not_replayed:
         typer.echo(f"  {result.not_replayed:,} requests could not be placed (no prefill or decode node): not replayed")
     typer.echo("")
-    width = max(len(k) for k in result.exposure)
-    for name, value in result.exposure.items():
-        typer.echo(f"{name:<{width}}  {value}")
+    _print_figures(result.exposure)
     if result.agreement:
         a = result.agreement
         allocs = a["allocations"]

@@ -258,15 +258,9 @@ class NodeEngine:
             if event == "prefill_started":
                 if p.over_long:
                     self._reject_over_long(ts, rid, p)
-                need = pages_for(p.kv_tokens, self.config.page_size)
-                if need > self.pool.available:  # prompts overlapping on prefill, or a smaller what-if pool
-                    h.ended = True
-                    self._finish(ts, rid, POOL_EXHAUSTED)
-                    return False
-                self._emit(record)
-                h.prompt = self.pool.alloc(need)
-                self._kv(ts, rid, "alloc", h.prompt)
-                return True
+                # the pool may be short for prompts overlapping on prefill, or a smaller what-if pool
+                return self._take_prompt_pages(record, h, pages_for(p.kv_tokens, self.config.page_size),
+                                               log_rejection=False)
             self._emit(record)
             if event == "prefill_done" and h.prompt is not None:
                 self._kv(ts, rid, "write", h.prompt, "compute")
@@ -280,6 +274,22 @@ class NodeEngine:
         self._emit(record)
         if event in ("completed", "failed"):
             self._free(ts, rid)
+        return True
+
+    def _take_prompt_pages(self, record: dict[str, Any], h: _Held, need: int, *, log_rejection: bool) -> bool:
+        """Emit ``record`` and allocate the prompt's pages; or, when the pool cannot supply
+        them, end the request with 503 instead (decode also logs a ``rejected``)."""
+        ts, rid = record["ts"], record["request_id"]
+        if need > self.pool.available:
+            h.ended = True
+            if log_rejection:
+                self._emit({"kind": "request", "ts": ts, "request_id": rid, "event": "rejected",
+                            "reason": POOL_EXHAUSTED[1]})
+            self._finish(ts, rid, POOL_EXHAUSTED)
+            return False
+        self._emit(record)
+        h.prompt = self.pool.alloc(need)
+        self._kv(ts, rid, "alloc", h.prompt)
         return True
 
     def _reject_over_long(self, ts: str, rid: str, p: Plan) -> None:
@@ -312,16 +322,7 @@ class NodeEngine:
             return False
         if event == "admitted":
             need = pages_for(self.requests[rid].prompt_tokens, page_size)
-            if need > self.pool.available:
-                h.ended = True
-                self._emit({"kind": "request", "ts": ts, "request_id": rid, "event": "rejected",
-                            "reason": POOL_EXHAUSTED[1]})
-                self._finish(ts, rid, POOL_EXHAUSTED)
-                return False
-            self._emit(record)
-            h.prompt = self.pool.alloc(need)
-            self._kv(ts, rid, "alloc", h.prompt)
-            return True
+            return self._take_prompt_pages(record, h, need, log_rejection=True)
         if event == "decode_started" and h.prompt is not None:
             return self._decode_start(record, rid, p, h)
         self._emit(record)

@@ -19,6 +19,11 @@ def _rank(item: tuple[str, Any]) -> int:
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
+def ts_ns(t: dt.datetime) -> int:
+    """Nanoseconds since the epoch of an aware datetime (to the microsecond)."""
+    return (t - EPOCH) // dt.timedelta(microseconds=1) * 1000
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def ts_text(ns: int) -> str:
     """RFC 3339 UTC text of nanoseconds since the epoch, to the microsecond (as the case keeps it)."""

@@ -27,7 +27,7 @@ import forensics
 from forensics.errors import CaseError, OutputExists
 from forensics.store import connect, one
 from replay.engine import BEHAVIOURS, NodeConfig, NodeEngine, Plan, Request, plan
-from replay.logset import EPOCH, LogSet, ts_text
+from replay.logset import LogSet, ts_ns, ts_text
 from replay.simulate import (
     DECODE_PER_TOKEN,
     PREFILL_FIXED,
@@ -276,8 +276,7 @@ def _arrival_events(
 
 
 def _ns(text: str) -> int:
-    t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return (t - EPOCH) // dt.timedelta(microseconds=1) * 1000
+    return ts_ns(dt.datetime.fromisoformat(text.replace("Z", "+00:00")))
 
 
 def _replay_node(
@@ -335,8 +334,7 @@ def _replay_node(
 
 def _ts(value: Any) -> str:
     """A case timestamp (aware datetime, microseconds) as the log text the engine writes."""
-    delta = value - EPOCH
-    return ts_text((delta // dt.timedelta(microseconds=1)) * 1000)
+    return ts_text(ts_ns(value))
 
 
 # -- agreement --------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 
 from forensics.errors import BadOption, OutputExists
 from replay.engine import NodeConfig, NodeEngine, Plan, Request, plan
-from replay.logset import EPOCH, LogSet, ts_text
+from replay.logset import LogSet, ts_ns, ts_text
 from replay.workload import Arrival, read_trace, synthetic
 
 # Cost model, in nanoseconds.
@@ -157,7 +157,7 @@ def simulate(
     included) into ``out``."""
     rng = random.Random(seed)
     log = LogSet()
-    t0 = (T0 - EPOCH) // dt.timedelta(microseconds=1) * 1000
+    t0 = ts_ns(T0)
     configs = deployment.configs()
     prefill_cfgs = [c for c in configs if c.role == "prefill"]
     decode_cfgs = [c for c in configs if c.role == "decode"]

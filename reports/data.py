@@ -128,29 +128,11 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
 
     configs = _rows(con, """
         SELECT node, boot, role, engine, engine_version, model, context_length, page_size, pool_pages,
-               (pool_pages - 1) * page_size AS pool_tokens,
-               least(context_length - 1, (pool_pages - 1) * page_size - 1) - 5 AS max_req_input_len
+               pool_tokens, max_req_input_len, context_exceeds_pool
         FROM configs ORDER BY node, boot, seq""")
-    for c in configs:
-        c["context_exceeds_pool"] = c["role"] == "prefill" and c["context_length"] > c["max_req_input_len"] + 1
     limits = [c["max_req_input_len"] for c in configs if c["role"] == "prefill"]
-
-    handoffs = _rows(con, """
-        WITH rej AS (
-          SELECT r.request_id, min(r.ts) AS rejected_at, any_value(r.node) AS node,
-                 any_value(r.reason) AS reason, any_value(r.limit_tokens) AS limit_tokens
-          FROM request_events r JOIN configs c ON c.node = r.node AND c.role = 'prefill'
-          WHERE r.event = 'rejected' GROUP BY r.request_id
-        )
-        SELECT rej.request_id, rej.node, rej.rejected_at, rej.reason, rej.limit_tokens,
-               q.prompt_tokens, q.status, q.delivered,
-               (SELECT min(t.tokens) FROM transfers t
-                 WHERE t.request_id = rej.request_id AND t.event = 'completed') AS tokens_sent,
-               EXISTS (SELECT 1 FROM request_events e
-                 WHERE e.request_id = rej.request_id AND e.event = 'decode_started') AS decoded
-        FROM rej LEFT JOIN requests q USING (request_id)
-        WHERE tokens_sent IS NOT NULL OR decoded OR q.delivered
-        ORDER BY rejected_at, request_id""")
+    case_findings = findings(con)
+    handoffs = next((f.evidence.to_dicts() for f in case_findings if f.id == "handoff.rejected_but_transferred"), [])
     responses = _rows(con, """
         SELECT reader_request, any_value(reader_tenant) AS reader_tenant, count(DISTINCT victim_request) AS victims,
                count(DISTINCT victim_tenant) AS victim_tenants, sum(n_pages)::BIGINT AS pages,
@@ -202,7 +184,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
                e.request_id IN (SELECT reader_request FROM exposures WHERE reader_delivered) AS exposed
         FROM request_events e WHERE e.event = 'received' AND e.prompt_tokens IS NOT NULL
         ORDER BY e.ts, e.request_id""")]
-    found = [f.as_dict(rows=10 if names.mode == "ids" else 0) for f in findings(con)]
+    found = [f.as_dict(rows=10 if names.mode == "ids" else 0) for f in case_findings]
     filled = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_exposures'").fetchall()[0][0]
     tiers = _rows(con, f"""
         SELECT evidence, count(DISTINCT reader_request) AS responses, count(*) AS rows FROM (

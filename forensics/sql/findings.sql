@@ -3,17 +3,11 @@
 -- title: the context window exceeds what the prefill KV pool admits on {count} node config(s)
 -- A prefill node whose context_length is more than its max_req_input_len admits: prompts in
 -- the window [at_risk_from, at_risk_to] pass the router and are rejected (or worse) on prefill.
-WITH c AS (
-  SELECT node, boot, seq, ts, context_length, page_size, pool_pages,
-         (pool_pages - 1) * page_size AS pool_tokens,
-         least(context_length - 1, (pool_pages - 1) * page_size - 1) - 5 AS max_req_input_len
-  FROM configs WHERE role = 'prefill'
-)
 SELECT c.node, c.boot, c.seq, c.ts, c.context_length, c.pool_tokens, c.max_req_input_len,
        c.max_req_input_len + 1 AS at_risk_from, c.context_length - 1 AS at_risk_to,
        (SELECT count(*) FROM request_events r WHERE r.event = 'received'
           AND r.prompt_tokens BETWEEN c.max_req_input_len + 1 AND c.context_length - 1) AS prompts_in_window
-FROM c WHERE c.pool_tokens < c.context_length
+FROM configs c WHERE c.context_exceeds_pool
 ORDER BY node, boot, seq;
 
 -- name: handoff.rejected_but_transferred
@@ -28,6 +22,7 @@ WITH rejected AS (
 )
 SELECT j.request_id, j.prefill_node, j.rejected_at, j.reason, j.limit_tokens, q.prompt_tokens,
        (SELECT count(*) FROM transfers t WHERE t.request_id = j.request_id AND t.event = 'completed') AS transfers_completed,
+       (SELECT min(t.tokens) FROM transfers t WHERE t.request_id = j.request_id AND t.event = 'completed') AS tokens_sent,
        (SELECT count(*) FROM request_events e WHERE e.request_id = j.request_id AND e.event = 'decode_started') AS decode_starts,
        q.status, q.delivered
 FROM rejected j LEFT JOIN requests q USING (request_id)

@@ -93,9 +93,14 @@ LEFT JOIN (SELECT file_id, count(*) AS n FROM records GROUP BY ALL) r USING (fil
 LEFT JOIN (SELECT file_id, count(*) AS n FROM duplicates GROUP BY ALL) d USING (file_id)
 LEFT JOIN (SELECT file_id, count(*) AS n FROM quarantine GROUP BY ALL) q USING (file_id);
 
+-- With what the config admits (reference-engine.md): pool_tokens, SGLang's max_req_input_len,
+-- and whether a prefill pool is smaller than the context window it serves.
 CREATE OR REPLACE VIEW configs AS
 SELECT node, boot, seq, ts, role, engine, engine_version, model, context_length, page_size,
-       pool_pages, kv_bytes_per_token, file_id, line_no
+       pool_pages, kv_bytes_per_token, file_id, line_no,
+       (pool_pages - 1) * page_size AS pool_tokens,
+       least(context_length - 1, (pool_pages - 1) * page_size - 1) - 5 AS max_req_input_len,
+       role = 'prefill' AND (pool_pages - 1) * page_size < context_length AS context_exceeds_pool
 FROM records WHERE kind = 'config';
 
 CREATE OR REPLACE VIEW request_events AS

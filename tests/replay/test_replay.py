@@ -6,6 +6,7 @@ import filecmp
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,13 @@ def _arrivals(n: int, seed: int, deployment: Deployment, over_long: float = 0.05
     return shape(synthetic(n, rng, rate=3.0), rng, deployment, over_long=over_long, length_scale=0.5)
 
 
-def _strip_pages(src: Path, dst: Path) -> Path:
+def _strip_pages(src: Path, dst: Path, drop: Callable[[str, str], bool] | None = None) -> Path:
+    """A copy of a log set without its page records, or without those ``drop(file name, line)`` picks."""
     dst.mkdir(parents=True)
     for f in sorted(src.iterdir()):
         lines = f.read_text().splitlines(keepends=True)
-        (dst / f.name).write_text("".join(line for line in lines if '"kind":"kv"' not in line))
+        kept = [x for x in lines if '"kind":"kv"' not in x or (drop is not None and not drop(f.name, x))]
+        (dst / f.name).write_text("".join(kept))
     return dst
 
 
@@ -204,12 +207,7 @@ def test_a_node_without_page_records_is_filled_by_replay_with_its_evidence_tier(
     full = tmp_path / "full"
     simulate(full, _arrivals(400, 1, SMALL), deployment=SMALL, seed=1)
     forensics.investigate([full], tmp_path / "full.duckdb")
-    partial = tmp_path / "partial"
-    partial.mkdir()
-    for f in full.iterdir():
-        lines = f.read_text().splitlines(keepends=True)
-        keep = lines if f.name != "decode-1.jsonl" else [x for x in lines if '"kind":"kv"' not in x]
-        (partial / f.name).write_text("".join(keep))
+    partial = _strip_pages(full, tmp_path / "partial", lambda name, _: name == "decode-1.jsonl")
     job = run([partial], tmp_path / "partial.duckdb", tmp_path / "report.html", generated_at="2026-11-30T12:00:00Z")
     assert job.filled is not None and job.filled["nodes"] == ["decode-1"]
     query = "SELECT DISTINCT reader_request, node, evidence FROM {} WHERE reader_delivered"
@@ -237,13 +235,9 @@ def test_page_records_missing_in_a_window_are_filled_by_replay(tmp_path: Path) -
                           "AND NOT inferred ORDER BY first_seq LIMIT 1")["reader_request"][0]
         seqs = case.sql(f"SELECT min(seq) AS lo, max(seq) AS hi FROM kv_ops WHERE node = 'decode-0' "
                         f"AND request_id = '{reader}' AND op IN ('alloc', 'read')").row(0)
-    partial = tmp_path / "partial"
-    partial.mkdir()
-    for f in full.iterdir():
-        lines = f.read_text().splitlines(keepends=True)
-        if f.name == "decode-0.jsonl":  # the page records of a window, around the reader's alloc to read
-            lines = [x for x in lines if not ('"kind":"kv"' in x and seqs[0] <= json.loads(x)["seq"] <= seqs[1])]
-        (partial / f.name).write_text("".join(lines))
+    # the page records of a window on decode-0, around the reader's alloc to read
+    partial = _strip_pages(full, tmp_path / "partial", lambda name, line: name == "decode-0.jsonl"
+                           and seqs[0] <= json.loads(line)["seq"] <= seqs[1])
     job = run([partial], tmp_path / "partial.duckdb", tmp_path / "report.html")
     assert job.filled is not None and job.filled["nodes"] == [] and job.filled["gap_windows"] >= 1
     with forensics.Case(tmp_path / "partial.duckdb", read_only=True) as case:
