@@ -1,16 +1,41 @@
-"""kvforensics: find every response that attended to another request's KV-cache pages."""
+"""kvforensics: find every response that attended to another request's KV-cache pages.
+
+The names below load on first use, so that ``forensics.emit`` (standard library only) can be
+imported into an engine without DuckDB, Polars or Arrow.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from forensics.case import Case, RequestReport, Summary, quarantined  # noqa: E402
-from forensics.errors import KvfError  # noqa: E402
-from forensics.findings import Finding, Findings  # noqa: E402
-from forensics.ingest import Counts, FileResult, IngestResult, ingest  # noqa: E402
-from forensics.investigation import Investigation, investigate  # noqa: E402
+_WHERE = {
+    "Case": "forensics.case", "RequestReport": "forensics.case", "Summary": "forensics.case",
+    "quarantined": "forensics.case", "KvfError": "forensics.errors", "Finding": "forensics.findings",
+    "Findings": "forensics.findings", "Counts": "forensics.ingest", "FileResult": "forensics.ingest",
+    "IngestResult": "forensics.ingest", "ingest": "forensics.ingest", "Investigation": "forensics.investigation",
+    "investigate": "forensics.investigation",
+}
+
+if TYPE_CHECKING:
+    from forensics.case import Case, RequestReport, Summary, quarantined
+    from forensics.errors import KvfError
+    from forensics.findings import Finding, Findings
+    from forensics.ingest import Counts, FileResult, IngestResult, ingest
+    from forensics.investigation import Investigation, investigate
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'forensics' has no attribute {name!r}")
+
 
 __all__ = [
-    "Case", "Counts", "FileResult", "Finding", "Findings", "IngestResult", "Investigation", "KvfError",
+    "Case", "Counts", "FileResult", "Finding", "IngestResult", "Investigation", "Findings", "KvfError",
     "RequestReport", "Summary", "__version__", "ingest", "investigate", "quarantined",
 ]

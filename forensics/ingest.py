@@ -17,7 +17,8 @@ from pathlib import Path
 
 import duckdb
 
-from forensics import __version__
+from forensics import __version__, adapters
+from forensics.adapters import Notes, Options
 from forensics.errors import KvfError, UnreadableFile
 from forensics.readers import LINES_SCHEMA, LogFile, discover, read_chunks
 from forensics.schema import Reason
@@ -74,6 +75,9 @@ class FileResult:
     compression: str
     status: str  # "ingested" or "already_in_case"
     counts: Counts
+    adapter: str = "canonical"
+    ignored: int = 0  # adapted files: lines that are no event (not records, so not in the counts)
+    notes: tuple[str, ...] = ()  # what the adapter wants the operator to know
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -82,8 +86,11 @@ class FileResult:
             "size": self.size,
             "format": self.format,
             "compression": self.compression,
+            "adapter": self.adapter,
             "status": self.status,
             **self.counts.as_dict(),
+            "lines_ignored": self.ignored,
+            "notes": list(self.notes),
         }
 
 
@@ -112,13 +119,22 @@ def ingest(
     db: Path | str,
     *,
     progress: Progress | None = None,
+    format: str | None = None,
+    options: Options | None = None,
 ) -> IngestResult:
-    """Ingest the log files at ``paths`` (files or folders) into the case ``db``."""
-    logs, skipped = discover([Path(p) for p in paths])
+    """Ingest the log files at ``paths`` (files or folders) into the case ``db``.
+
+    Each file's format is recognised (canonical, or an engine log an adapter translates);
+    ``format`` names the adapter for every file instead, and ``options`` tells the adapters
+    what the engine's logs do not say (node, role, tenants).
+    """
+    if format is not None:
+        adapters.get(format)
+    logs, skipped = discover([Path(p) for p in paths], format)
     con = connect(db)
     try:
         con.execute(MACROS)
-        results = [_ingest_file(con, log, progress) for log in logs]
+        results = [_ingest_file(con, log, progress, options or Options()) for log in logs]
         final = _with_counts(con, results)
         # a file named twice, or two paths with the same bytes, is one piece of evidence
         distinct = {r.sha256: r.counts for r in final}
@@ -168,26 +184,28 @@ def sha256_of(path: Path) -> tuple[str, int]:
 
 
 def _ingest_file(
-    con: duckdb.DuckDBPyConnection, log: LogFile, progress: Progress | None
+    con: duckdb.DuckDBPyConnection, log: LogFile, progress: Progress | None, options: Options
 ) -> FileResult:
     sha, size = sha256_of(log.path)
-    known = one(con, "SELECT 1 FROM files WHERE sha256 = ?", [sha])
+    known = one(con, "SELECT lines_ignored FROM files WHERE sha256 = ?", [sha])
     base = dict(
         path=str(log.path), sha256=sha, size=size, format=log.format,
-        compression=log.compression, counts=Counts(),
+        compression=log.compression, counts=Counts(), adapter=log.adapter,
     )
     if known:
-        return FileResult(status="already_in_case", **base)  # type: ignore[arg-type]
+        return FileResult(status="already_in_case", ignored=int(known[0]), **base)  # type: ignore[arg-type]
+    notes = Notes()
+    ignored = [0]
     con.execute("BEGIN TRANSACTION")
     try:
         file_id = _next_file_id(con)
-        read = _stage(con, log, progress, size)
+        read = _stage(con, log, progress, size, options, notes, ignored)
         _check_strict_json(con)
         _settle(con, file_id)
         con.execute(
-            "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [file_id, str(log.path), size, sha, log.format, log.compression,
-             dt.datetime.now(dt.UTC), __version__, read],
+             dt.datetime.now(dt.UTC), __version__, read, log.adapter, ignored[0]],
         )
         con.execute("COMMIT")
     except BaseException:
@@ -195,7 +213,7 @@ def _ingest_file(
         raise
     finally:
         con.execute("DROP TABLE IF EXISTS stage")
-    return FileResult(status="ingested", **base)  # type: ignore[arg-type]
+    return FileResult(status="ingested", ignored=ignored[0], notes=tuple(notes.lines()), **base)  # type: ignore[arg-type]
 
 
 def _next_file_id(con: duckdb.DuckDBPyConnection) -> int:
@@ -205,13 +223,18 @@ def _next_file_id(con: duckdb.DuckDBPyConnection) -> int:
 
 
 def _stage(
-    con: duckdb.DuckDBPyConnection, log: LogFile, progress: Progress | None, size: int
+    con: duckdb.DuckDBPyConnection, log: LogFile, progress: Progress | None, size: int,
+    options: Options, notes: Notes, ignored: list[int],
 ) -> int:
     """Validate the file's lines into the temp table ``stage``; the number of records read."""
     query = stage_sql("chunk")
     created = False
     done = 0
-    for chunk in read_chunks(log):
+
+    def count_ignored(n: int) -> None:
+        ignored[0] = n
+
+    for chunk in read_chunks(log, options, notes, count_ignored):
         con.register("chunk", chunk)
         try:
             if created:
@@ -270,25 +293,25 @@ def _settle(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE repeats AS
-        SELECT line_no FROM (
-          SELECT line_no, row_number() OVER (PARTITION BY rec_hash ORDER BY line_no) AS occ
+        SELECT line_no, part FROM (
+          SELECT line_no, part, row_number() OVER (PARTITION BY rec_hash ORDER BY line_no, part) AS occ
           FROM stage WHERE q_reason IS NULL)
         WHERE occ > 1
         UNION
-        SELECT line_no FROM stage SEMI JOIN records USING (rec_hash)
+        SELECT line_no, part FROM stage SEMI JOIN records USING (rec_hash)
         """
     )
     _resolve_conflicts(con, file_id)
     con.execute(
         f"""
         INSERT INTO duplicates SELECT {file_id}, line_no, rec_hash, raw, doc
-        FROM stage SEMI JOIN repeats USING (line_no) WHERE q_reason IS NULL
+        FROM stage SEMI JOIN repeats USING (line_no, part) WHERE q_reason IS NULL
         """
     )
     cols = ", ".join(RECORD_COLUMNS)
     con.execute(
-        f"INSERT INTO records (file_id, line_no, {cols}) "
-        f"SELECT {file_id}, line_no, {cols} FROM stage ANTI JOIN repeats USING (line_no) "
+        f"INSERT INTO records (file_id, line_no, part, {cols}) "
+        f"SELECT {file_id}, line_no, part, {cols} FROM stage ANTI JOIN repeats USING (line_no, part) "
         "WHERE q_reason IS NULL"
     )
     _check_page_range(con, file_id)
@@ -300,8 +323,8 @@ def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE keyed AS
-        SELECT node, boot, seq, rec_hash, min(line_no) AS line_no
-        FROM stage ANTI JOIN repeats USING (line_no)
+        SELECT node, boot, seq, rec_hash, arg_min((line_no, part), (line_no, part)) AS at
+        FROM stage ANTI JOIN repeats USING (line_no, part)
         WHERE q_reason IS NULL AND seq IS NOT NULL GROUP BY ALL
         """
     )
@@ -330,12 +353,12 @@ def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE rival_lines AS
-        SELECT row_number() OVER () AS line_no, raw, doc, c_file, c_line, c_hash, in_case FROM (
+        SELECT row_number() OVER () AS line_no, 0 AS part, raw, doc, c_file, c_line, c_hash, in_case FROM (
           SELECT raw, doc, file_id AS c_file, line_no AS c_line, rec_hash AS c_hash, TRUE AS in_case
           FROM rivals SEMI JOIN contested USING (node, boot, seq)
           UNION ALL
           SELECT s.raw, s.doc, {file_id}, s.line_no, s.rec_hash, FALSE
-          FROM stage s JOIN keyed k USING (line_no) SEMI JOIN contested c
+          FROM stage s JOIN keyed k ON (s.line_no, s.part) = k.at SEMI JOIN contested c
             ON k.node = c.node AND k.boot = c.boot AND k.seq = c.seq)
         """
     )
@@ -430,13 +453,13 @@ def _check_page_range(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
         f"""
         INSERT INTO quarantine
         SELECT r.file_id, r.line_no, '{reason}', b.detail, r.raw, r.rec_hash
-        FROM records r JOIN beyond b USING (file_id, line_no)
+        FROM records r JOIN beyond b USING (rec_hash)
         UNION ALL
         SELECT d.file_id, d.line_no, '{reason}', b.detail, d.raw, d.rec_hash
         FROM duplicates d JOIN beyond b ON d.rec_hash = b.rec_hash
         """
     )
-    con.execute("DELETE FROM records WHERE (file_id, line_no) IN (SELECT (file_id, line_no) FROM beyond)")
+    con.execute("DELETE FROM records WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
     con.execute("DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
     con.execute("DROP TABLE beyond")
 

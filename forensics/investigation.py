@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from forensics.adapters import Options
 from forensics.analysis import analyse
 from forensics.ingest import IngestResult, Progress, ingest
 from forensics.store import connect
@@ -31,10 +32,16 @@ class Investigation:
 
 
 def investigate(
-    paths: Sequence[Path | str], db: Path | str, *, progress: Progress | None = None
+    paths: Sequence[Path | str],
+    db: Path | str,
+    *,
+    progress: Progress | None = None,
+    format: str | None = None,
+    options: Options | None = None,
 ) -> Investigation:
-    """Ingest ``paths`` into the case ``db``, rebuild its timelines and exposures."""
-    result = ingest(paths, db, progress=progress)
+    """Ingest ``paths`` into the case ``db`` (``format`` and ``options`` as for :func:`ingest`),
+    rebuild its timelines and exposures."""
+    result = ingest(paths, db, progress=progress, format=format, options=options)
     con = connect(db)
     try:
         figures = analyse(con)

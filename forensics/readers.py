@@ -8,7 +8,7 @@ import gzip
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from forensics import adapters
 from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
 from forensics.schema import integer_fields
 
@@ -30,7 +31,7 @@ _INT_CELL = re.compile(r"-?(0|[1-9][0-9]*)")
 
 #: The Arrow schema of a chunk of lines handed to the validator.
 LINES_SCHEMA = pa.schema(
-    [("line_no", pa.int64()), ("raw", pa.large_string()), ("doc", pa.large_string())]
+    [("line_no", pa.int64()), ("part", pa.int16()), ("raw", pa.large_string()), ("doc", pa.large_string())]
 )
 
 
@@ -39,15 +40,17 @@ class LogFile:
     """A file to ingest: where it is and how to decode it."""
 
     path: Path
-    format: str  # jsonl, csv or parquet
+    format: str  # jsonl, csv or parquet; or "text" for a file an adapter translates
     compression: str  # none, gzip or zstd
+    adapter: str = "canonical"  # the adapter that reads it (forensics.adapters)
 
 
-def discover(paths: list[Path]) -> tuple[list[LogFile], list[Path]]:
+def discover(paths: list[Path], adapter: str | None = None) -> tuple[list[LogFile], list[Path]]:
     """Files to ingest under ``paths``, in a stable order, and the files passed over.
 
     A file named explicitly must be a log file; inside folders, files of other kinds
-    (READMEs, checksums) are passed over and listed.
+    (READMEs, checksums) are passed over and listed. Each file's format is recognised from
+    its name and first lines, or is ``adapter`` where one is forced (``--format``).
     """
     found: list[LogFile] = []
     skipped: list[Path] = []
@@ -58,26 +61,29 @@ def discover(paths: list[Path]) -> tuple[list[LogFile], list[Path]]:
             for child in sorted(p for p in path.rglob("*") if p.is_file()):
                 if any(part.startswith(".") for part in child.relative_to(path).parts):
                     continue
-                log = identify(child, explicit=False)
+                log = identify(child, explicit=False, adapter=adapter)
                 if log is None:
                     skipped.append(child)
                 else:
                     found.append(log)
         else:
-            log = identify(path, explicit=True)
+            log = identify(path, explicit=True, adapter=adapter)
             if log is None:
                 raise UnrecognisedFile(
-                    f"{path}: not a log file this tool reads "
-                    "(JSON Lines, CSV or Parquet, optionally .gz or .zst)"
+                    f"{path}: not a log file this tool reads (canonical JSON Lines, CSV or Parquet, "
+                    f"or an engine log an adapter recognises: {', '.join(adapters.ADAPTERS)}; "
+                    "optionally .gz or .zst); name one with --format"
                 )
             found.append(log)
     return found, skipped
 
 
-def identify(path: Path, *, explicit: bool) -> LogFile | None:
+def identify(path: Path, *, explicit: bool, adapter: str | None = None) -> LogFile | None:
     """The format and compression of a file, from its name and first bytes; None if neither fits.
 
     A file named explicitly whose name says nothing is taken as JSON Lines if it starts with ``{``.
+    JSON Lines that are not canonical records, and files with other names (``.log``, ``.txt``,
+    none), are offered to the adapters' sniffs; ``adapter`` forces one.
     """
     try:
         with path.open("rb") as fh:
@@ -97,11 +103,47 @@ def identify(path: Path, *, explicit: bool) -> LogFile | None:
     fmt = _FORMATS.get(suffixes[-1]) if suffixes else None
     if head.startswith(_PARQUET_MAGIC):
         fmt = "parquet"
+    if adapter is not None and adapter != "canonical":
+        return LogFile(path, "text", compression, adapters.get(adapter).name)
+    if adapter == "canonical":
+        if fmt is None and head[:1] in (b"{", b"\xef"):
+            fmt = "jsonl"
+        return LogFile(path, fmt, compression) if fmt is not None else None
+    if fmt == "jsonl" or (fmt is None and (explicit or adapters.log_like(path))):
+        found = adapters.sniff(_head(LogFile(path, "text", compression)))
+        if found is not None and found.name != "canonical":
+            return LogFile(path, "text", compression, found.name)
+        if found is not None and fmt is None:
+            fmt = "jsonl"
     if fmt is None and explicit and compression == "none" and head[:1] in (b"{", b"\xef"):
         fmt = "jsonl"
     if fmt is None:
         return None
     return LogFile(path, fmt, compression)
+
+
+def _head(log: LogFile) -> list[str]:
+    """The first lines of a file, decompressed, for the adapters' sniffs."""
+    try:
+        with open_binary(log) as fh:
+            data = fh.read(1 << 20)
+    except (OSError, EOFError, ValueError):
+        return []
+    return data.decode("utf-8", "replace").splitlines()[: adapters.SNIFF_LINES]
+
+
+def text_lines(log: LogFile) -> adapters.Lines:
+    """The file's non-blank lines as ``(line_no, text)``, from the start at every call."""
+
+    def lines() -> Iterator[tuple[int, str]]:
+        with open_binary(log) as fh:
+            text = io.TextIOWrapper(fh, encoding="utf-8", errors="backslashreplace")
+            for line_no, line in enumerate(text, 1):
+                line = line.rstrip("\r\n")
+                if line.strip():
+                    yield line_no, line
+
+    return lines
 
 
 def open_binary(log: LogFile) -> IO[bytes]:
@@ -115,10 +157,25 @@ def open_binary(log: LogFile) -> IO[bytes]:
     return log.path.open("rb")
 
 
-def read_chunks(log: LogFile) -> Iterator[pa.Table]:
-    """The file's records as Arrow tables of (line_no, raw, text), a chunk at a time."""
+def read_chunks(
+    log: LogFile,
+    options: adapters.Options | None = None,
+    notes: adapters.Notes | None = None,
+    on_ignored: Callable[[int], None] | None = None,
+) -> Iterator[pa.Table]:
+    """The file's records as Arrow tables of (line_no, part, raw, doc), a chunk at a time.
+
+    A file an adapter reads comes translated: ``doc`` holds the canonical record.
+    """
     try:
-        if log.format == "jsonl":
+        if log.adapter != "canonical":
+            adapter = adapters.get(log.adapter)
+            assert adapter.translate is not None
+            outcomes = adapter.translate(text_lines(log), log.path, options or adapters.Options(),
+                                         notes if notes is not None else adapters.Notes())
+            node = (options.node if options else None) or adapters.node_of(log.path)
+            yield from adapters.chunks(outcomes, node, on_ignored or (lambda n: None))
+        elif log.format == "jsonl":
             yield from _jsonl_chunks(log)
         elif log.format == "csv":
             yield from _csv_chunks(log)
@@ -181,7 +238,8 @@ def _lines_table(data: bytes, first_line: int) -> pa.Table:
         lines = _decode_lossless(data, starts, stops)
     line_no = np.arange(first_line, first_line + len(ends), dtype=np.int64)
     table = pa.table(
-        {"line_no": line_no, "raw": lines, "doc": pa.nulls(len(ends), pa.large_string())},
+        {"line_no": line_no, "part": np.zeros(len(ends), dtype=np.int16), "raw": lines,
+         "doc": pa.nulls(len(ends), pa.large_string())},
         schema=LINES_SCHEMA,
     )
     # several batches, so that DuckDB scans the chunk on every core
@@ -225,7 +283,7 @@ def _csv_chunks(log: LogFile) -> Iterator[pa.Table]:
         if header is None:
             return
         header = [h.strip() for h in header]
-        rows: dict[str, list[Any]] = {"line_no": [], "raw": [], "doc": []}
+        rows: dict[str, list[Any]] = {"line_no": [], "part": [], "raw": [], "doc": []}
         consumed.clear()
         for cells in reader:
             first_no = consumed[0][0]
@@ -239,11 +297,12 @@ def _csv_chunks(log: LogFile) -> Iterator[pa.Table]:
                 record = {h: _csv_cell(h, c, ints) for h, c in zip(header, cells, strict=True) if c != ""}
                 doc = json.dumps(record, ensure_ascii=False)
             rows["line_no"].append(first_no)
+            rows["part"].append(0)
             rows["raw"].append(raw)
             rows["doc"].append(doc)
             if len(rows["raw"]) >= 200_000:
                 yield pa.table(rows, schema=LINES_SCHEMA)
-                rows = {"line_no": [], "raw": [], "doc": []}
+                rows = {"line_no": [], "part": [], "raw": [], "doc": []}
         if rows["raw"]:
             yield pa.table(rows, schema=LINES_SCHEMA)
 
@@ -270,4 +329,5 @@ def _parquet_chunks(log: LogFile) -> Iterator[pa.Table]:
             ]
             numbers = np.arange(row + 1, row + 1 + len(docs), dtype=np.int64)
             row += len(docs)
-            yield pa.table({"line_no": numbers, "raw": docs, "doc": docs}, schema=LINES_SCHEMA)
+            yield pa.table({"line_no": numbers, "part": np.zeros(len(docs), dtype=np.int16), "raw": docs,
+                            "doc": docs}, schema=LINES_SCHEMA)

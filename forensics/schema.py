@@ -51,6 +51,7 @@ class Reason(StrEnum):
     PAGE_OUT_OF_RANGE = "page_out_of_range"
     CONFLICT = "conflict"
     UNREADABLE = "unreadable"
+    UNTRANSLATABLE = "untranslatable"
 
 
 REASON_TEXT: Final[dict[Reason, str]] = {
@@ -68,6 +69,7 @@ REASON_TEXT: Final[dict[Reason, str]] = {
     Reason.PAGE_OUT_OF_RANGE: "a page id is outside [0, pool_pages) of the node's config in force",
     Reason.CONFLICT: "another record has the same (node, boot, seq) and a smaller canonical JSON",
     Reason.UNREADABLE: "the row could not be decoded from its file",
+    Reason.UNTRANSLATABLE: "an engine log line an adapter recognised but could not turn into canonical records",
 }
 
 FIELDS: Final[dict[str, Field]] = {

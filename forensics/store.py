@@ -10,7 +10,7 @@ import duckdb
 
 from forensics.errors import CaseError, CaseLocked
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 
 def sql_text(name: str) -> str:

@@ -135,6 +135,8 @@ def _variant_sql() -> str:
 def _checks() -> _Chain:
     chain = _Chain()
     lit = _q
+    # an adapter marks a line it recognised but could not translate: chr(1) and the why
+    chain.add("starts_with(doc, chr(1))", Reason.UNTRANSLATABLE, "substr(doc, 2)")
     chain.add("NOT is_json", Reason.NOT_JSON, lit("not valid JSON"))
     chain.add("NOT is_obj", Reason.NOT_OBJECT, lit("a JSON value that is not an object"))
     chain.add(
@@ -280,7 +282,9 @@ CREATE OR REPLACE TEMP MACRO pages_ok(p) AS
 
 
 def stage_sql(source: str, *, with_canon: bool = False) -> str:
-    """A SELECT over ``source(line_no, raw, doc)``: every line's verdict and typed fields.
+    """A SELECT over ``source(line_no, part, raw, doc)``: every record's verdict and typed fields.
+
+    ``part`` numbers the records an adapter made of one source line (0 for canonical lines).
 
     ``with_canon`` adds the canonical JSON text (wanted only to settle conflicts).
     """
@@ -293,7 +297,7 @@ def stage_sql(source: str, *, with_canon: bool = False) -> str:
     check = _checks().sql()
     return f"""
 WITH a AS (
-  SELECT line_no, raw, doc, coalesce(doc, raw) AS t FROM {source}
+  SELECT line_no, part, raw, doc, coalesce(doc, raw) AS t FROM {source}
   WHERE CASE WHEN starts_with(raw, '{{') THEN TRUE ELSE trim(raw, {_WS}) <> '' END
 ), b AS (
   SELECT *, json_valid(t) AS is_json FROM a
@@ -301,12 +305,12 @@ WITH a AS (
   SELECT *, CASE WHEN NOT is_json THEN FALSE WHEN starts_with(t, '{{') THEN TRUE
               ELSE json_type(t) = 'OBJECT' END AS is_obj FROM b
 ), d AS (
-  SELECT line_no, raw, doc, t, is_json, is_obj,
+  SELECT line_no, part, raw, doc, t, is_json, is_obj,
     CASE WHEN is_obj THEN json_transform(t, {_q(spec)}) END AS v,
     CASE WHEN is_obj THEN json_keys(t) END AS keys
   FROM c
 ), e AS (
-  SELECT line_no, raw, doc, t, is_json, is_obj, keys,
+  SELECT line_no, part, raw, doc, t, is_json, is_obj, keys,
     {extracted}
   FROM d
 ), f AS (
@@ -325,7 +329,7 @@ WITH a AS (
   SELECT *, CASE WHEN verdict IS NULL THEN {_canonical_sql()} END AS canon FROM h
 )
 SELECT
-  line_no, raw, doc,
+  line_no, part, raw, doc,
   verdict.reason AS q_reason, verdict.detail AS q_detail,
   md5_number(canon) AS rec_hash,{canon_col}
   regexp_matches(t, {_q(LENIENT_SUSPECT)}) AND is_json AS suspect,

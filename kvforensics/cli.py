@@ -13,6 +13,7 @@ import polars as pl
 import typer
 
 import forensics
+from forensics.adapters import ADAPTERS, Options, read_tenant_map
 from forensics.errors import KvfError
 from replay.engine import BEHAVIOURS
 from replay.simulate import Deployment
@@ -86,6 +87,10 @@ def _print_counts(result: forensics.IngestResult) -> None:
             f"{f.path}: {c.read} read, {c.ingested} ingested, {c.duplicates} duplicates, "
             f"{c.quarantined} quarantined{note}"
         )
+        if f.adapter != "canonical":
+            typer.echo(f"  read as {f.adapter}; {f.ignored} other lines ignored")
+        for text in f.notes:
+            typer.echo(f"  note: {text}")
     for path in result.skipped:
         typer.echo(f"{path}: passed over (not a log file)")
     r = result.records
@@ -97,10 +102,51 @@ def _print_counts(result: forensics.IngestResult) -> None:
         typer.echo(f"see them with: kvforensics quarantine --db {result.db}")
 
 
+FormatOption = Annotated[str | None, typer.Option(
+    "--format", help="Read every file with this adapter instead of recognising each: "
+    f"{', '.join(ADAPTERS)}.", rich_help_panel="Engine logs")]
+NodeOption = Annotated[str | None, typer.Option(
+    "--node", help="Engine logs: the node the files are from (default: each file's name).",
+    rich_help_panel="Engine logs")]
+RoleOption = Annotated[str | None, typer.Option(
+    "--role", help="Engine logs: prefill, decode or unified (default: what the file says).",
+    rich_help_panel="Engine logs")]
+TenantMapOption = Annotated[Path | None, typer.Option(
+    "--tenant-map", help="Engine logs: CSV request_id,tenant_id (or a JSON object) naming each request's tenant.",
+    rich_help_panel="Engine logs")]
+TenantFromOption = Annotated[str | None, typer.Option(
+    "--tenant-from", help="Engine logs: the logged request's field holding the tenant, dotted "
+    "(custom_labels.tenant).", rich_help_panel="Engine logs")]
+YearOption = Annotated[int | None, typer.Option(
+    "--year", help="Engine logs: the year of log times written without one (SGLang's %m-%d).",
+    rich_help_panel="Engine logs")]
+
+
+def _adapter_options(node: str | None, role: str | None, tenant_map: Path | None, tenant_from: str | None,
+                     year: int | None) -> Options:
+    tenants = read_tenant_map(tenant_map) if tenant_map is not None else None
+    return Options(node=node, role=role, tenants=tenants, tenant_from=tenant_from, year=year)
+
+
 @app.command()
-def ingest(paths: PathsArg, db: DbOption, as_json: JsonFlag = False) -> None:
-    """Ingest log files into a case: each record ingested, a duplicate, or quarantined."""
-    result = _run(lambda: _with_progress(lambda p: forensics.ingest(paths, db, progress=p)))
+def ingest(
+    paths: PathsArg,
+    db: DbOption,
+    as_json: JsonFlag = False,
+    format: FormatOption = None,
+    node: NodeOption = None,
+    role: RoleOption = None,
+    tenant_map: TenantMapOption = None,
+    tenant_from: TenantFromOption = None,
+    year: YearOption = None,
+) -> None:
+    """Ingest log files into a case: each record ingested, a duplicate, or quarantined.
+
+    Canonical logs, and engine logs the adapters translate (see docs/adapters.md).
+    """
+    result = _run(lambda: _with_progress(lambda p: forensics.ingest(
+        paths, db, progress=p, format=format,
+        options=_adapter_options(node, role, tenant_map, tenant_from, year))))
     if as_json:
         _print_json(result.as_dict())
     else:
@@ -136,6 +182,12 @@ def investigate(
     generated_at: GeneratedAtOption = None,
     no_replay: Annotated[bool, typer.Option("--no-replay", help="With --out: skip the replays.")] = False,
     as_json: JsonFlag = False,
+    format: FormatOption = None,
+    node: NodeOption = None,
+    role: RoleOption = None,
+    tenant_map: TenantMapOption = None,
+    tenant_from: TenantFromOption = None,
+    year: YearOption = None,
 ) -> None:
     """Ingest, rebuild page timelines, find exposures, print the figures; with --out, the whole job.
 
@@ -145,7 +197,8 @@ def investigate(
 
     found = _run(lambda: _with_progress(lambda p: run(
         paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
-        generated_at=generated_at, with_replay=not no_replay, progress=p)))
+        generated_at=generated_at, with_replay=not no_replay, progress=p, format=format,
+        options=_adapter_options(node, role, tenant_map, tenant_from, year))))
     if as_json:
         _print_json(found.as_dict())
         return

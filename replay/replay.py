@@ -171,7 +171,7 @@ def _configs(con: Any) -> dict[str, list[tuple[int, int, str, NodeConfig]]]:
 def _events(con: Any) -> dict[str, list[dict[str, Any]]]:
     rel = con.sql(
         f"SELECT {', '.join(_EVENT_FIELDS)} FROM records WHERE kind IN ('request', 'transfer') "
-        "ORDER BY node, boot, seq NULLS LAST, ts, file_id, line_no"
+        "ORDER BY node, boot, seq NULLS LAST, ts, file_id, line_no, part"
     )
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rel.fetchall():

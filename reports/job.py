@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import forensics
+from forensics.adapters import Options
 from forensics.findings import specs
 from forensics.store import connect, one
 from replay.replay import ReplayResult, WhatIf, default_out, replay
@@ -104,9 +105,11 @@ def run(
     generated_at: str | None = None,
     with_replay: bool = True,
     progress: Any = None,
+    format: str | None = None,
+    options: Options | None = None,
 ) -> JobResult:
     """Ingest and analyse; replay to confirm and ask what-if where the evidence allows; report."""
-    result = JobResult(forensics.investigate(paths, db, progress=progress))
+    result = JobResult(forensics.investigate(paths, db, progress=progress, format=format, options=options))
     if out is None:
         return result
     if with_replay:

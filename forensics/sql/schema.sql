@@ -16,13 +16,16 @@ CREATE TABLE IF NOT EXISTS files (
   compression VARCHAR NOT NULL,
   ingested_at TIMESTAMPTZ NOT NULL,
   toolkit_version VARCHAR NOT NULL,
-  records_read BIGINT NOT NULL
+  records_read BIGINT NOT NULL,
+  adapter VARCHAR NOT NULL,  -- canonical, or the engine-log adapter that translated the file
+  lines_ignored BIGINT NOT NULL  -- adapted files: lines that are no event (other log output)
 );
 
 -- Valid records, one typed column per schema field (NULL where a kind lacks it).
 CREATE TABLE IF NOT EXISTS records (
   file_id INTEGER NOT NULL,
   line_no BIGINT NOT NULL,
+  part SMALLINT NOT NULL,  -- which of the records an adapter made of that line (0 for canonical)
   kind VARCHAR NOT NULL,
   ts TIMESTAMPTZ NOT NULL,
   node VARCHAR NOT NULL,
@@ -86,7 +89,7 @@ CREATE TABLE IF NOT EXISTS duplicates (
 
 CREATE OR REPLACE VIEW file_counts AS
 SELECT f.file_id, f.path, f.sha256, f.size, f.format, f.compression, f.ingested_at,
-       f.toolkit_version, f.records_read AS read,
+       f.toolkit_version, f.adapter, f.records_read AS read, f.lines_ignored,
        coalesce(r.n, 0) AS ingested, coalesce(d.n, 0) AS duplicates, coalesce(q.n, 0) AS quarantined
 FROM files f
 LEFT JOIN (SELECT file_id, count(*) AS n FROM records GROUP BY ALL) r USING (file_id)

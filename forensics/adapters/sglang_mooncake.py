@@ -1,0 +1,51 @@
+"""SGLang's KV-transfer failures (the Mooncake connector, and the other PD backends alike).
+
+Reference: ``python/sglang/srt/disaggregation/mooncake/conn.py`` (``KVTransferError``,
+``KVTransferError(bootstrap_room=B): reason``) and the queues that report it,
+``disaggregation/prefill.py`` and ``disaggregation/decode.py``::
+
+    Prefill transfer failed for request rank=4 req.rid='R' req.bootstrap_room=B with exception \
+KVTransferError(bootstrap_room=B): Decode instance could be dead, remote mooncake session ... is not alive
+    Decode transfer failed for request rank=0 decode_req.req.rid='R' decode_req.req.bootstrap_room=B with ...
+
+(also ``Prefill bootstrap failed`` and ``Decode handshake failed``). Every tensor-parallel rank
+logs its own line; they translate to the same record, so the repeats count as duplicates.
+
+Canonical record: a transfer ``failed``, id ``room-B``, this node as the sending (prefill) or
+receiving (decode) side, the other side ``unknown``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from forensics.adapters import Notes, Options
+from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
+from forensics.adapters.sglang_timestats import UNKNOWN_NODE, transfer_id
+
+_LINE = re.compile(
+    r"(?P<side>Prefill|Decode) (?P<stage>transfer|bootstrap|handshake) failed for request rank=\d+ "
+    r"(?:decode_req\.)?req\.rid='(?P<rid>[^']*)' (?:decode_req\.)?req\.bootstrap_room=(?P<room>-?\d+|None)"
+)
+
+
+def learn(line: LogLine, facts: Facts, options: Options) -> bool:
+    m = _LINE.search(line.msg)
+    if m is None:
+        return False
+    facts.failed.add(m["rid"])
+    return True
+
+
+def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
+    m = _LINE.search(line.msg)
+    if m is None:
+        return None
+    prefill = m["side"] == "Prefill"
+    return [{
+        "kind": "transfer", "ts": rfc3339(line.when()), "transfer_id": transfer_id(m["rid"], m["room"]),
+        "request_id": m["rid"], "event": "failed",
+        "src_node": facts.node if prefill else UNKNOWN_NODE,
+        "dst_node": UNKNOWN_NODE if prefill else facts.node,
+    }]

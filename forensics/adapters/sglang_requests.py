@@ -1,0 +1,182 @@
+"""SGLang's request log (``--log-requests``), JSON and text forms, from prefill and decode nodes.
+
+Reference: ``python/sglang/srt/utils/request_logger.py``. Each server's tokenizer manager
+logs a request when it arrives and when it finishes:
+
+- JSON (``--log-requests-format json``): ``{"timestamp": ..., "event": "request.received",
+  "rid": ..., "obj": {...}}`` and ``"request.finished"`` with ``"out": {"meta_info": ...}``;
+- text: ``Receive: obj=GenerateReqInput(rid='...', ...)`` and
+  ``Finish: obj=GenerateReqInput(...), out={'meta_info': {...}}``.
+
+``meta_info`` has ``prompt_tokens``, ``completion_tokens`` and ``finish_reason`` (``{'type':
+'abort', 'message': ..., 'status_code': 400}`` for an abort). Prompt text and output are not
+read (levels 0 and 1 do not log them; at higher levels they are ignored).
+
+Canonical records, by the node's role (a prefill node's finish is its answer to the router,
+not the client's; in disaggregated mode the client gets the decode node's):
+
+=========  ===================================  ==========================================
+line       prefill                              decode                 unified (no PD)
+=========  ===================================  ==========================================
+received   ``received`` (tenant, prompt)        ``admitted``           both
+finished   ``rejected`` if aborted, else none   ``finished``           ``finished``
+=========  ===================================  ==========================================
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from forensics.adapters import Notes, Options, Untranslatable
+from forensics.adapters.sglang_log import Facts, LogLine, dig, py_value, rfc3339, status_code
+
+_TEXT = re.compile(r"(?P<what>Receive|Finish): (?P<args>obj=.*)", re.S)
+_EVENTS = {"request.received": "received", "request.finished": "finished"}
+#: ``validate_input_length``'s error: the prompt's real length, and the prefill limit.
+LENGTH_ERROR = re.compile(r"Input length \((\d+) tokens\) exceeds the maximum allowed length \((\d+) tokens\)")
+
+
+@dataclass(frozen=True)
+class RequestLine:
+    event: str  # received or finished
+    rid: str
+    obj: dict[str, Any]
+    meta: dict[str, Any]  # out.meta_info of a finish
+
+    @property
+    def finish_reason(self) -> dict[str, Any]:
+        fr = self.meta.get("finish_reason")
+        if isinstance(fr, dict):
+            return fr
+        return {"type": fr} if isinstance(fr, str) else {}
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason.get("type") == "abort"
+
+
+def parse(line: LogLine) -> RequestLine | None:
+    """The request event on this line, None if it is none; a malformed one is Untranslatable."""
+    if line.doc is not None:
+        event = _EVENTS.get(str(line.doc.get("event")))
+        if event is None:
+            return None
+        obj, out = line.doc.get("obj"), line.doc.get("out")
+        rid = line.doc.get("rid")
+    else:
+        m = _TEXT.match(line.msg)
+        if m is None:
+            if line.msg.startswith("{") and '"request.' in line.msg:
+                raise Untranslatable("a request-log line that is not valid JSON")
+            return None
+        event = "received" if m["what"] == "Receive" else "finished"
+        try:
+            args = py_value(f"_({m['args']})")
+        except (SyntaxError, ValueError) as exc:
+            raise Untranslatable(f"cannot read the logged request ({exc.__class__.__name__})") from None
+        obj, out = args.get("obj"), args.get("out")
+        rid = obj.get("rid") if isinstance(obj, dict) else None
+    if not isinstance(obj, dict):
+        raise Untranslatable("the logged request has no object")
+    if rid is None:
+        rid = obj.get("rid")
+    if isinstance(rid, list):
+        raise Untranslatable("a batch request (rid is a list); log requests one by one")
+    if not isinstance(rid, str) or not rid:
+        raise Untranslatable("the logged request has no rid")
+    meta = dig(out, "meta_info") if event == "finished" else None
+    if event == "finished" and not isinstance(meta, dict):
+        raise Untranslatable("the finished request has no out.meta_info")
+    return RequestLine(event, rid, obj, meta or {})
+
+
+def learn(line: LogLine, facts: Facts, options: Options) -> bool:
+    """First pass: the prompt length, tenant and output budget each request line reveals."""
+    try:
+        r = parse(line)
+    except Untranslatable:
+        return True
+    if r is None:
+        return False
+    if r.event == "received":
+        if options.tenant_from is not None:
+            tenant = dig(r.obj, options.tenant_from)
+            if isinstance(tenant, (str, int)) and not isinstance(tenant, bool):
+                facts.tenant[r.rid] = str(tenant)
+        max_new = dig(r.obj, "sampling_params.max_new_tokens")
+        if isinstance(max_new, int) and not isinstance(max_new, bool):
+            facts.max_new[r.rid] = max_new
+        return True
+    if line.precise and line.ts is not None:
+        facts.finish_ts[r.rid] = line.ts
+    message = str(r.finish_reason.get("message", ""))
+    m = LENGTH_ERROR.search(message)
+    if m:
+        facts.learn_prompt(r.rid, int(m.group(1)), 3)
+        facts.limit[r.rid] = int(m.group(2))
+    elif isinstance(r.meta.get("prompt_tokens"), int):  # (only the length abort swaps the prompt)
+        facts.learn_prompt(r.rid, r.meta["prompt_tokens"], 2)
+    if r.aborted and re.search(r"(transfer|bootstrap|handshake) failed", message):
+        facts.failed.add(r.rid)
+    return True
+
+
+def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
+    r = parse(line)
+    if r is None:
+        return None
+    ts = rfc3339(line.when())
+    role = facts.role_for(options) or "unified"
+    base = {"kind": "request", "ts": ts, "request_id": r.rid}
+    if r.event == "received":
+        out: list[dict[str, Any]] = []
+        if role in ("prefill", "unified"):
+            out.append(_received(base, r, facts, options, notes, prefill=role == "prefill"))
+        if role in ("decode", "unified"):
+            out.append({**base, "event": "admitted"})
+        return out
+    fr = r.finish_reason
+    if role == "prefill":
+        if not r.aborted:
+            return []  # the prefill's answer to the router; transfer and timing come from time stats
+        reason, limit = abort_reason(str(fr.get("message", ""))), facts.limit.get(r.rid)
+        return [{**base, "event": "rejected", "reason": reason,
+                 **({"limit_tokens": limit} if limit is not None and reason == "input_too_long" else {})}]
+    status = (status_code(fr.get("status_code")) or 500) if r.aborted else 200
+    finish_reason = abort_reason(str(fr.get("message", ""))) if r.aborted else fr.get("type")
+    record: dict[str, Any] = {**base, "event": "finished", "status": status}
+    if isinstance(finish_reason, str):
+        record["finish_reason"] = finish_reason
+    if isinstance(r.meta.get("completion_tokens"), int):
+        record["output_tokens"] = r.meta["completion_tokens"]
+    return [record]
+
+
+def _received(base: dict[str, Any], r: RequestLine, facts: Facts, options: Options, notes: Notes,
+              *, prefill: bool) -> dict[str, Any]:
+    prompt = facts.prompt_tokens(r.rid)
+    if prompt is None:
+        raise Untranslatable(
+            f"the prompt length of {r.rid} is not in this file (no finish, time-stats or length-error line)")
+    tenant: str | None = (options.tenants or {}).get(r.rid) or facts.tenant.get(r.rid)
+    if tenant is None:
+        tenant = "unknown"
+        notes.add("tenant", "{n} requests have no tenant: tenant_id 'unknown' "
+                  "(pass --tenant-map FILE or --tenant-from FIELD)")
+    record = {**base, "event": "received", "tenant_id": tenant, "prompt_tokens": prompt}
+    if r.rid in facts.max_new:
+        record["max_new_tokens"] = facts.max_new[r.rid]
+    if prefill:
+        record["prefill_node"] = facts.node
+    return record
+
+
+def abort_reason(message: str) -> str:
+    """A short reason for an abort message: the cases the investigation cares about by name."""
+    if LENGTH_ERROR.search(message):
+        return "input_too_long"
+    if re.search(r"(transfer|bootstrap|handshake) failed", message):
+        return "kv_transfer_failed"
+    return "abort"

@@ -1,0 +1,227 @@
+"""SGLang's logs in, canonical records out: fixtures written to SGLang's formats, and a
+simulated run logged as SGLang would have logged it, replayed to the page logs' figures."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from sglang_render import render
+
+import forensics
+from forensics.adapters import ADAPTERS, Adapter, Options, read_tenant_map, sniff, table
+from forensics.adapters.sglang_log import py_value, split
+from forensics.errors import BadOption, UnrecognisedFile
+from replay.replay import replay
+from replay.simulate import Deployment, shape, simulate
+from replay.workload import synthetic
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SMALL = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=262_144,
+                   page_size=64, prefill_nodes=2, decode_nodes=2)
+
+
+def _records(db: Path) -> list[dict[str, Any]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rel = con.sql("SELECT f.path, r.* EXCLUDE (raw, doc, rec_hash, page_ranges, max_page) "
+                      "FROM records r JOIN files f USING (file_id) ORDER BY f.path, line_no, part")
+        cols = rel.columns
+        return [{k: v for k, v in zip(cols, row, strict=True) if v is not None} for row in rel.fetchall()]
+    finally:
+        con.close()
+
+
+def _quarantine(db: Path) -> list[tuple[str, int, str, str]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute("SELECT f.path, line_no, reason, detail FROM quarantine JOIN files f USING (file_id) "
+                           "ORDER BY f.path, line_no").fetchall()
+    finally:
+        con.close()
+
+
+def _pick(records: list[dict[str, Any]], node: str, rid: str) -> list[tuple[Any, ...]]:
+    return [(r["kind"], r.get("event"), r["ts"].strftime("%H:%M:%S.%f")) for r in records
+            if r["node"] == node and r.get("request_id") == rid]
+
+
+def test_a_prefill_and_a_decode_servers_logs_become_canonical_records(tmp_path: Path) -> None:
+    db = tmp_path / "case.duckdb"
+    result = forensics.ingest([FIXTURES], db, options=Options(tenant_from="custom_labels.tenant"))
+    by_name = {Path(f.path).name: f for f in result.files}
+    assert set(by_name) == {"prefill-0.log", "decode-0.log", "host_0.log"}
+    assert {f.adapter for f in result.files} == {"sglang-server", "sglang-requests"}
+    for f in result.files:  # the three counts add up, per file and in total
+        c = f.counts
+        assert c.read == c.ingested + c.duplicates + c.quarantined
+    # ignored: server_args, weights, batch, uvicorn; the length error and the healthy finish
+    # (read for what they say about the request, recorded through other lines)
+    assert by_name["prefill-0.log"].ignored == 6
+    records = _records(db)
+
+    # the healthy request, end to end: prefill's view and decode's
+    assert _pick(records, "prefill-0", "req-a") == [
+        ("request", "received", "08:01:00.100000"), ("request", "prefill_started", "08:01:00.000000"),
+        ("request", "prefill_done", "08:01:00.000000"), ("transfer", "completed", "08:01:00.000000")]
+    received = next(r for r in records if r.get("event") == "received" and r["request_id"] == "req-a")
+    assert (received["tenant_id"], received["prompt_tokens"], received["max_new_tokens"],
+            received["prefill_node"]) == ("acme", 3000, 64, "prefill-0")
+    # decode: landing and decode start counted back from the finish (text form: whole seconds)
+    assert _pick(records, "decode-0", "req-a") == [
+        ("request", "admitted", "08:01:00.000000"), ("transfer", "completed", "08:01:00.399700"),
+        ("request", "decode_started", "08:01:00.400000"), ("request", "finished", "08:01:02.000000")]
+
+    # the placeholder path: the prompt length comes from the length error, prefill sent 1 token
+    b = [r for r in records if r.get("request_id") == "req-b"]
+    got = {(r["node"], r["kind"], r.get("event")): r for r in b}
+    assert got[("prefill-0", "request", "received")]["prompt_tokens"] == 900_000
+    rejected = got[("prefill-0", "request", "rejected")]
+    assert (rejected["reason"], rejected["limit_tokens"]) == ("input_too_long", 681_274)
+    assert got[("prefill-0", "transfer", "completed")]["tokens"] == 1
+    assert got[("decode-0", "request", "finished")]["status"] == 200  # the client got HTTP 200
+    assert ("prefill-0", "request", "finished") not in got  # prefill's abort is not the client's answer
+
+    # a failed transfer: both sides, one record per side however many ranks logged it
+    c = {(r["node"], r["kind"], r.get("event")): r for r in records if r.get("request_id") == "req-c"}
+    assert c[("prefill-0", "transfer", "failed")]["transfer_id"] == "room-1003"
+    assert c[("decode-0", "transfer", "failed")]["dst_node"] == "decode-0"
+    assert c[("decode-0", "request", "finished")]["status"] == 500
+    assert ("decode-0", "request", "decode_started") not in c  # nothing landed, nothing read
+    assert by_name["prefill-0.log"].counts.duplicates == 1  # TP1's repeat of TP0's line
+
+    # the pool lines become configs: 681,280 tokens of 64-token pages, page 0 reserved
+    configs = {r["node"]: r for r in records if r["kind"] == "config"}
+    assert (configs["prefill-0"]["pool_pages"], configs["prefill-0"]["role"]) == (10_646, "prefill")
+    assert configs["decode-0"]["context_length"] == 1_048_576
+
+    # lines recognised but not translatable are kept with their line and why
+    assert [(Path(p).name, line, reason) for p, line, reason, _ in _quarantine(db)] == [
+        ("decode-0.log", 13, "untranslatable"), ("prefill-0.log", 17, "untranslatable")]
+
+
+def test_the_request_file_target_reads_like_the_servers_output(tmp_path: Path) -> None:
+    """``--log-requests-target DIR`` files hold JSON request lines only; with --role and --node
+    they give the decode records the server's output gives."""
+    db = tmp_path / "case.duckdb"
+    forensics.ingest([FIXTURES / "requests"], db, options=Options(node="decode-0", role="decode"))
+    records = _records(db)
+    assert [(r["request_id"], r["event"], r.get("status")) for r in records] == [
+        ("req-a", "admitted", None), ("req-a", "finished", 200)]
+    assert all(r["node"] == "decode-0" for r in records)
+
+
+def test_tenants_come_from_a_map_or_a_field_and_unknown_ones_are_said(tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.csv"
+    tenants.write_text("request_id,tenant_id\nreq-a,tenant-7\n")
+    result = forensics.ingest([FIXTURES / "prefill-0.log"], tmp_path / "a.duckdb",
+                              options=Options(tenants=read_tenant_map(tenants)))
+    records = [r for r in _records(tmp_path / "a.duckdb") if r.get("event") == "received"]
+    assert {r["request_id"]: r["tenant_id"] for r in records} == {
+        "req-a": "tenant-7", "req-b": "unknown", "req-c": "unknown"}
+    assert any("2 requests have no tenant" in n for n in result.files[0].notes)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("rid;tenant\n")
+    with pytest.raises(BadOption, match="request_id,tenant_id"):
+        read_tenant_map(bad)
+
+
+def test_json_and_text_request_lines_read_alike() -> None:
+    from forensics.adapters.sglang_requests import parse
+
+    text = split("[2026-09-14 08:01:02] Finish: obj=GenerateReqInput(text='a long prompt' ... 'its end', "
+                 "input_ids=[1, 2] ... [8, 9], sampling_params={'max_new_tokens': 8}, rid='r1', "
+                 "lora_path=<object at 0x7f00>), out={'meta_info': {'id': 'r1', 'finish_reason': "
+                 "{'type': 'abort', 'message': 'x', 'status_code': <HTTPStatus.BAD_REQUEST: 400>}, "
+                 "'prompt_tokens': 7, 'completion_tokens': 0}}", None)
+    doc = {"timestamp": "2026-09-14T08:01:02.250000", "event": "request.finished", "rid": "r1",
+           "obj": {"sampling_params": {"max_new_tokens": 8}, "rid": "r1"},
+           "out": {"meta_info": {"id": "r1", "finish_reason": {"type": "abort", "message": "x", "status_code": 400},
+                                 "prompt_tokens": 7, "completion_tokens": 0}}}
+    as_json = split(json.dumps(doc), None)
+    a, b = parse(text), parse(as_json)
+    assert a is not None and b is not None
+    assert (a.rid, a.meta["prompt_tokens"], a.aborted) == (b.rid, b.meta["prompt_tokens"], b.aborted) == ("r1", 7, True)
+    assert as_json.ts == dt.datetime(2026, 9, 14, 8, 1, 2, 250000, tzinfo=dt.UTC)
+    assert text.ts == dt.datetime(2026, 9, 14, 8, 1, 2, tzinfo=dt.UTC)
+    assert py_value("f(a=-1, b=nan, c=(1, 2))") == {"__type__": "f", "a": -1, "b": "nan", "c": [1, 2]}
+
+
+def test_times_without_a_year_need_one(tmp_path: Path) -> None:
+    log = tmp_path / "decode-9.log"
+    log.write_text("[09-14 08:01:02 TP0] Decode transfer failed for request rank=0 decode_req.req.rid='r' "
+                   "decode_req.req.bootstrap_room=5 with exception KVTransferError(bootstrap_room=5): gone\n")
+    forensics.ingest([log], tmp_path / "a.duckdb")
+    assert [q[2:] for q in _quarantine(tmp_path / "a.duckdb")] == [
+        ("untranslatable", "the log time has no year; pass --year")]
+    forensics.ingest([log], tmp_path / "b.duckdb", options=Options(year=2026))
+    (failed,) = _records(tmp_path / "b.duckdb")
+    assert failed["ts"] == dt.datetime(2026, 9, 14, 8, 1, 2, tzinfo=dt.UTC)
+    assert (failed["event"], failed["node"]) == ("failed", "decode-9")
+
+
+def test_the_registry_sniffs_each_format_and_refuses_a_name_twice(tmp_path: Path) -> None:
+    assert list(ADAPTERS) == ["canonical", "sglang-requests", "sglang-server"]
+    head = (FIXTURES / "prefill-0.log").read_text().splitlines()
+    found = sniff(head)
+    assert found is not None and found.name == "sglang-server"
+    found = sniff((FIXTURES / "requests" / "host_0.log").read_text().splitlines())
+    assert found is not None and found.name == "sglang-requests"
+    found = sniff(['{"kind": "request", "ts": 0, "node": "n"}'])
+    assert found is not None and found.name == "canonical"
+    assert sniff(["just some text", "[2026-09-14 08:00:00] nothing of SGLang's"]) is None
+    one = ADAPTERS["canonical"]
+    with pytest.raises(ValueError, match="two adapters"):
+        table(one, Adapter("canonical", "x", "y", lambda h: False, None))
+    # a file no adapter recognises is refused by name; --format reads it anyway
+    other = tmp_path / "notes.txt"
+    other.write_text("hello\n")
+    with pytest.raises(UnrecognisedFile, match="--format"):
+        forensics.ingest([other], tmp_path / "a.duckdb")
+    forced = forensics.ingest([other], tmp_path / "a.duckdb", format="sglang-server")
+    assert (forced.files[0].counts.read, forced.files[0].ignored) == (0, 1)
+    with pytest.raises(BadOption, match="unknown --format"):
+        forensics.ingest([other], tmp_path / "a.duckdb", format="vllm")
+
+
+def _run(seed: int, n: int, tmp_path: Path) -> tuple[Path, dict[str, int]]:
+    rng = random.Random(seed)
+    arrivals = shape(synthetic(n, rng, rate=3.0), rng, SMALL, over_long=0.05, length_scale=0.5)
+    full = tmp_path / "full"
+    simulate(full, arrivals, deployment=SMALL, seed=seed)
+    return full, forensics.investigate([full], tmp_path / "full.duckdb").exposure
+
+
+@pytest.mark.parametrize(("seed", "n"), [(1, 400), (3, 600)])
+def test_sglang_request_logs_plus_replay_give_the_page_logs_figures(seed: int, n: int, tmp_path: Path) -> None:
+    full, logged = _run(seed, n, tmp_path)
+    assert logged["exposed_responses"] > 0 and logged["cross_tenant_pairs"] > 0
+    files, tenants = render(full, tmp_path / "sglang")
+    case = tmp_path / "sglang.duckdb"
+    found = forensics.investigate(files, case, options=Options(tenants=read_tenant_map(tenants)))
+    assert found.ingest.records.quarantined == 0
+    assert found.exposure["exposed_responses"] == 0  # request-level logs hold no page evidence
+    result = replay(case, "sglang-placeholder", tmp_path / "replayed")
+    assert result.not_replayed == 0
+    assert result.exposure == logged
+    assert replay(case, "sglang-hardened", tmp_path / "hardened").exposure["exposure_pairs"] == 0
+
+
+def test_the_text_form_gives_the_same_records_to_the_second(tmp_path: Path) -> None:
+    """The text request log has whole seconds; its records are the JSON form's, times cut."""
+    full, _ = _run(2, 150, tmp_path)
+    rows = {}
+    for form in ("json", "text"):
+        files, tenants = render(full, tmp_path / form, text=form == "text")
+        db = tmp_path / f"{form}.duckdb"
+        forensics.ingest(files, db, options=Options(tenants=read_tenant_map(tenants)))
+        rows[form] = sorted(
+            (r["node"], r["kind"], r.get("event"), r.get("request_id"), r.get("status"), r.get("prompt_tokens"),
+             r.get("tenant_id"), r["ts"].replace(microsecond=0))
+            for r in _records(db) if not (r["kind"] == "transfer" or r.get("event") == "decode_started"))
+    assert rows["json"] == rows["text"] and len(rows["json"]) > 500
