@@ -1,7 +1,9 @@
 """kvforensics: find every response that attended to another request's KV-cache pages.
 
 The names below load on first use, so that ``forensics.emit`` (standard library only) can be
-imported into an engine without DuckDB, Polars or Arrow.
+imported into an engine without DuckDB, Polars or Arrow. No submodule is named like one of
+them (ingest lives in ``ingestion``): importing a submodule sets the package attribute of its
+name, which would hide the function.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ __version__ = "0.1.0"
 _WHERE = {
     "Case": "forensics.case", "RequestReport": "forensics.case", "Summary": "forensics.case",
     "quarantined": "forensics.case", "KvfError": "forensics.errors", "Finding": "forensics.findings",
-    "Findings": "forensics.findings", "Counts": "forensics.ingest", "FileResult": "forensics.ingest",
-    "IngestResult": "forensics.ingest", "ingest": "forensics.ingest", "Investigation": "forensics.investigation",
+    "Findings": "forensics.findings", "Counts": "forensics.ingestion", "FileResult": "forensics.ingestion",
+    "IngestResult": "forensics.ingestion", "ingest": "forensics.ingestion", "Investigation": "forensics.investigation",
     "investigate": "forensics.investigation",
 }
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from forensics.case import Case, RequestReport, Summary, quarantined
     from forensics.errors import KvfError
     from forensics.findings import Finding, Findings
-    from forensics.ingest import Counts, FileResult, IngestResult, ingest
+    from forensics.ingestion import Counts, FileResult, IngestResult, ingest
     from forensics.investigation import Investigation, investigate
 
 

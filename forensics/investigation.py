@@ -8,7 +8,7 @@ from pathlib import Path
 
 from forensics.adapters import Options
 from forensics.analysis import analyse
-from forensics.ingest import IngestResult, Progress, ingest
+from forensics.ingestion import IngestResult, Progress, ingest
 from forensics.store import connect
 
 

@@ -35,6 +35,11 @@ def _ms(a: dt.datetime, b: dt.datetime) -> str:
     return f"{(b - a) / dt.timedelta(milliseconds=1):.2f}ms"
 
 
+def _perf(t0: dt.datetime, t: dt.datetime) -> str:
+    """``time.perf_counter()`` at ``t`` as the scheduler prints it, for a process started at ``t0``."""
+    return f"{1000 + (t - t0).total_seconds():.3f}"
+
+
 def _room(rid: str) -> int:
     return 1000 + int("".join(c for c in rid if c.isdigit()) or "0")
 
@@ -114,7 +119,7 @@ def _node_log(node: str, config: dict[str, Any], recs: list[dict[str, Any]], rec
         if role == "prefill":
             _prefill_lines(emit, t, r, rq, obj, s, text)
         else:
-            _decode_lines(emit, t, r, rq, obj, s, text)
+            _decode_lines(emit, t, r, rq, obj, s, text, t0)
     lines.sort(key=lambda x: (x[0], x[1]))
     path = out / f"{node}.log"
     path.write_text("".join(line + "\n" for _, _, line in lines))
@@ -141,7 +146,7 @@ def _prefill_lines(emit: Any, t: dt.datetime, r: dict[str, Any], rq: dict[str, A
 
 
 def _decode_lines(emit: Any, t: dt.datetime, r: dict[str, Any], rq: dict[str, Any], obj: dict[str, Any],
-                  s: dict[str, Any], text: bool) -> None:
+                  s: dict[str, Any], text: bool, t0: dt.datetime) -> None:
     """A decode node's lines: the request log at admission; at the finish, the time stats
     (durations between admission, landing, decode start and finish) and the request log."""
     rid, kind, event = r["request_id"], r["kind"], r.get("event")
@@ -158,7 +163,7 @@ def _decode_lines(emit: Any, t: dt.datetime, r: dict[str, Any], rq: dict[str, An
                     f"input len={rq['prompt_tokens']}, output len={r.get('output_tokens', 0)}, type=decode): "
                     f"prealloc_duration=0.00ms, transfer_duration={_ms(s['admitted'], s['landed'])}, "
                     f"queue_duration={_ms(s['landed'], s['started'])}, "
-                    f"forward_duration={_ms(s['started'], t)}, start_time=0.000")
+                    f"forward_duration={_ms(s['started'], t)}, start_time={_perf(t0, s['admitted'])}")
             out = _finish_out(rid, rq["prompt_tokens"], r.get("output_tokens", 0))
         else:
             out = _finish_out(rid, rq["prompt_tokens"], 0, abort=r.get("finish_reason", "abort"), status=r["status"])

@@ -46,6 +46,7 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
         for fmt in _FORMATS:
             if fmt.learn(line, facts, options):
                 break
+    facts.calibrate()
     if facts.role_for(options) is None:
         notes.add("role", "{n} file(s) of unknown role read as a unified server, whose finishes are the "
                   "client's answers (pass --role prefill or --role decode)")

@@ -95,7 +95,8 @@ def iso_time(value: Any) -> dt.datetime | None:
 
 
 def rfc3339(ts: dt.datetime) -> str:
-    return ts.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """``2026-09-14T08:01:02.500000Z``: UTC, to the microsecond."""
+    return ts.astimezone(dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def py_value(text: str) -> Any:
@@ -147,6 +148,10 @@ def dig(obj: Any, path: str) -> Any:
     return obj
 
 
+#: Seconds a calibration constraint is widened by, for the rounding of the printed times.
+CLOCK_SLACK = 0.002
+
+
 @dataclass
 class Facts:
     """What a whole file says, learnt in a first pass, that single lines need.
@@ -167,6 +172,40 @@ class Facts:
     finish_ts: dict[str, dt.datetime] = field(default_factory=dict)  # precise finish times
     failed: set[str] = field(default_factory=set)  # requests whose transfer failed or aborted on decode
     roles_seen: set[str] = field(default_factory=set)
+    #: decode time stats: rid -> (start, prealloc, transfer, queue, forward) in perf_counter
+    #: seconds, and the whole second the line was logged in (text logs have no fraction)
+    steps: dict[str, tuple[tuple[float, float, float, float, float], dt.datetime]] = field(default_factory=dict)
+    offset: dt.datetime | None = None  # wall-clock time of perf_counter 0 (calibrate())
+    last_decode_line: dt.datetime | None = None  # (translation) time of the last decode request line
+    parsed: dict[str, Any] = field(default_factory=dict)  # request lines parsed by the first pass
+
+    def calibrate(self) -> None:
+        """Find the wall-clock time of the scheduler's ``perf_counter`` zero from the decode
+        time stats: each request ended (start + its durations) inside the second its line was
+        logged in; all those constraints together pin the offset to about a millisecond.
+        Left None when there are none, or when they contradict each other (a restart)."""
+        lower = upper = None
+        for (start, *durations), second in self.steps.values():
+            end = start + sum(durations)
+            # start is printed to the millisecond and each duration to 10 us: allow for it
+            lo = second.timestamp() - end - CLOCK_SLACK
+            hi = lo + 1.0 + 2 * CLOCK_SLACK
+            lower = lo if lower is None else max(lower, lo)
+            upper = hi if upper is None else min(upper, hi)
+        if lower is not None and upper is not None and lower < upper:
+            self.offset = dt.datetime.fromtimestamp((lower + upper) / 2, tz=dt.UTC)
+
+    def step_times(self, rid: str) -> tuple[dt.datetime, dt.datetime, dt.datetime, dt.datetime] | None:
+        """Calibrated (admitted, landed, decode started, finished) of a decode request."""
+        hit = self.steps.get(rid)
+        if hit is None or self.offset is None:
+            return None
+        (start, prealloc, transfer, queue, forward), _ = hit
+        base = self.offset + dt.timedelta(seconds=start)
+        at = [base + dt.timedelta(seconds=prealloc)]
+        for step in (transfer, queue, forward):
+            at.append(at[-1] + dt.timedelta(seconds=step))
+        return at[0], at[1], at[2], at[3]
 
     def learn_prompt(self, rid: str, tokens: int, rank: int) -> None:
         """Keep the most trustworthy prompt length seen for ``rid`` (higher ``rank`` wins)."""

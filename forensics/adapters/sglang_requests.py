@@ -25,6 +25,7 @@ finished   ``rejected`` if aborted, else none   ``finished``           ``finishe
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,11 @@ def parse(line: LogLine) -> RequestLine | None:
     return RequestLine(event, rid, obj, meta or {})
 
 
+#: Request lines whose parse the first pass keeps for the second (text reprs are slow to
+#: parse); past this many per file the second pass parses again, so memory stays bounded.
+KEEP_PARSED = 500_000
+
+
 def learn(line: LogLine, facts: Facts, options: Options) -> bool:
     """First pass: the prompt length, tenant and output budget each request line reveals."""
     try:
@@ -100,6 +106,8 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         return True
     if r is None:
         return False
+    if len(facts.parsed) < KEEP_PARSED:
+        facts.parsed[line.msg] = RequestLine(r.event, r.rid, {}, _kept(r.meta))
     if r.event == "received":
         if options.tenant_from is not None:
             tenant = dig(r.obj, options.tenant_from)
@@ -124,11 +132,24 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
 
 
 def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
-    r = parse(line)
+    r = facts.parsed.get(line.msg) or parse(line)
     if r is None:
         return None
-    ts = rfc3339(line.when())
+    when = line.when()
     role = facts.role_for(options) or "unified"
+    calibrated = facts.step_times(r.rid) if role == "decode" and not line.precise else None
+    if calibrated is not None:  # a whole-second time made precise from the time stats
+        if r.event == "received":  # preallocation: at or after the second the request arrived in
+            if calibrated[0] >= when:
+                when = calibrated[0]
+        elif when <= calibrated[3] < when + dt.timedelta(seconds=1):  # logged at the finish
+            when = calibrated[3]
+    if role == "decode" and not line.precise and facts.last_decode_line is not None:
+        # the lines are in the order things happened: no time made precise may undo it
+        when = max(when, facts.last_decode_line)
+    if role == "decode" and not line.precise:
+        facts.last_decode_line = when
+    ts = rfc3339(when)
     base = {"kind": "request", "ts": ts, "request_id": r.rid}
     if r.event == "received":
         out: list[dict[str, Any]] = []
@@ -152,6 +173,11 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
     if isinstance(r.meta.get("completion_tokens"), int):
         record["output_tokens"] = r.meta["completion_tokens"]
     return [record]
+
+
+def _kept(meta: dict[str, Any]) -> dict[str, Any]:
+    """What translation reads of a finish's meta_info."""
+    return {k: meta[k] for k in ("finish_reason", "prompt_tokens", "completion_tokens") if k in meta}
 
 
 def _received(base: dict[str, Any], r: RequestLine, facts: Facts, options: Options, notes: Notes,

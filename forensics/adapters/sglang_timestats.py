@@ -9,9 +9,15 @@ prealloc_duration=0.00ms, transfer_duration=12.00ms, queue_duration=0.00ms, forw
 
 ``input len`` is the prompt the node worked on. After the placeholder swap a prefill node
 reports 1 while the decode node reports the whole prompt: the incident's signature, kept as
-the transfer's ``tokens``. ``start_time`` is a ``perf_counter`` reading, not a wall clock, so
-the times of the steps are counted back from the request's finish (the finish line's precise
-time where the file has one, else this line's own time).
+the transfer's ``tokens``.
+
+Times of the steps: where the file has the request's finish to the microsecond (the JSON
+request log), they are counted back from it. Otherwise (text logs, whole seconds) they come
+from ``start_time``, the scheduler's ``perf_counter`` when the request entered the prealloc
+queue, put on the wall clock by :meth:`Facts.calibrate`: every request ended inside the second
+its line was logged in, and together those seconds pin the clock offset to a millisecond or so.
+The decode node's admission and finish records take those times too (within their logged
+second). Failing both, the line's own time is the finish.
 
 Canonical records: on a prefill node (``type=prefill``) ``prefill_started``, ``prefill_done``
 and the transfer ``completed`` with ``tokens = input len``; on a decode node the transfer
@@ -35,6 +41,7 @@ _LINE = re.compile(
     re.S,
 )
 _DURATION = re.compile(r"\b(prealloc(?:_queue)?|transfer|queue|forward)_duration[=(]([0-9.]+)ms")
+_START = re.compile(r"\bstart(?:_time)?=([0-9.]+)")
 UNKNOWN_NODE = "unknown"
 
 
@@ -50,6 +57,9 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
     facts.roles_seen.add(kind)
     if kind == "decode":
         facts.learn_prompt(m["rid"], tokens, 2)
+        steps = _steps(m["stats"] or "")
+        if steps is not None and line.ts is not None and not line.precise:
+            facts.steps[m["rid"]] = (steps, line.ts)
     elif kind == "prefill" and tokens > 1:
         facts.learn_prompt(m["rid"], tokens, 1)
     return True
@@ -80,13 +90,27 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
     if rid in facts.failed:
         return []  # nothing landed: the transfer failure is on its own line
     durations = {k.replace("_queue", ""): float(v) for k, v in _DURATION.findall(m["stats"] or "")}
-    finish = facts.finish_ts.get(rid, end)
-    started = finish - _ms(durations.get("forward", 0.0))
-    landed = started - _ms(durations.get("queue", 0.0))
+    calibrated = facts.step_times(rid)
+    if rid not in facts.finish_ts and calibrated is not None:
+        _, landed, started, _ = calibrated
+    else:
+        finish = facts.finish_ts.get(rid, end)
+        started = finish - _ms(durations.get("forward", 0.0))
+        landed = started - _ms(durations.get("queue", 0.0))
     return [
         {**xfer, "ts": rfc3339(landed), "src_node": UNKNOWN_NODE, "dst_node": facts.node},
         {"kind": "request", "ts": rfc3339(started), **base, "event": "decode_started"},
     ]
+
+
+def _steps(stats: str) -> tuple[float, float, float, float, float] | None:
+    """(start, prealloc, transfer, queue, forward) in seconds, if the line has them all."""
+    durations = {k.replace("_queue", ""): float(v) / 1000 for k, v in _DURATION.findall(stats)}
+    start = _START.search(stats)
+    if start is None or not {"prealloc", "transfer", "queue", "forward"} <= durations.keys():
+        return None
+    return (float(start.group(1)), durations["prealloc"], durations["transfer"], durations["queue"],
+            durations["forward"])
 
 
 def _ms(value: float) -> dt.timedelta:

@@ -32,12 +32,22 @@ ORDER BY rejected_at, request_id;
 -- name: handoff.coverage_mismatch
 -- severity: high
 -- title: {count} transfer(s) carried fewer KV tokens than the prompt, and decode went on to read
-SELECT t.transfer_id, t.request_id, t.node, t.seq, t.ts, t.src_node, t.dst_node, t.tokens, q.prompt_tokens,
-       q.prompt_tokens - t.tokens AS tokens_missing
-FROM transfers t JOIN requests q USING (request_id)
-WHERE t.event = 'completed' AND t.node = t.dst_node AND t.tokens < q.prompt_tokens
+-- The tokens are the receiving side's, or where it does not say (SGLang's decode time stats),
+-- the sending side's record of the same transfer. Order is by seq on the node, or by time
+-- where the records have no seq (engine logs).
+WITH landed AS (
+  SELECT t.*, coalesce(t.tokens, (SELECT min(s.tokens) FROM transfers s
+                                  WHERE s.transfer_id = t.transfer_id AND s.request_id = t.request_id
+                                    AND s.event = 'completed' AND s.node = s.src_node)) AS tokens_sent
+  FROM transfers t WHERE t.event = 'completed' AND t.node = t.dst_node
+)
+SELECT t.transfer_id, t.request_id, t.node, t.seq, t.ts, t.src_node, t.dst_node, t.tokens_sent AS tokens,
+       q.prompt_tokens, q.prompt_tokens - t.tokens_sent AS tokens_missing
+FROM landed t JOIN requests q USING (request_id)
+WHERE t.tokens_sent < q.prompt_tokens
   AND (EXISTS (SELECT 1 FROM request_events e WHERE e.request_id = t.request_id AND e.node = t.dst_node
-                 AND e.event = 'decode_started' AND e.boot = t.boot AND e.seq > t.seq)
+                 AND e.event = 'decode_started' AND e.boot = t.boot
+                 AND (e.seq > t.seq OR ((e.seq IS NULL OR t.seq IS NULL) AND e.ts >= t.ts)))
        OR EXISTS (SELECT 1 FROM kv_ops k WHERE k.request_id = t.request_id AND k.node = t.dst_node
                  AND k.op = 'read' AND k.boot = t.boot AND k.seq > t.seq))
 ORDER BY t.ts, t.transfer_id;
@@ -114,3 +124,11 @@ SELECT signal, node_a, node_b, n, min_seconds, max_seconds,
             ELSE 'node_a''s ts went back by up to ' || round(-min_seconds, 6) || ' s between consecutive seq' END AS bound
 FROM (SELECT * FROM by_link UNION ALL SELECT * FROM backwards)
 ORDER BY signal, node_a, node_b;
+
+-- name: evidence.unknown_tenant
+-- severity: medium
+-- title: {count} request(s) have no known tenant: tenant figures cannot tell them apart
+-- Engine logs do not carry tenants; ingest with --tenant-map or --tenant-from to name them.
+SELECT request_id, prompt_tokens, status, delivered, first_ts
+FROM requests WHERE tenant_id = 'unknown'
+ORDER BY first_ts, request_id;

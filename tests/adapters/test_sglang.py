@@ -197,11 +197,16 @@ def _run(seed: int, n: int, tmp_path: Path) -> tuple[Path, dict[str, int]]:
     return full, forensics.investigate([full], tmp_path / "full.duckdb").exposure
 
 
+@pytest.mark.parametrize("form", ["json", "text"])
 @pytest.mark.parametrize(("seed", "n"), [(1, 400), (3, 600)])
-def test_sglang_request_logs_plus_replay_give_the_page_logs_figures(seed: int, n: int, tmp_path: Path) -> None:
+def test_sglang_request_logs_plus_replay_give_the_page_logs_figures(
+    seed: int, n: int, form: str, tmp_path: Path
+) -> None:
+    """JSON request logs have microseconds; text ones whole seconds, made precise by the
+    decode time stats' clock (Facts.calibrate). Both give the page logs' figures."""
     full, logged = _run(seed, n, tmp_path)
     assert logged["exposed_responses"] > 0 and logged["cross_tenant_pairs"] > 0
-    files, tenants = render(full, tmp_path / "sglang")
+    files, tenants = render(full, tmp_path / "sglang", text=form == "text")
     case = tmp_path / "sglang.duckdb"
     found = forensics.investigate(files, case, options=Options(tenants=read_tenant_map(tenants)))
     assert found.ingest.records.quarantined == 0
@@ -210,18 +215,45 @@ def test_sglang_request_logs_plus_replay_give_the_page_logs_figures(seed: int, n
     assert result.not_replayed == 0
     assert result.exposure == logged
     assert replay(case, "sglang-hardened", tmp_path / "hardened").exposure["exposure_pairs"] == 0
+    # the handoff's signature shows in the adapted records themselves
+    found_ids = {f.id: f.count for f in forensics.Case(case).findings()}
+    over_long = found_ids["handoff.rejected_but_transferred"]
+    assert over_long > 0 and found_ids["handoff.coverage_mismatch"] == over_long
+    assert "evidence.unknown_tenant" not in found_ids  # the map named every tenant
 
 
-def test_the_text_form_gives_the_same_records_to_the_second(tmp_path: Path) -> None:
-    """The text request log has whole seconds; its records are the JSON form's, times cut."""
-    full, _ = _run(2, 150, tmp_path)
-    rows = {}
-    for form in ("json", "text"):
-        files, tenants = render(full, tmp_path / form, text=form == "text")
-        db = tmp_path / f"{form}.duckdb"
-        forensics.ingest(files, db, options=Options(tenants=read_tenant_map(tenants)))
-        rows[form] = sorted(
-            (r["node"], r["kind"], r.get("event"), r.get("request_id"), r.get("status"), r.get("prompt_tokens"),
-             r.get("tenant_id"), r["ts"].replace(microsecond=0))
-            for r in _records(db) if not (r["kind"] == "transfer" or r.get("event") == "decode_started"))
-    assert rows["json"] == rows["text"] and len(rows["json"]) > 500
+def test_text_logs_without_a_consistent_clock_fall_back_to_their_own_seconds() -> None:
+    from forensics.adapters.sglang_log import Facts
+
+    second = dt.datetime(2026, 9, 14, 8, 1, 2, tzinfo=dt.UTC)
+    facts = Facts()
+    facts.steps = {"a": ((100.0, 0.0, 0.01, 0.0, 0.5), second), "b": ((200.25, 0.0, 0.01, 0.0, 0.5), second)}
+    facts.calibrate()  # b ended 100 s after a, in the same logged second: a restart, not one clock
+    assert facts.offset is None and facts.step_times("a") is None
+    facts.steps = {"a": ((100.0, 0.0, 0.01, 0.0, 0.5), second),
+                   "b": ((101.2, 0.0, 0.01, 0.0, 0.5), second + dt.timedelta(seconds=1))}
+    facts.calibrate()
+    times = facts.step_times("b")
+    assert times is not None and second + dt.timedelta(seconds=1) <= times[3] < second + dt.timedelta(seconds=2)
+
+
+def test_both_time_stats_formats_count_back_from_the_finish() -> None:
+    """Older releases write ``prealloc_duration=...``, newer ones ``prealloc_queue_duration(...) = ...;``."""
+    from forensics.adapters import Notes
+    from forensics.adapters.sglang_log import Facts
+    from forensics.adapters.sglang_timestats import translate
+
+    facts = Facts(node="decode-1")
+    finish = dt.datetime(2026, 9, 14, 8, 1, 2, 500000, tzinfo=dt.UTC)
+    facts.finish_ts["r9"] = finish
+    old = ("[2026-09-14 08:01:02 TP0] Req Time Stats(rid=r9, bootstrap_room=77, input len=5000, output len=8, "
+           "type=decode): prealloc_duration=0.40ms, transfer_duration=18.00ms, queue_duration=0.25ms, "
+           "forward_duration=200.00ms, start_time=81235.400")
+    new = ("[2026-09-14 08:01:02 TP0] Req Time Stats(rid=r9, bootstrap_room=77, input len=5000, output len=8, "
+           "type=decode): prealloc_queue_duration(0.40ms) = alloc_wait(0.10ms) + bootstrap(0.20ms) + other(0.10ms); "
+           "transfer_duration=18.00ms; queue_duration=0.25ms, forward_duration=200.00ms, start=81235.400")
+    for text in (old, new):
+        landed, started = translate(split(text, None), facts, Options(), Notes())  # type: ignore[misc]
+        assert (landed["event"], landed["transfer_id"], landed["dst_node"]) == ("completed", "room-77", "decode-1")
+        assert started["ts"] == "2026-09-14T08:01:02.300000Z"  # finish - forward
+        assert landed["ts"] == "2026-09-14T08:01:02.299750Z"  # - queue

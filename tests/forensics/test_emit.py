@@ -93,3 +93,11 @@ def test_importing_the_emitter_loads_only_the_standard_library() -> None:
             "print(sorted(m for m in ('duckdb', 'polars', 'pyarrow', 'numpy', 'typer') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_package_names_stay_the_api_whatever_was_imported_first() -> None:
+    code = ("import importlib, pkgutil, forensics; "
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(forensics.__path__, 'forensics.')]; "
+            "print(all(callable(getattr(forensics, n)) for n in forensics.__all__ if n != '__version__'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
