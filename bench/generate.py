@@ -16,21 +16,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
+from forensics.emit import page_string
+
 T0 = dt.datetime(2026, 9, 14, 8, 0, tzinfo=dt.UTC)
-
-
-def ranges(pages: list[int]) -> str:
-    """The page-range string of a list of page ids."""
-    out: list[str] = []
-    ordered = sorted(pages)
-    start = prev = ordered[0]
-    for p in ordered[1:]:
-        if p != prev + 1:
-            out.append(f"{start}-{prev}" if prev > start else str(start))
-            start = p
-        prev = p
-    out.append(f"{start}-{prev}" if prev > start else str(start))
-    return ",".join(out)
 
 
 class NodeLog:
@@ -103,7 +91,7 @@ def generate(
                 "output_tokens": 64,
             },
         )
-        node.emit(now, {"kind": "kv", "request_id": rid, "op": "free", "pages": ranges(pages)})
+        node.emit(now, {"kind": "kv", "request_id": rid, "op": "free", "pages": page_string(pages)})
         free[node.node].extend(pages)
         return 2
 
@@ -136,7 +124,7 @@ def generate(
             seq=False,
         )
         node.emit(now, {"kind": "request", "request_id": rid, "event": "admitted"})
-        node.emit(now, {"kind": "kv", "request_id": rid, "op": "alloc", "pages": ranges(pages)})
+        node.emit(now, {"kind": "kv", "request_id": rid, "op": "alloc", "pages": page_string(pages)})
         sent = pages[:1] if long_prompt else pages
         node.emit(
             now,
@@ -144,12 +132,12 @@ def generate(
                 "kind": "kv",
                 "request_id": rid,
                 "op": "write",
-                "pages": ranges(sent),
+                "pages": page_string(sent),
                 "source": "transfer",
             },
         )
         node.emit(now, {"kind": "request", "request_id": rid, "event": "decode_started"})
-        node.emit(now, {"kind": "kv", "request_id": rid, "op": "read", "pages": ranges(pages)})
+        node.emit(now, {"kind": "kv", "request_id": rid, "op": "read", "pages": page_string(pages)})
         written += 6
         active.append((rid, node, pages))
     while active:

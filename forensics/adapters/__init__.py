@@ -146,7 +146,8 @@ def read_tenant_map(path: Path) -> dict[str, str]:
     return out
 
 
-def _canonical_sniff(head: Sequence[str]) -> bool:
+def first_object(head: Sequence[str]) -> dict[str, Any] | None:
+    """The JSON object on the first non-blank line, None if that line is not one."""
     for line in head:
         text = line.strip().lstrip("\ufeff")
         if not text:
@@ -154,9 +155,14 @@ def _canonical_sniff(head: Sequence[str]) -> bool:
         try:
             doc = json.loads(text)
         except ValueError:
-            return False
-        return isinstance(doc, dict) and "kind" in doc
-    return False
+            return None
+        return doc if isinstance(doc, dict) else None
+    return None
+
+
+def _canonical_sniff(head: Sequence[str]) -> bool:
+    doc = first_object(head)
+    return doc is not None and "kind" in doc
 
 
 CANONICAL = Adapter(

@@ -11,7 +11,6 @@ node's role, each prompt's real length, precise finish times), the second transl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from forensics.adapters import (
     Options,
     Outcome,
     Untranslatable,
+    first_object,
     node_of,
     sglang_config,
     sglang_mooncake,
@@ -69,16 +69,8 @@ def _records(
 
 
 def _requests_sniff(head: Sequence[str]) -> bool:
-    for text in head:
-        text = text.strip()
-        if not text:
-            continue
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            return False
-        return isinstance(doc, dict) and str(doc.get("event", "")).startswith("request.") and "kind" not in doc
-    return False
+    doc = first_object(head)
+    return doc is not None and str(doc.get("event", "")).startswith("request.") and "kind" not in doc
 
 
 def _server_sniff(head: Sequence[str]) -> bool:
