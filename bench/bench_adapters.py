@@ -1,8 +1,8 @@
 """Engine logs: ingesting SGLang's logs of a simulated run, against ingesting its canonical logs.
 
-Run: python bench/bench_adapters.py [--requests N] [--text]
+Run: python bench/bench_adapters.py [--requests N] [--json]
 Simulates the incident's deployment, writes what SGLang servers would have logged of it
-(tests/sglang_render.py), and times: canonical ingest of the full page logs; adapter ingest
+(replay/sglang_logs.py), and times: canonical ingest of the full page logs; adapter ingest
 of the SGLang logs; the replay that names the victims from them. Checks the figures agree.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,17 +17,15 @@ from pathlib import Path
 import forensics
 from forensics.adapters import Options, read_tenant_map
 from replay.replay import replay
+from replay.sglang_logs import write as write_sglang_logs
 from replay.simulate import Deployment, shape, simulate
 from replay.workload import synthetic
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sglang_render import render  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--text", action="store_true", help="the text request log instead of JSON")
+    parser.add_argument("--json", action="store_true", help="the JSON request log instead of the text form")
     args = parser.parse_args()
     deployment = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=262_144,
                             page_size=64, prefill_nodes=2, decode_nodes=2)
@@ -37,7 +34,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         simulate(root / "full", arrivals, deployment=deployment, seed=11)
-        files, tenants = render(root / "full", root / "sglang", text=args.text)
+        files, tenants = write_sglang_logs(root / "full", root / "sglang", text=not args.json)
         lines = sum(len(f.read_text().splitlines()) for f in files)
         t = time.perf_counter()
         full = forensics.investigate([root / "full"], root / "full.duckdb")

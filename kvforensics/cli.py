@@ -14,7 +14,7 @@ import typer
 
 import forensics
 from forensics.adapters import ADAPTERS, Options, read_tenant_map
-from forensics.errors import KvfError
+from forensics.errors import KvfError, OutputExists
 from replay.engine import BEHAVIOURS
 from replay.simulate import Deployment
 
@@ -67,6 +67,10 @@ def _with_progress(job: Callable[[Any], T]) -> T:
             bar.update(tasks[path], completed=done)
 
         return job(update)
+
+
+def _refuse(error: KvfError) -> None:
+    raise error
 
 
 def _print_json(data: object) -> None:
@@ -393,9 +397,15 @@ def simulate(
     page_size: Annotated[int, typer.Option(help="Tokens per KV page.")] = Deployment.page_size,
     prefill_nodes: Annotated[int, typer.Option(help="Prefill nodes.")] = Deployment.prefill_nodes,
     decode_nodes: Annotated[int, typer.Option(help="Decode nodes.")] = Deployment.decode_nodes,
+    sglang_logs: Annotated[Path | None, typer.Option(
+        "--sglang-logs", help="Also write here what SGLang servers would have logged of the run "
+        "(new or empty folder), with tenants.json for --tenant-map: a drill for the adapters.")] = None,
+    sglang_json: Annotated[bool, typer.Option(
+        "--sglang-json", help="With --sglang-logs: the JSON request log, not SGLang's default text form.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Simulate a deployment with the reference engine and write a full log set (page records included)."""
+    from replay.sglang_logs import write as write_sglang_logs
     from replay.simulate import simulate_to
 
     deployment = Deployment(
@@ -403,14 +413,23 @@ def simulate(
         decode_pool_tokens=decode_pool_tokens, page_size=page_size, prefill_nodes=prefill_nodes,
         decode_nodes=decode_nodes,
     )
+    if sglang_logs is not None and sglang_logs.exists() and (not sglang_logs.is_dir() or any(sglang_logs.iterdir())):
+        _run(lambda: _refuse(OutputExists(f"{sglang_logs}: exists and is not an empty folder; choose another "
+                                          "--sglang-logs")))
     result = _run(lambda: simulate_to(
         out, deployment=deployment, requests=requests, seed=seed, trace=trace,
         length_scale=length_scale, over_long=over_long, late_writes=late_writes, rate=rate,
     ))
+    sglang_files: list[Path] = []
+    if sglang_logs is not None:
+        sglang_files, _ = write_sglang_logs(out, sglang_logs, text=not sglang_json)
     if as_json:
-        _print_json(result.as_dict())
+        _print_json({**result.as_dict(), "sglang_logs": [str(f) for f in sglang_files]})
         return
     typer.echo(f"{result.records:,} records of {result.requests:,} requests in {out}")
+    if sglang_logs is not None:
+        typer.echo(f"  as SGLang would have logged it: {len(sglang_files)} server logs in {sglang_logs} "
+                   f"(tenants in {sglang_logs / 'tenants.json'})")
     typer.echo(f"  over-long prompts: {result.over_long:,}; late transfers: {result.late_writes:,}")
     for name, value in result.outcomes.items():
         typer.echo(f"  {name.replace('_', ' ')}: {value:,}")

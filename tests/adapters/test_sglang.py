@@ -11,13 +11,13 @@ from typing import Any
 
 import duckdb
 import pytest
-from sglang_render import render
 
 import forensics
 from forensics.adapters import ADAPTERS, Adapter, Options, read_tenant_map, sniff, table
 from forensics.adapters.sglang_log import py_value, split
 from forensics.errors import BadOption, UnrecognisedFile
 from replay.replay import replay
+from replay.sglang_logs import write as write_sglang_logs
 from replay.simulate import Deployment, shape, simulate
 from replay.workload import synthetic
 
@@ -206,7 +206,7 @@ def test_sglang_request_logs_plus_replay_give_the_page_logs_figures(
     decode time stats' clock (Facts.calibrate). Both give the page logs' figures."""
     full, logged = _run(seed, n, tmp_path)
     assert logged["exposed_responses"] > 0 and logged["cross_tenant_pairs"] > 0
-    files, tenants = render(full, tmp_path / "sglang", text=form == "text")
+    files, tenants = write_sglang_logs(full, tmp_path / "sglang", text=form == "text")
     case = tmp_path / "sglang.duckdb"
     found = forensics.investigate(files, case, options=Options(tenants=read_tenant_map(tenants)))
     assert found.ingest.records.quarantined == 0
@@ -257,3 +257,21 @@ def test_both_time_stats_formats_count_back_from_the_finish() -> None:
         assert (landed["event"], landed["transfer_id"], landed["dst_node"]) == ("completed", "room-77", "decode-1")
         assert started["ts"] == "2026-09-14T08:01:02.300000Z"  # finish - forward
         assert landed["ts"] == "2026-09-14T08:01:02.299750Z"  # - queue
+
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_logs"
+
+
+def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_logs_it(tmp_path: Path) -> None:
+    """sample_logs/glm53-incident-sglang is what the writer makes of the canonical sample, and
+    its replay names the victims the sample's page records name."""
+    made, _ = write_sglang_logs(SAMPLE / "glm53-incident", tmp_path / "made")
+    shipped = SAMPLE / "glm53-incident-sglang"
+    for f in [*made, tmp_path / "made" / "tenants.json"]:
+        assert f.read_bytes() == (shipped / f.name).read_bytes(), f.name
+    logged = forensics.investigate([SAMPLE / "glm53-incident"], tmp_path / "logged.duckdb").exposure
+    case = tmp_path / "sglang.duckdb"
+    found = forensics.investigate([shipped], case, options=Options(tenants=read_tenant_map(shipped / "tenants.json")))
+    assert found.ingest.records.quarantined == 0
+    assert {Path(p) for p in found.ingest.skipped} == {shipped / "README.md", shipped / "tenants.json"}
+    assert replay(case, "sglang-placeholder", tmp_path / "replayed").exposure == logged

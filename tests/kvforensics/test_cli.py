@@ -85,3 +85,25 @@ def test_simulate_and_replay_print_what_the_library_returns(tmp_path: Path) -> N
     refused = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--out", str(precious)])
     assert refused.exit_code == 1 and "not an earlier replay" in refused.output
     assert any(precious.iterdir())
+
+
+def test_engine_log_options_reach_the_adapters(tmp_path: Path) -> None:
+    """simulate --sglang-logs writes SGLang's logs of the run; ingest reads them with --tenant-map
+    and --role; a non-empty --sglang-logs folder and a bad --role are refused in one line."""
+    args = ["--requests", "30", "--seed", "5", "--prefill-nodes", "1", "--decode-nodes", "1"]
+    made = RUNNER.invoke(app, ["simulate", "--out", str(tmp_path / "logs"), *args, "--sglang-logs",
+                               str(tmp_path / "sglang")])
+    assert made.exit_code == 0, made.output
+    assert "2 server logs" in made.output
+    result = RUNNER.invoke(app, ["ingest", str(tmp_path / "sglang" / "decode-0.log"), "--db",
+                                 str(tmp_path / "a.duckdb"), "--node", "d9", "--json"])
+    files = json.loads(result.output)["files"]
+    assert [(f["adapter"], f["quarantined"]) for f in files] == [("sglang-server", 0)]
+    with forensics.Case(tmp_path / "a.duckdb") as case:
+        assert case.sql("SELECT DISTINCT node FROM records")["node"].to_list() == ["d9"]
+    again = RUNNER.invoke(app, ["simulate", "--out", str(tmp_path / "logs2"), *args, "--sglang-logs",
+                                str(tmp_path / "sglang")])
+    assert again.exit_code != 0 and "not an empty folder" in again.output
+    bad = RUNNER.invoke(app, ["ingest", str(tmp_path / "sglang"), "--db", str(tmp_path / "b.duckdb"),
+                              "--role", "router"])
+    assert bad.exit_code != 0 and "--role must be one of" in bad.output and "Traceback" not in bad.output

@@ -1,14 +1,19 @@
-"""A simulated run written as SGLang servers would have logged it (test helper).
+"""A simulated run written as SGLang servers would have logged it: drills for the adapters.
 
 From a canonical log set made by the simulator, each prefill and decode node gets the log
-output an SGLang v0.5 server prints with ``--log-requests --log-requests-format json
---log-requests-target stdout --enable-request-time-stats-logging``, line formats as in
-SGLang's source (request_logger.py, schedule_batch.py's time stats, validate_input_length's
-error, the PD transfer failures, server_args and the pool line). ``text=True`` writes the
-request log in its text form instead. Tenants, which SGLang does not log, go to a map file.
+output an SGLang v0.5 server prints with ``--log-requests --log-requests-level 1
+--enable-request-time-stats-logging`` (``kvforensics simulate --sglang-logs DIR``). Line
+formats follow SGLang's source: request_logger.py (text form by default, SGLang's own
+default; ``text=False`` for ``--log-requests-format json``), the scheduler's time stats,
+validate_input_length's error, server_args and the pool line. Tenants, which SGLang does not
+log, go to ``tenants.json`` for ``--tenant-map`` (a folder ingest passes it over).
 
-Times: what SGLang logs with microseconds (the JSON request log) is exact; the bracketed
-prefix has seconds; durations have 10 microseconds.
+Times: the JSON request log has microseconds; the bracketed prefix whole seconds; the time
+stats' durations 10 microseconds and ``start_time`` (the scheduler's perf_counter, here
+seconds since the node's config plus 1000) milliseconds.
+
+What SGLang's logs cannot show is not written: page records, and a transfer that lands after
+decode gave up on it (the timeout shows as the request's 504, the late landing nowhere).
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+Emit = Callable[[dt.datetime, str], None]
 LENGTH_ERROR = ("Input length ({n} tokens) exceeds the maximum allowed length ({m} tokens). "
                 "Use a shorter input or enable --allow-auto-truncate.")
 
@@ -72,8 +79,8 @@ def _request_line(t: dt.datetime, event: str, obj: dict[str, Any], out: dict[str
     return line + (f", out={_py(out)}" if out is not None else "")
 
 
-def render(logs: Path, out: Path, *, text: bool = False) -> tuple[list[Path], Path]:
-    """SGLang-style logs of the simulated log set ``logs`` in ``out``; the files and the tenant map."""
+def write(logs: Path, out: Path, *, text: bool = True) -> tuple[list[Path], Path]:
+    """SGLang-style logs of the simulated log set ``logs`` in ``out``: the files, and the tenant map."""
     records = [json.loads(line) for f in sorted(logs.glob("*.jsonl")) for line in f.read_text().splitlines()]
     by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
@@ -85,9 +92,8 @@ def render(logs: Path, out: Path, *, text: bool = False) -> tuple[list[Path], Pa
         recs.sort(key=lambda r: (r.get("boot", 0), r["seq"]))
         config = next(r for r in recs if r["kind"] == "config")
         files.append(_node_log(node, config, recs, received, out, text))
-    tenants = out / "tenants.csv"
-    tenants.write_text("request_id,tenant_id\n" + "".join(
-        f"{rid},{r['tenant_id']}\n" for rid, r in sorted(received.items())))
+    tenants = out / "tenants.json"
+    tenants.write_text(json.dumps({rid: r["tenant_id"] for rid, r in sorted(received.items())}, indent=0) + "\n")
     return files, tenants
 
 
@@ -126,7 +132,7 @@ def _node_log(node: str, config: dict[str, Any], recs: list[dict[str, Any]], rec
     return path
 
 
-def _prefill_lines(emit: Any, t: dt.datetime, r: dict[str, Any], rq: dict[str, Any], obj: dict[str, Any],
+def _prefill_lines(emit: Emit, t: dt.datetime, r: dict[str, Any], rq: dict[str, Any], obj: dict[str, Any],
                    s: dict[str, Any], text: bool) -> None:
     """A prefill node's lines for one of its records: the request log at arrival, the length
     error at rejection, the time stats and the finish (an abort if rejected) once sent."""
@@ -138,6 +144,9 @@ def _prefill_lines(emit: Any, t: dt.datetime, r: dict[str, Any], rq: dict[str, A
     if kind == "request" and event == "rejected":
         s["abort"] = LENGTH_ERROR.format(n=rq["prompt_tokens"], m=r.get("limit_tokens"))
         emit(t, f"{_prefix(t)}{s['abort']}, self.rid={rid!r}")
+    if kind == "request" and event == "finished":  # rejected at admission (the hardened engine)
+        out = _finish_out(rid, 1, 0, abort=s.get("abort", r.get("finish_reason", "abort")), status=r["status"])
+        emit(t, _request_line(t, "finished", obj, out, text))
     if kind == "transfer" and event == "completed":
         emit(t, f"{_prefix(t)}Req Time Stats(rid={rid}, bootstrap_room={_room(rid)}, input len={r['tokens']}, "
                 "output len=1, type=prefill): queue_duration=0.00ms, forward_duration=30.00ms, start_time=0.000")
@@ -145,7 +154,7 @@ def _prefill_lines(emit: Any, t: dt.datetime, r: dict[str, Any], rq: dict[str, A
         emit(t, _request_line(t, "finished", obj, out, text))
 
 
-def _decode_lines(emit: Any, t: dt.datetime, r: dict[str, Any], rq: dict[str, Any], obj: dict[str, Any],
+def _decode_lines(emit: Emit, t: dt.datetime, r: dict[str, Any], rq: dict[str, Any], obj: dict[str, Any],
                   s: dict[str, Any], text: bool, t0: dt.datetime) -> None:
     """A decode node's lines: the request log at admission; at the finish, the time stats
     (durations between admission, landing, decode start and finish) and the request log."""
