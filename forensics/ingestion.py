@@ -1,4 +1,7 @@
-"""Ingest canonical log files into a case: every record ingested, a duplicate, or quarantined.
+"""Ingest log files into a case: every record ingested, a duplicate, or quarantined.
+
+Canonical files are read as they are; engine logs come translated by an adapter
+(:mod:`forensics.adapters`) and from there on are handled exactly alike.
 
 Each file is one transaction: a process killed mid-way leaves the case as it was before
 that file, and running the same command again finishes the job. The outcome does not

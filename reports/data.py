@@ -97,6 +97,8 @@ class ReportData:
     naming: str
     findings: list[dict[str, Any]] = field(default_factory=list)
     tiers: list[dict[str, Any]] = field(default_factory=list)
+    #: exposures the replay filled in where page records are missing (replay_exposures), or None
+    filled: dict[str, int] | None = None
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
@@ -191,10 +193,21 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
           SELECT evidence, reader_request FROM exposures WHERE reader_delivered
           {"UNION ALL SELECT evidence, reader_request FROM replay_exposures WHERE reader_delivered" if filled else ""})
         GROUP BY evidence ORDER BY evidence""")
+    filled_figures = None
+    if filled:
+        filled_figures = _rows(con, """
+            SELECT count(DISTINCT reader_request) AS exposed_responses,
+                   count(DISTINCT victim_request) AS victim_requests,
+                   count(DISTINCT (reader_request, victim_request)) AS exposure_pairs,
+                   count(DISTINCT (reader_request, victim_request)) FILTER (WHERE reader_tenant <> victim_tenant)
+                     AS cross_tenant_pairs,
+                   count(DISTINCT victim_tenant) AS affected_tenants
+            FROM replay_exposures WHERE reader_delivered""")[0]
     return ReportData(
         audience=audience, generated_at=generated_at, toolkit_version=toolkit_version, figures=figures,
         figure_sql=FIGURE_SQL, window=(_ts(first), _ts(last)), records=records, configs=configs,
         handoffs=handoffs, responses=responses, victims=victims, tenants=tenants, matrix=matrix,
         replays=replays, files=files, over_time=over_time, prompts=prompts,
         prompt_limit=min(limits) if limits else None, naming=names.mode, findings=found, tiers=tiers,
+        filled=filled_figures if filled_figures and filled_figures["exposed_responses"] else None,
     )

@@ -20,6 +20,7 @@ from replay.replay import replay
 from replay.sglang_logs import write as write_sglang_logs
 from replay.simulate import Deployment, shape, simulate
 from replay.workload import synthetic
+from reports.job import run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMALL = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=262_144,
@@ -270,8 +271,17 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_logs_it(tmp_
     for f in [*made, tmp_path / "made" / "tenants.json"]:
         assert f.read_bytes() == (shipped / f.name).read_bytes(), f.name
     logged = forensics.investigate([SAMPLE / "glm53-incident"], tmp_path / "logged.duckdb").exposure
-    case = tmp_path / "sglang.duckdb"
-    found = forensics.investigate([shipped], case, options=Options(tenants=read_tenant_map(shipped / "tenants.json")))
-    assert found.ingest.records.quarantined == 0
-    assert {Path(p) for p in found.ingest.skipped} == {shipped / "README.md", shipped / "tenants.json"}
-    assert replay(case, "sglang-placeholder", tmp_path / "replayed").exposure == logged
+    # the whole job, as README's command runs it: ingest, replays, fill, report
+    job = run([shipped], tmp_path / "sglang.duckdb", tmp_path / "report.html", generated_at="2026-11-30T00:00:00Z",
+              options=Options(tenants=read_tenant_map(shipped / "tenants.json")))
+    found = job.investigation.ingest
+    assert found.records.quarantined == 0
+    assert {Path(p) for p in found.skipped} == {shipped / "README.md", shipped / "tenants.json"}
+    assert job.replays[0].exposure == logged
+    with forensics.Case(tmp_path / "sglang.duckdb") as case:
+        tiers = case.sql("SELECT DISTINCT evidence FROM replay_exposures")["evidence"].to_list()
+    assert tiers == ["transfer records + replay"]  # the prefill side logged one token sent
+    # the report's summary says what the replay found, and on what it rests
+    text = " ".join((tmp_path / "report.html").read_text().split())
+    assert (f"the replay names {logged['exposed_responses']} delivered responses that attended to other "
+            f"requests' content</b>, from {logged['victim_requests']} other requests") in text
