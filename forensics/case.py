@@ -98,10 +98,19 @@ class Case:
         request: str | None = None,
         victim: str | None = None,
         delivered_only: bool = False,
+        page_records_only: bool = False,
     ) -> pl.DataFrame:
-        """Exposure rows, filtered by tenant (reader's or victim's), reader or victim request."""
+        """Exposure rows, filtered by tenant (reader's or victim's), reader or victim request.
+
+        Where the whole job filled in from the replay (``replay_exposures``: nodes or windows
+        without page records), those rows come too, their ``evidence`` saying so, unless
+        ``page_records_only``.
+        """
+        tables = one(self._con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_exposures'")
+        filled = not page_records_only and tables is not None and tables[0] > 0
+        source = "(SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures)" if filled else "exposures"
         return self._frame(
-            sql_text("exposures_query.sql"),
+            sql_text("exposures_query.sql").replace("FROM exposures", f"FROM {source}"),
             [tenant, tenant, tenant, request, request, victim, victim, delivered_only],
         )
 

@@ -266,12 +266,15 @@ def exposures(
     request: Annotated[str | None, typer.Option(help="Reader request id.")] = None,
     victim: Annotated[str | None, typer.Option(help="Victim request id.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    page_records_only: Annotated[bool, typer.Option(
+        "--page-records-only",
+        help="Leave out the exposures the replay filled in where page records are missing.")] = False,
 ) -> None:
-    """List exposures: who read whose pages, where, and when."""
+    """List exposures: who read whose pages, where, and when (column evidence: on what it rests)."""
 
     def query() -> pl.DataFrame:
         with forensics.Case(db) as case:
-            return case.exposures(tenant=tenant, request=request, victim=victim)
+            return case.exposures(tenant=tenant, request=request, victim=victim, page_records_only=page_records_only)
 
     _emit(_run(query), fmt)
 

@@ -279,8 +279,12 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_logs_it(tmp_
     assert {Path(p) for p in found.skipped} == {shipped / "README.md", shipped / "tenants.json"}
     assert job.replays[0].exposure == logged
     with forensics.Case(tmp_path / "sglang.duckdb") as case:
-        tiers = case.sql("SELECT DISTINCT evidence FROM replay_exposures")["evidence"].to_list()
-    assert tiers == ["transfer records + replay"]  # the prefill side logged one token sent
+        rows = case.exposures(delivered_only=True)  # the replay's rows come with their evidence
+        assert rows["reader_request"].n_unique() == logged["exposed_responses"]
+        assert set(rows["evidence"]) == {"transfer records + replay"}  # the prefill side logged one token sent
+        assert case.exposures(page_records_only=True).is_empty()
+        reader = rows["reader_request"][0]
+        assert not case.request(reader).saw.is_empty()
     # the report's summary says what the replay found, and on what it rests
     text = " ".join((tmp_path / "report.html").read_text().split())
     assert (f"the replay names {logged['exposed_responses']} delivered responses that attended to other "
