@@ -21,7 +21,8 @@ second). Failing both, the line's own time is the finish.
 
 Canonical records: on a prefill node (``type=prefill``) ``prefill_started``, ``prefill_done``
 and the transfer ``completed`` with ``tokens = input len``; on a decode node the transfer
-``completed`` (landing) and ``decode_started``, unless the request's transfer failed. The
+``completed`` (landing) and ``decode_started``. Where the request's transfer failed, no
+``completed`` (nor, on decode, ``decode_started``). The
 transfer id is ``room-B``, the bootstrap room both sides log; the other side's node is not in
 the line and is written ``unknown``.
 """
@@ -82,11 +83,11 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
             "event": "completed"}
     if kind == "prefill":
         ts = rfc3339(end)
-        return [
-            {"kind": "request", "ts": ts, **base, "event": "prefill_started"},
-            {"kind": "request", "ts": ts, **base, "event": "prefill_done"},
-            {**xfer, "ts": ts, "src_node": facts.node, "dst_node": UNKNOWN_NODE, "tokens": int(m["input"])},
-        ]
+        done = [{"kind": "request", "ts": ts, **base, "event": "prefill_started"},
+                {"kind": "request", "ts": ts, **base, "event": "prefill_done"}]
+        if rid in facts.failed:  # the failure is on its own line; nothing completed
+            return done
+        return [*done, {**xfer, "ts": ts, "src_node": facts.node, "dst_node": UNKNOWN_NODE, "tokens": int(m["input"])}]
     if rid in facts.failed:
         return []  # nothing landed: the transfer failure is on its own line
     durations = {k.replace("_queue", ""): float(v) for k, v in _DURATION.findall(m["stats"] or "")}

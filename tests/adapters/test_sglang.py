@@ -94,6 +94,8 @@ def test_a_prefill_and_a_decode_servers_logs_become_canonical_records(tmp_path: 
     assert c[("decode-0", "transfer", "failed")]["dst_node"] == "decode-0"
     assert c[("decode-0", "request", "finished")]["status"] == 500
     assert ("decode-0", "request", "decode_started") not in c  # nothing landed, nothing read
+    assert ("prefill-0", "transfer", "completed") not in c  # its time stats do not undo the failure
+    assert ("prefill-0", "request", "prefill_done") in c
     assert by_name["prefill-0.log"].counts.duplicates == 1  # TP1's repeat of TP0's line
 
     # the pool lines become configs: 681,280 tokens of 64-token pages, page 0 reserved
@@ -103,7 +105,7 @@ def test_a_prefill_and_a_decode_servers_logs_become_canonical_records(tmp_path: 
 
     # lines recognised but not translatable are kept with their line and why
     assert [(Path(p).name, line, reason) for p, line, reason, _ in _quarantine(db)] == [
-        ("decode-0.log", 13, "untranslatable"), ("prefill-0.log", 17, "untranslatable")]
+        ("decode-0.log", 13, "untranslatable"), ("prefill-0.log", 18, "untranslatable")]
 
 
 def test_the_request_file_target_reads_like_the_servers_output(tmp_path: Path) -> None:
