@@ -116,7 +116,9 @@ def _value(node: ast.AST, src: str) -> Any:
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         return [_value(e, src) for e in node.elts]
     if isinstance(node, ast.Call):
-        out: dict[str, Any] = {"__type__": ast.get_source_segment(src, node.func)}
+        # (get_source_segment splits the whole source at every call: only for the unusual)
+        name = node.func.id if isinstance(node.func, ast.Name) else ast.get_source_segment(src, node.func)
+        out: dict[str, Any] = {"__type__": name}
         out.update({k.arg or "**": _value(k.value, src) for k in node.keywords})
         return out
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
