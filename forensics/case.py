@@ -13,7 +13,7 @@ import polars as pl
 from forensics.analysis import analyse, summary
 from forensics.errors import CaseError, QueryError
 from forensics.findings import Findings, findings
-from forensics.store import connect, one, sql_text
+from forensics.store import connect, has_table, one, sql_text
 
 
 class Summary(dict[str, int]):
@@ -106,8 +106,7 @@ class Case:
         without page records), those rows come too, their ``evidence`` saying so, unless
         ``page_records_only``.
         """
-        tables = one(self._con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_exposures'")
-        filled = not page_records_only and tables is not None and tables[0] > 0
+        filled = not page_records_only and has_table(self._con, "replay_exposures")
         source = "(SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures)" if filled else "exposures"
         return self._frame(
             sql_text("exposures_query.sql").replace("FROM exposures", f"FROM {source}"),

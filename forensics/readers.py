@@ -171,10 +171,10 @@ def read_chunks(
         if log.adapter != "canonical":
             adapter = adapters.get(log.adapter)
             assert adapter.translate is not None
-            outcomes = adapter.translate(text_lines(log), log.path, options or adapters.Options(),
+            options = options or adapters.Options()
+            outcomes = adapter.translate(text_lines(log), log.path, options,
                                          notes if notes is not None else adapters.Notes())
-            node = (options.node if options else None) or adapters.node_of(log.path)
-            yield from adapters.chunks(outcomes, node, on_ignored or (lambda n: None))
+            yield from adapters.chunks(outcomes, options.node_for(log.path), on_ignored or (lambda n: None))
         elif log.format == "jsonl":
             yield from _jsonl_chunks(log)
         elif log.format == "csv":

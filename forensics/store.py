@@ -56,6 +56,12 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
     return con
 
 
+def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether the case has a table called ``name`` (tables the whole job adds, like replay_exposures)."""
+    row = one(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name])
+    return row is not None and row[0] > 0
+
+
 def one(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> tuple[Any, ...] | None:
     """The first row of a query, the result consumed whole (DuckDB 2 wants results finished)."""
     rows = con.execute(sql, params or []).fetchall()

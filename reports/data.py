@@ -13,6 +13,7 @@ import duckdb
 
 from forensics.analysis import FIGURES
 from forensics.findings import findings
+from forensics.store import has_table
 
 #: Each summary figure recomputed from the documented tables; the report checks that every
 #: one equals the analysis's value before it prints it, and shows the query beside it.
@@ -187,7 +188,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         FROM request_events e WHERE e.event = 'received' AND e.prompt_tokens IS NOT NULL
         ORDER BY e.ts, e.request_id""")]
     found = [f.as_dict(rows=10 if names.mode == "ids" else 0) for f in case_findings]
-    filled = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_exposures'").fetchall()[0][0]
+    filled = has_table(con, "replay_exposures")
     tiers = _rows(con, f"""
         SELECT evidence, count(DISTINCT reader_request) AS responses, count(*) AS rows FROM (
           SELECT evidence, reader_request FROM exposures WHERE reader_delivered

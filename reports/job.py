@@ -72,12 +72,10 @@ def fill_from_replay(db: Path | str, confirmation: ReplayResult) -> dict[str, An
             con.execute("""
                 CREATE OR REPLACE TABLE replay_exposures AS
                 SELECT e.* EXCLUDE (evidence),
-                       CASE WHEN EXISTS (  -- tokens: the receiving side's, else the sender's record of it
+                       CASE WHEN EXISTS (
                          SELECT 1 FROM transfers t JOIN requests q USING (request_id)
                          WHERE t.request_id = e.reader_request AND t.dst_node = e.node AND t.event = 'completed'
-                           AND coalesce(t.tokens, (SELECT min(s.tokens) FROM transfers s
-                                                   WHERE s.transfer_id = t.transfer_id AND s.event = 'completed'
-                                                     AND s.node = s.src_node)) < q.prompt_tokens)
+                           AND t.tokens_sent < q.prompt_tokens)
                        THEN 'transfer records + replay' ELSE 'request records + replay' END AS evidence
                 FROM replayed.exposures e
                 WHERE list_contains(?, e.node)

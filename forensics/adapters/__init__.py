@@ -49,6 +49,10 @@ class Options:
     tenant_from: str | None = None  # dotted path of a field in the logged request (--tenant-from)
     year: int | None = None  # for log timestamps written without a year
 
+    def node_for(self, path: Path) -> str:
+        """The node a file is from: ``--node``, else its name."""
+        return self.node or node_of(path)
+
     def __post_init__(self) -> None:
         if self.role is not None and self.role not in ROLES:
             raise BadOption(f"--role must be one of {', '.join(ROLES)}, not {self.role!r}")

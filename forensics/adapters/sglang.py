@@ -23,7 +23,6 @@ from forensics.adapters import (
     Outcome,
     Untranslatable,
     first_object,
-    node_of,
     sglang_config,
     sglang_mooncake,
     sglang_requests,
@@ -40,7 +39,7 @@ _EVIDENCE = ("request level: who was served where and when, and the handoff's to
 
 
 def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iterator[Outcome]:
-    facts = Facts(node=options.node or node_of(path))
+    facts = Facts(node=options.node_for(path))
     for _, text in lines():
         line = split(text, options.year)
         for fmt in _FORMATS:

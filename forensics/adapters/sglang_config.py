@@ -46,7 +46,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         if role is not None:
             facts.role = role
         return True
-    if (m := LENGTH_ERROR.search(line.msg)) is not None and "Req Time Stats" not in line.msg:
+    if (m := LENGTH_ERROR.search(line.msg)) is not None:  # (finish lines quoting it are read before)
         rid = _RID.search(line.msg)
         if rid is not None:
             facts.learn_prompt(rid["rid"], int(m.group(1)), 3)

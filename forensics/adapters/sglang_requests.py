@@ -144,10 +144,10 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
                 when = calibrated[0]
         elif when <= calibrated[3] < when + dt.timedelta(seconds=1):  # logged at the finish
             when = calibrated[3]
-    if role == "decode" and not line.precise and facts.last_decode_line is not None:
-        # the lines are in the order things happened: no time made precise may undo it
-        when = max(when, facts.last_decode_line)
     if role == "decode" and not line.precise:
+        # the lines are in the order things happened: no time made precise may undo it
+        if facts.last_decode_line is not None:
+            when = max(when, facts.last_decode_line)
         facts.last_decode_line = when
     ts = rfc3339(when)
     base = {"kind": "request", "ts": ts, "request_id": r.rid}

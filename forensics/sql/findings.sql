@@ -32,19 +32,12 @@ ORDER BY rejected_at, request_id;
 -- name: handoff.coverage_mismatch
 -- severity: high
 -- title: {count} transfer(s) carried fewer KV tokens than the prompt, and decode went on to read
--- The tokens are the receiving side's, or where it does not say (SGLang's decode time stats),
--- the sending side's record of the same transfer. Order is by seq on the node, or by time
--- where the records have no seq (engine logs).
-WITH landed AS (
-  SELECT t.*, coalesce(t.tokens, (SELECT min(s.tokens) FROM transfers s
-                                  WHERE s.transfer_id = t.transfer_id AND s.request_id = t.request_id
-                                    AND s.event = 'completed' AND s.node = s.src_node)) AS tokens_sent
-  FROM transfers t WHERE t.event = 'completed' AND t.node = t.dst_node
-)
+-- The tokens are the view's tokens_sent: the receiving side's, or the sender's record of the same
+-- transfer. Order is by seq on the node, or by time where the records have no seq (engine logs).
 SELECT t.transfer_id, t.request_id, t.node, t.seq, t.ts, t.src_node, t.dst_node, t.tokens_sent AS tokens,
        q.prompt_tokens, q.prompt_tokens - t.tokens_sent AS tokens_missing
-FROM landed t JOIN requests q USING (request_id)
-WHERE t.tokens_sent < q.prompt_tokens
+FROM transfers t JOIN requests q USING (request_id)
+WHERE t.event = 'completed' AND t.node = t.dst_node AND t.tokens_sent < q.prompt_tokens
   AND (EXISTS (SELECT 1 FROM request_events e WHERE e.request_id = t.request_id AND e.node = t.dst_node
                  AND e.event = 'decode_started' AND e.boot = t.boot
                  AND (e.seq > t.seq OR ((e.seq IS NULL OR t.seq IS NULL) AND e.ts >= t.ts)))

@@ -116,10 +116,16 @@ CREATE OR REPLACE VIEW kv_ops AS
 SELECT node, boot, seq, ts, request_id, op, pages, page_ranges, source, file_id, line_no
 FROM records WHERE kind = 'kv';
 
+-- tokens_sent: the record's own tokens, or where it has none (a receiving side that does not
+-- say, as SGLang's decode time stats), the sending side's completed record of the same transfer.
 CREATE OR REPLACE VIEW transfers AS
 SELECT transfer_id, request_id, event, node, boot, seq, ts, src_node, dst_node, src_pages,
-       dst_pages, tokens, bytes, file_id, line_no
-FROM records WHERE kind = 'transfer';
+       dst_pages, tokens, bytes, file_id, line_no,
+       coalesce(tokens, (SELECT min(s.tokens) FROM records s
+                         WHERE s.kind = 'transfer' AND s.transfer_id = t.transfer_id
+                           AND s.request_id = t.request_id AND s.event = 'completed'
+                           AND s.node = s.src_node)) AS tokens_sent
+FROM records t WHERE kind = 'transfer';
 
 -- Replays of the case through the reference engine (kvforensics replay), latest per what-if.
 CREATE TABLE IF NOT EXISTS replays (
