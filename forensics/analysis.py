@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import duckdb
 
-from forensics.store import one, sql_text
-from forensics.sweep import sweep
+from forensics.store import has_table, one, sql_text
 
 #: The summary figures of log-schema.md section 5, in the spec's order.
 FIGURES = (
@@ -28,8 +27,12 @@ RESULT_TABLES = (
 
 def analyse(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     """Rebuild the timelines and exposures of the case on ``con``; the summary figures."""
+    from forensics.sweep import sweep  # here, not above: numba loads only when a case is analysed
+
     con.execute("BEGIN TRANSACTION")
     try:
+        if has_table(con, "page_writes"):  # a table in cases analysed before it became a view
+            con.execute("DROP TABLE page_writes")
         sweep(con)
         con.execute(sql_text("analysis.sql"))
         con.execute(

@@ -1,6 +1,7 @@
 -- Page timelines and exposures (log-schema.md section 5), on page ranges.
 -- forensics/sweep.py has already swept every (node, boot) in seq order over an interval map
--- and left sweep_exposures, sweep_uninitialized and sweep_reads (page ranges, integer ids);
+-- and left sweep_exposures (merged per reader, victim, node, boot), sweep_uninitialized and
+-- sweep_reads (page ranges, integer ids);
 -- this names them and aggregates them into the documented tables.
 
 DROP TABLE IF EXISTS page_segments;  -- written by cases analysed before the sweep
@@ -17,7 +18,8 @@ SELECT request_id,
        min(ts) AS first_ts, max(ts) AS last_ts
 FROM records WHERE kind = 'request' GROUP BY request_id;
 
-CREATE OR REPLACE TABLE page_writes AS
+-- The content versions: a view over the write records, nothing to copy.
+CREATE OR REPLACE VIEW page_writes AS
 SELECT node, boot, rg.lo AS lo, rg.hi AS hi, request_id, seq
 FROM (SELECT node, boot, seq, request_id, unnest(page_ranges) AS rg
       FROM records WHERE kind = 'kv' AND op = 'write' AND seq IS NOT NULL)
@@ -33,61 +35,48 @@ SELECT nb.node, nb.boot, u.lo, u.hi, q.request_id, u.seq, u.inferred
 FROM sweep_uninitialized u JOIN sweep_node_boots nb USING (nb) JOIN sweep_requests q ON q.rid = u.reader
 ORDER BY node, boot, seq, lo, request_id;
 
--- Exposures as swept: reader saw a version written by victim, not taken by a share.
-CREATE OR REPLACE TEMP TABLE exposure_segments AS
-SELECT nb.node, nb.boot, e.lo, e.hi, r.request_id AS reader, v.request_id AS victim,
-       e.seq AS seen_seq, e.inferred
-FROM sweep_exposures e JOIN sweep_node_boots nb USING (nb)
-JOIN sweep_requests r ON r.rid = e.reader JOIN sweep_requests v ON v.rid = e.victim;
+-- Per request id of the sweep: its name, tenant and whether its response was delivered.
+CREATE OR REPLACE TEMP TABLE sweep_request_facts AS
+SELECT q.rid, q.request_id, r.tenant_id, coalesce(r.delivered, FALSE) AS delivered
+FROM sweep_requests q LEFT JOIN requests r USING (request_id);
 
--- Exposures: one row per (reader, victim, node, boot), pages merged into ranges.
+-- Exposures: one row per (reader, victim, node, boot). The sweep has merged the pages of each
+-- into maximal ranges, each with the first seq (and its ts) the reader saw any of them.
 CREATE OR REPLACE TABLE exposures AS
-WITH islands AS (
-  SELECT *, sum(new_island) OVER (PARTITION BY reader, victim, node, boot ORDER BY lo) AS island
-  FROM (SELECT *, CASE WHEN lo > max(hi) OVER (
-                       PARTITION BY reader, victim, node, boot ORDER BY lo
-                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) + 1
-                       THEN 1 ELSE 0 END AS new_island
-        FROM (SELECT reader, victim, node, boot, lo, hi, min(seen_seq) AS seen_seq,
-                     bool_or(inferred) AS inferred
-              FROM exposure_segments GROUP BY ALL))
-), ranges AS (
-  SELECT reader, victim, node, boot, min(lo) AS lo, max(hi) AS hi, min(seen_seq) AS seen_seq,
-         bool_or(inferred) AS inferred
-  FROM islands GROUP BY reader, victim, node, boot, island
-), grouped AS (
-  SELECT reader, victim, node, boot,
+WITH grouped AS (
+  SELECT nb, reader, victim,
          string_agg(CASE WHEN lo = hi THEN lo::VARCHAR ELSE lo || '-' || hi END, ',' ORDER BY lo) AS pages,
-         sum(hi - lo + 1)::BIGINT AS n_pages, min(seen_seq) AS first_seq, bool_or(inferred) AS inferred
-  FROM ranges GROUP BY ALL
+         sum(hi - lo + 1)::BIGINT AS n_pages, min(seq) AS first_seq, arg_min(ts, seq) AS first_ts,
+         bool_or(inferred) AS inferred
+  FROM sweep_exposures GROUP BY nb, reader, victim
 )
-SELECT g.reader AS reader_request, g.victim AS victim_request, g.node, g.boot, g.pages, g.n_pages,
-       g.first_seq, t.ts AS first_ts, g.inferred,
-       rq.tenant_id AS reader_tenant, vq.tenant_id AS victim_tenant,
-       coalesce(rq.delivered, FALSE) AS reader_delivered,
+SELECT r.request_id AS reader_request, v.request_id AS victim_request, nb.node, nb.boot, g.pages,
+       g.n_pages, g.first_seq, g.first_ts, g.inferred,
+       r.tenant_id AS reader_tenant, v.tenant_id AS victim_tenant, r.delivered AS reader_delivered,
        CASE WHEN g.inferred THEN 'page records, read inferred' ELSE 'page records' END AS evidence
 FROM grouped g
-LEFT JOIN requests rq ON rq.request_id = g.reader
-LEFT JOIN requests vq ON vq.request_id = g.victim
-LEFT JOIN (SELECT node, boot, seq, min(ts) AS ts FROM records WHERE seq IS NOT NULL GROUP BY ALL) t
-  ON t.node = g.node AND t.boot = g.boot AND t.seq = g.first_seq;
+JOIN sweep_node_boots nb USING (nb)
+JOIN sweep_request_facts r ON r.rid = g.reader
+JOIN sweep_request_facts v ON v.rid = g.victim;
 
 -- Distinct (request, node, page) counts over any boots: the length of a union of ranges.
 CREATE OR REPLACE TEMP MACRO union_pages(tbl) AS TABLE
 SELECT coalesce(sum(hi - lo + 1), 0)::BIGINT AS n FROM (
-  SELECT request_id, node, min(lo) AS lo, max(hi) AS hi FROM (
-    SELECT *, sum(new_island) OVER (PARTITION BY request_id, node ORDER BY lo, hi) AS island FROM (
-      SELECT *, CASE WHEN lo > max(hi) OVER (PARTITION BY request_id, node ORDER BY lo, hi
+  SELECT rid, node_id, min(lo) AS lo, max(hi) AS hi FROM (
+    SELECT *, sum(new_island) OVER (PARTITION BY rid, node_id ORDER BY lo, hi) AS island FROM (
+      SELECT *, CASE WHEN lo > max(hi) OVER (PARTITION BY rid, node_id ORDER BY lo, hi
                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 1 ELSE 0 END AS new_island
       FROM query_table(tbl)))
-  GROUP BY request_id, node, island);
+  GROUP BY rid, node_id, island);
 
 CREATE OR REPLACE TEMP TABLE delivered_exposed_ranges AS
-SELECT reader AS request_id, e.node, lo, hi FROM exposure_segments e
-JOIN requests r ON r.request_id = e.reader WHERE r.delivered;
+SELECT e.reader AS rid, nb.node_id, e.lo, e.hi FROM sweep_exposures e
+JOIN sweep_node_boots nb USING (nb) JOIN sweep_request_facts r ON r.rid = e.reader
+WHERE r.delivered;
 
 CREATE OR REPLACE TEMP TABLE uninitialized_ranges AS
-SELECT request_id, node, lo, hi FROM uninitialized_reads;
+SELECT u.reader AS rid, nb.node_id, u.lo, u.hi FROM sweep_uninitialized u
+JOIN sweep_node_boots nb USING (nb);
 
 CREATE OR REPLACE TABLE exposure_summary AS
 WITH d AS (SELECT * FROM exposures WHERE reader_delivered)

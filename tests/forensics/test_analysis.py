@@ -20,6 +20,11 @@ from forensics.analysis import FIGURES
 TS = "2026-08-27T10:00:00Z"
 
 
+def _ts(boot: int, seq: int) -> str:
+    """A node's record time: distinct per (boot, seq), so first_ts can be checked."""
+    return f"2026-08-27T1{boot}:{seq // 60:02d}:{seq % 60:02d}Z"
+
+
 @pytest.mark.parametrize(
     "example", example_dirs(), ids=lambda p: f"{p.parent.parent.name}/{p.name}"
 )
@@ -76,7 +81,7 @@ def log_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
                     records.append(
                         {
                             "kind": "request",
-                            "ts": TS,
+                            "ts": _ts(boot, seq),
                             "node": node,
                             "seq": seq,
                             "boot": boot,
@@ -95,7 +100,7 @@ def log_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
                 records.append(
                     {
                         "kind": "kv",
-                        "ts": TS,
+                        "ts": _ts(boot, seq),
                         "node": node,
                         "seq": seq,
                         "boot": boot,
@@ -151,6 +156,23 @@ def test_sql_equals_the_oracle_on_random_logs(
     assert found.exposure == expected.figures
     with forensics.Case(tmp / "case.duckdb") as case:
         assert _sql_exposures(case) == expected.exposures
+        _check_rows_read_right(case)
+
+
+def _check_rows_read_right(case: forensics.Case) -> None:
+    """Each exposure's pages are maximal ranges in page order, and first_ts is the time of the
+    record at its node, boot and first_seq."""
+    for r in case.exposures().to_dicts():
+        pages = sorted(set(expand(r["pages"])))
+        ranges: list[list[int]] = []
+        for p in pages:
+            if ranges and p == ranges[-1][1] + 1:
+                ranges[-1][1] = p
+            else:
+                ranges.append([p, p])
+        assert r["pages"] == ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+        assert r["n_pages"] == len(pages)
+        assert r["first_ts"].strftime("%Y-%m-%dT%H:%M:%SZ") == _ts(r["boot"], r["first_seq"])
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
