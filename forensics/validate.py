@@ -28,8 +28,9 @@ _RFC3339 = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1
 _PAGES = r"[0-9]{1,12}(-[0-9]{1,12})?(,[0-9]{1,12}(-[0-9]{1,12})?)*"
 _INT = r"-?(0|[1-9][0-9]*)"
 _WS = "' ' || chr(9) || chr(10) || chr(13)"
-#: Lines DuckDB's lenient parser accepts but strict JSON may not (trailing commas, NaN).
-LENIENT_SUSPECT = r",\s*[\]}]|NaN|Infinity"
+#: Lines DuckDB's lenient parser accepts but strict JSON may not: trailing commas, and the
+#: literals nan, inf and infinity in any case, signed or not, where a value starts.
+LENIENT_SUSPECT = r",\s*[\]}]|[:\[,]\s*[-+]?(?i:nan|inf)"
 
 SQL_TYPE = {
     FieldType.STR: "VARCHAR",

@@ -68,6 +68,10 @@ QUARANTINE_CASES = [
     ("not_json", '{"kind": "kv", "ts": '),
     ("not_json", '{"kind": "kv",}'),
     ("not_json", '{"kind": "kv", "ts": NaN}'),
+    # DuckDB's parser takes these literals in any case; JSON has none of them
+    ("not_json", json.dumps(kv(5))[:-1] + ', "note": nan}'),
+    ("not_json", json.dumps(kv(5))[:-1] + ', "note": [-inf]}'),
+    ("not_json", json.dumps(kv(5))[:-1] + ', "note":INFINITY}'),
     ("not_object", "[1, 2, 3]"),
     ("not_object", '"just a string"'),
     ("unknown_kind", json.dumps({**kv(5), "kind": "telemetry"})),
