@@ -271,14 +271,14 @@ def _strict_json_ok(text: str) -> bool:
 
 
 def _check_strict_json(con: duckdb.DuckDBPyConnection) -> None:
-    """Lines DuckDB's lenient parser took (trailing commas, NaN) but JSON does not: not_json."""
+    """Lines DuckDB's lenient parser took (trailing commas, nan, inf) but JSON does not: not_json."""
     rows = con.execute(
         "SELECT line_no, coalesce(doc, raw) FROM stage WHERE suspect"
     ).fetchall()
     bad = [line for line, text in rows if not _strict_json_ok(text)]
     if bad:
         con.execute(
-            "UPDATE stage SET q_reason = ?, q_detail = 'not strict JSON (trailing comma or NaN)', "
+            "UPDATE stage SET q_reason = ?, q_detail = 'not strict JSON (a trailing comma, or nan or inf)', "
             "rec_hash = NULL WHERE list_contains(?, line_no)",
             [Reason.NOT_JSON.value, bad],
         )

@@ -468,19 +468,19 @@ def walk(nbs: np.ndarray, seqs: np.ndarray, rids: np.ndarray, ops: np.ndarray, l
 def merged(rows: np.ndarray) -> np.ndarray:
     """``rows`` with each row extending the previous one merged into it."""
     out = np.empty((len(rows), WIDTH), np.int64)
-    used = np.zeros(N_USED, np.int64)
+    used = np.zeros(N_USED, np.int64)  # only its first slot counts the rows out
     for r in rows:
         _emit(out, used, 0, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7])
     return out[:used[0]]
 
 
 @njit(cache=True)
-def _first(rows: np.ndarray, key: int) -> int:
-    """The index of the first of ``rows`` (sorted) whose first column is at least ``key``."""
-    lo, hi = 0, len(rows)
+def _lower_bound(first: np.ndarray, second: np.ndarray, a: int, b: int) -> int:
+    """The index of the first pair (``first[i]``, ``second[i]``), pairs sorted, at or after (a, b)."""
+    lo, hi = 0, len(first)
     while lo < hi:
-        mid = (lo + hi) // 2
-        if rows[mid, 0] < key:
+        mid = (lo + hi) >> 1
+        if first[mid] < a or (first[mid] == a and second[mid] < b):
             lo = mid + 1
         else:
             hi = mid
@@ -493,15 +493,14 @@ def without_shared(exposures: np.ndarray, shared: np.ndarray) -> np.ndarray:
 
     ``shared`` rows are (reader, version, ..., lo, hi) as ``walk`` gives them, sorted.
     """
+    readers, versions = np.ascontiguousarray(shared[:, 0]), np.ascontiguousarray(shared[:, 1])
     out = np.empty((len(exposures) + 64, WIDTH), np.int64)
-    used = np.zeros(N_USED, np.int64)
+    used = np.zeros(N_USED, np.int64)  # only its first slot counts the rows out
     for row in exposures:
         reader, version, lo, hi = row[1], row[3], row[6], row[7]
-        t = _first(shared, reader)
-        while t < len(shared) and shared[t, 0] == reader and shared[t, 1] < version:
-            t += 1
+        t = _lower_bound(readers, versions, reader, version)
         cursor = lo  # the first page not yet placed
-        while t < len(shared) and shared[t, 0] == reader and shared[t, 1] == version:
+        while t < len(shared) and readers[t] == reader and versions[t] == version:
             a, b = shared[t, 6], shared[t, 7]
             t += 1
             if b < cursor:
@@ -542,18 +541,10 @@ def islands(exposures: np.ndarray) -> np.ndarray:
     return out[:n + 1]
 
 
-
 @njit(cache=True)
 def event_at(nbs: np.ndarray, seqs: np.ndarray, at_nb: np.ndarray, at_seq: np.ndarray) -> np.ndarray:
     """The index of the first event at each (``at_nb``, ``at_seq``); events sorted by nb, seq."""
     found = np.empty(len(at_nb), np.int64)
     for q in range(len(at_nb)):
-        lo, hi = 0, len(nbs)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if nbs[mid] < at_nb[q] or (nbs[mid] == at_nb[q] and seqs[mid] < at_seq[q]):
-                lo = mid + 1
-            else:
-                hi = mid
-        found[q] = lo
+        found[q] = _lower_bound(nbs, seqs, at_nb[q], at_seq[q])
     return found
