@@ -1,7 +1,10 @@
 """Ingest log files into a case: every record ingested, a duplicate, or quarantined.
 
 Canonical files are read as they are; engine logs come translated by an adapter
-(:mod:`forensics.adapters`) and from there on are handled exactly alike.
+(:mod:`forensics.adapters`) and from there on are handled exactly alike. Plain JSON lines (the
+bulk of any real log) are read by a compiled fast path (:mod:`forensics.fastlines`) straight
+into ``records``; every other line is validated by SQL (:mod:`forensics.validate`), the
+reference both must agree with.
 
 Each file is one transaction: a process killed mid-way leaves the case as it was before
 that file, and running the same command again finishes the job. The outcome does not
@@ -15,20 +18,23 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import numpy as np
+import pyarrow as pa
 
 from forensics import __version__, adapters
 from forensics.adapters import Notes, Options
 from forensics.errors import KvfError, UnreadableFile
-from forensics.readers import LINES_SCHEMA, LogFile, discover, read_chunks
+from forensics.readers import LINES_SCHEMA, LogFile, discover, read_blocks
 from forensics.schema import Reason
 from forensics.store import connect, one
-from forensics.validate import MACROS, stage_sql
+from forensics.validate import MACROS, plain_stage_sql, stage_sql
 
-#: Columns copied from the stage into ``records`` (the typed fields and provenance).
+#: The columns of a record besides where it was read (file, line, part): typed fields and provenance.
 RECORD_COLUMNS = (
     "kind", "ts", "node", "boot", "seq", "request_id", "event", "op", "pages", "page_ranges",
     "max_page", "source", "tenant_id", "prompt_tokens", "max_new_tokens", "prefill_node",
@@ -137,7 +143,21 @@ def ingest(
     con = connect(db)
     try:
         con.execute(MACROS)
-        results = [_ingest_file(con, log, progress, options or Options()) for log in logs]
+        con.register("chunk", LINES_SCHEMA.empty_table())
+        con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
+        con.unregister("chunk")
+        con.execute("SET preserve_insertion_order = false")  # records are found by key, never by position
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            # the next file is hashed while this one loads
+            hashes = [pool.submit(sha256_of, log.path) for log in logs]
+            try:
+                results = [
+                    _ingest_file(con, log, digest.result(), progress, options or Options())
+                    for log, digest in zip(logs, hashes, strict=True)
+                ]
+            finally:
+                for digest in hashes:
+                    digest.cancel()
         final = _with_counts(con, results)
         # a file named twice, or two paths with the same bytes, is one piece of evidence
         distinct = {r.sha256: r.counts for r in final}
@@ -187,9 +207,10 @@ def sha256_of(path: Path) -> tuple[str, int]:
 
 
 def _ingest_file(
-    con: duckdb.DuckDBPyConnection, log: LogFile, progress: Progress | None, options: Options
+    con: duckdb.DuckDBPyConnection, log: LogFile, digest: tuple[str, int], progress: Progress | None,
+    options: Options,
 ) -> FileResult:
-    sha, size = sha256_of(log.path)
+    sha, size = digest
     known = one(con, "SELECT lines_ignored FROM files WHERE sha256 = ?", [sha])
     base = dict(
         path=str(log.path), sha256=sha, size=size, format=log.format,
@@ -202,7 +223,7 @@ def _ingest_file(
     con.execute("BEGIN TRANSACTION")
     try:
         file_id = _next_file_id(con)
-        read = _stage(con, log, progress, size, options, notes, ignored)
+        read = _load(con, file_id, log, progress, size, options, notes, ignored)
         _check_strict_json(con)
         _settle(con, file_id)
         con.execute(
@@ -225,38 +246,75 @@ def _next_file_id(con: duckdb.DuckDBPyConnection) -> int:
     return int(row[0])
 
 
-def _stage(
-    con: duckdb.DuckDBPyConnection, log: LogFile, progress: Progress | None, size: int,
+LINES_STAGE = stage_sql("chunk")
+PLAIN_STAGE = plain_stage_sql("chunk")
+
+
+def _load(
+    con: duckdb.DuckDBPyConnection, file_id: int, log: LogFile, progress: Progress | None, size: int,
     options: Options, notes: Notes, ignored: list[int],
 ) -> int:
-    """Validate the file's lines into the temp table ``stage``; the number of records read."""
-    query = stage_sql("chunk")
-    created = False
+    """Read the file: plain lines straight into ``records`` (or quarantine), the others validated
+    into the temp table ``stage``. The number of records read."""
+    con.execute("CREATE TEMP TABLE stage AS FROM stage_columns")
     done = 0
+    plain = 0
 
     def count_ignored(n: int) -> None:
         ignored[0] = n
 
-    for chunk in read_chunks(log, options, notes, count_ignored):
-        con.register("chunk", chunk)
-        try:
-            if created:
-                con.execute(f"INSERT INTO stage {query}")
-            else:
-                con.execute(f"CREATE TEMP TABLE stage AS {query}")
-                created = True
-        finally:
-            con.unregister("chunk")
-        done += int(chunk["raw"].nbytes)
+    for block in read_blocks(log, options, notes, count_ignored):
+        if block.plain is not None and block.plain.num_rows:
+            _load_plain(con, file_id, block.plain)
+            plain += block.plain.num_rows
+        if block.lines.num_rows:
+            con.register("chunk", block.lines)
+            try:
+                con.execute(f"INSERT INTO stage BY NAME {LINES_STAGE}")
+            finally:
+                con.unregister("chunk")
+        done += block.nbytes
         if progress is not None:
             progress(log.path, min(done, size), size)
-    if not created:
-        con.register("chunk", LINES_SCHEMA.empty_table())
-        con.execute(f"CREATE TEMP TABLE stage AS {query}")
+    return plain + _count(con, "stage")
+
+
+def _load_plain(con: duckdb.DuckDBPyConnection, file_id: int, chunk: pa.Table) -> None:
+    """Plain lines' records into ``records``; the few a check refuses, into quarantine.
+
+    Columns no record of the chunk has are left to their default (NULL): writing them costs
+    as much as writing data.
+    """
+    cols = ", ".join(c for c in RECORD_COLUMNS if _has_values(chunk, c))
+    con.register("chunk", chunk)
+    try:
+        row = one(
+            con,
+            f"INSERT INTO records (file_id, line_no, part, {cols}) "
+            f"SELECT {file_id}, line_no, part, {cols} FROM ({PLAIN_STAGE}) WHERE q_reason IS NULL",
+        )
+        assert row is not None
+        if int(row[0]) < chunk.num_rows:  # the checks run again only where some line failed them
+            con.execute(
+                f"INSERT INTO quarantine SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL "
+                f"FROM ({PLAIN_STAGE}) WHERE q_reason IS NOT NULL"
+            )
+    finally:
         con.unregister("chunk")
-    row = one(con, "SELECT count(*) FROM stage")
-    assert row is not None
-    return int(row[0])
+
+
+#: Record columns that come out of the fast path's columns of another name.
+_PLAIN_SOURCE = {"event": "event_s", "op": "op_s", "max_page": "max_hi"}
+
+
+def _has_values(chunk: pa.Table, column: str) -> bool:
+    """Whether any plain record of ``chunk`` has a value for the record column ``column``."""
+    if column == "doc":
+        return False  # a plain line is its own document
+    source = _PLAIN_SOURCE.get(column, column)
+    if column == "boot" or source not in chunk.column_names:  # boot defaults to 0; ts, rec_hash
+        return True
+    return chunk.column(source).null_count < chunk.num_rows
 
 
 def _strict_json_ok(text: str) -> bool:
@@ -285,91 +343,119 @@ def _check_strict_json(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _settle(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
-    """Move the staged lines to records, duplicates and quarantine, resolving conflicts."""
+    """Give every record of the file its end: the staged lines join the plain ones in records or
+    quarantine; then repeats move to duplicates, conflicts and pages beyond the pool to quarantine."""
     con.execute(
         f"""
         INSERT INTO quarantine
         SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL FROM stage WHERE q_reason IS NOT NULL
         """
     )
-    # lines that repeat a record: of this file (not its first occurrence) or of the case
-    con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE repeats AS
-        SELECT line_no, part FROM (
-          SELECT line_no, part, row_number() OVER (PARTITION BY rec_hash ORDER BY line_no, part) AS occ
-          FROM stage WHERE q_reason IS NULL)
-        WHERE occ > 1
-        UNION
-        SELECT line_no, part FROM stage SEMI JOIN records USING (rec_hash)
-        """
-    )
-    _resolve_conflicts(con, file_id)
-    con.execute(
-        f"""
-        INSERT INTO duplicates SELECT {file_id}, line_no, rec_hash, raw, doc
-        FROM stage SEMI JOIN repeats USING (line_no, part) WHERE q_reason IS NULL
-        """
-    )
     cols = ", ".join(RECORD_COLUMNS)
     con.execute(
         f"INSERT INTO records (file_id, line_no, part, {cols}) "
-        f"SELECT {file_id}, line_no, part, {cols} FROM stage ANTI JOIN repeats USING (line_no, part) "
-        "WHERE q_reason IS NULL"
+        f"SELECT {file_id}, line_no, part, {cols} FROM stage WHERE q_reason IS NULL"
     )
+    keys_unique = _keys_unique(con, file_id)
+    _move_repeats(con, file_id, only_without_seq=keys_unique)
+    if not keys_unique:
+        _resolve_conflicts(con, file_id)
     _check_page_range(con, file_id)
+
+
+#: A (node, boot) whose seq span exceeds its records by this factor is left to the SQL check.
+SPARSE_SEQ = 4
+
+
+def _keys_unique(con: duckdb.DuckDBPyConnection, file_id: int) -> bool:
+    """Whether ``(node, boot, seq)`` is unique among the records on the nodes of this file.
+
+    When it is, no record with a seq repeats or conflicts with another (a repeat has the same
+    key), and the full checks are left to records without a seq. Checked with a bitmap of each
+    node's seq range, which logs number densely; an answer of False only means "check in full".
+    """
+    groups = con.execute(
+        f"""
+        SELECT node, boot, min(seq), max(seq), count(*) FROM records
+        WHERE seq IS NOT NULL AND node IN (SELECT DISTINCT node FROM records WHERE file_id = {file_id})
+        GROUP BY ALL
+        """
+    ).fetchall()
+    for node, boot, lo, hi, n in groups:
+        span = hi - lo + 1
+        if n > span or span > SPARSE_SEQ * n:
+            return False
+        seqs = con.execute(
+            "SELECT seq FROM records WHERE node = ? AND boot = ? AND seq IS NOT NULL", [node, boot]
+        ).fetchnumpy()["seq"]
+        if np.bincount(np.asarray(seqs, dtype=np.int64) - lo, minlength=span).max() > 1:
+            return False
+    return True
+
+
+def _move_repeats(con: duckdb.DuckDBPyConnection, file_id: int, *, only_without_seq: bool) -> None:
+    """The file's records that repeat one of the case's, or an earlier line of the file: duplicates.
+
+    ``only_without_seq``: records with a seq are known not to repeat (their keys are unique).
+    """
+    where = "WHERE seq IS NULL" if only_without_seq else ""
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE repeats AS
+        WITH hot AS (
+          SELECT rec_hash, bool_or(file_id <> {file_id}) AS in_case FROM records {where}
+          GROUP BY rec_hash HAVING count(*) > 1 AND bool_or(file_id = {file_id})
+        )
+        SELECT line_no, part FROM (
+          SELECT r.line_no, r.part, h.in_case,
+                 row_number() OVER (PARTITION BY r.rec_hash ORDER BY r.line_no, r.part) AS occ
+          FROM records r JOIN hot h USING (rec_hash) WHERE r.file_id = {file_id})
+        WHERE occ > 1 OR in_case
+        """
+    )
+    if _count(con, "repeats"):
+        con.execute(
+            f"""
+            INSERT INTO duplicates SELECT file_id, line_no, rec_hash, raw, doc
+            FROM records SEMI JOIN repeats USING (line_no, part) WHERE file_id = {file_id}
+            """
+        )
+        con.execute(
+            f"DELETE FROM records r USING repeats x "
+            f"WHERE r.file_id = {file_id} AND r.line_no = x.line_no AND r.part = x.part"
+        )
     con.execute("DROP TABLE repeats")
 
 
 def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
-    """Of records sharing ``(node, boot, seq)``, keep the smallest canonical JSON."""
+    """Of records sharing ``(node, boot, seq)``, keep the smallest canonical JSON.
+
+    Repeats are already duplicates, so each record is in ``records`` once; every line of a losing
+    record, in records or duplicates, of this file or an earlier one, goes to quarantine.
+    """
     con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE keyed AS
-        SELECT node, boot, seq, rec_hash, arg_min((line_no, part), (line_no, part)) AS at
-        FROM stage ANTI JOIN repeats USING (line_no, part)
-        WHERE q_reason IS NULL AND seq IS NOT NULL GROUP BY ALL
-        """
-    )
-    con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE rivals AS
-        SELECT r.file_id, r.line_no, r.node, r.boot, r.seq, r.rec_hash, r.raw, r.doc
-        FROM records r SEMI JOIN (SELECT DISTINCT node, boot, seq FROM keyed) k
-          ON r.node = k.node AND r.boot = k.boot AND r.seq = k.seq
-        """
-    )
-    # keys with more than one distinct record, among this file's and the case's
-    con.execute(
-        """
+        f"""
         CREATE OR REPLACE TEMP TABLE contested AS
-        SELECT node, boot, seq FROM (
-          SELECT node, boot, seq, rec_hash FROM keyed
-          UNION SELECT node, boot, seq, rec_hash FROM rivals)
-        GROUP BY ALL HAVING count(*) > 1
+        SELECT node, boot, seq FROM records WHERE seq IS NOT NULL
+        GROUP BY ALL HAVING count(*) > 1 AND bool_or(file_id = {file_id})
         """
     )
     if not _count(con, "contested"):
-        con.execute("DROP TABLE keyed; DROP TABLE rivals; DROP TABLE contested")
+        con.execute("DROP TABLE contested")
         return
-    # every contender on a contested key, with its canonical JSON recomputed
+    # every contender on a contested key, with its canonical JSON recomputed from its line
     con.execute(
-        f"""
+        """
         CREATE OR REPLACE TEMP TABLE rival_lines AS
-        SELECT row_number() OVER () AS line_no, 0 AS part, raw, doc, c_file, c_line, c_hash, in_case FROM (
-          SELECT raw, doc, file_id AS c_file, line_no AS c_line, rec_hash AS c_hash, TRUE AS in_case
-          FROM rivals SEMI JOIN contested USING (node, boot, seq)
-          UNION ALL
-          SELECT s.raw, s.doc, {file_id}, s.line_no, s.rec_hash, FALSE
-          FROM stage s JOIN keyed k ON (s.line_no, s.part) = k.at SEMI JOIN contested c
-            ON k.node = c.node AND k.boot = c.boot AND k.seq = c.seq)
+        SELECT row_number() OVER () AS line_no, 0 AS part, r.raw, r.doc, r.file_id AS c_file,
+               r.line_no AS c_line, r.rec_hash AS c_hash
+        FROM records r SEMI JOIN contested c ON r.node = c.node AND r.boot = c.boot AND r.seq = c.seq
         """
     )
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE contenders AS
-        SELECT c.node, c.boot, c.seq, c.canon, l.c_hash AS rec_hash, l.c_file AS file_id,
-               l.c_line AS line_no, l.in_case
+        SELECT c.node, c.boot, c.seq, c.canon, l.c_hash AS rec_hash, l.c_file AS file_id, l.c_line AS line_no
         FROM ({stage_sql('rival_lines', with_canon=True)}) c JOIN rival_lines l USING (line_no)
         """
     )
@@ -382,35 +468,19 @@ def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
         WHERE c.canon <> w.canon
         """
     )
-    # this file's lines of any losing record, every occurrence (a repeat of the case's loser too)
-    con.execute(
-        f"""
-        INSERT INTO quarantine
-        SELECT {file_id}, s.line_no, '{Reason.CONFLICT.value}', {_conflict_detail("l")}, s.raw, s.rec_hash
-        FROM stage s JOIN (SELECT DISTINCT ON (rec_hash) * FROM losers) l ON l.rec_hash = s.rec_hash
-        WHERE s.q_reason IS NULL
-        """
-    )
-    con.execute("UPDATE stage SET q_reason = 'conflict' WHERE rec_hash IN (SELECT rec_hash FROM losers)")
-    # the case's losing records, and their earlier repeats, move to quarantine
     con.execute(
         f"""
         INSERT INTO quarantine
         SELECT r.file_id, r.line_no, '{Reason.CONFLICT.value}', {_conflict_detail('l')}, r.raw, r.rec_hash
-        FROM records r JOIN losers l ON l.rec_hash = r.rec_hash AND l.in_case
+        FROM records r JOIN losers l ON l.rec_hash = r.rec_hash
         UNION ALL
         SELECT d.file_id, d.line_no, '{Reason.CONFLICT.value}', {_conflict_detail('l')}, d.raw, d.rec_hash
-        FROM duplicates d JOIN losers l ON l.rec_hash = d.rec_hash AND l.in_case
+        FROM duplicates d JOIN losers l ON l.rec_hash = d.rec_hash
         """
     )
-    con.execute("DELETE FROM records WHERE rec_hash IN (SELECT rec_hash FROM losers WHERE in_case)")
-    con.execute(
-        "DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM losers WHERE in_case)"
-    )
-    con.execute(
-        "DROP TABLE keyed; DROP TABLE rivals; DROP TABLE contested; DROP TABLE rival_lines; "
-        "DROP TABLE contenders; DROP TABLE losers"
-    )
+    con.execute("DELETE FROM records WHERE rec_hash IN (SELECT rec_hash FROM losers)")
+    con.execute("DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM losers)")
+    con.execute("DROP TABLE contested; DROP TABLE rival_lines; DROP TABLE contenders; DROP TABLE losers")
 
 
 def _conflict_detail(alias: str) -> str:

@@ -9,6 +9,7 @@ import io
 import json
 import re
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -22,12 +23,16 @@ from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
 from forensics.schema import integer_fields
 
 CHUNK_BYTES = 32 << 20
+PLAIN_BLOCK_BYTES = 16 << 20  # JSON Lines for the fast path: the next block splits while this one loads
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _PARQUET_MAGIC = b"PAR1"
 _FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _INT_CELL = re.compile(r"-?(0|[1-9][0-9]*)")
+#: Whether plain JSON lines take the compiled fast path; tests turn it off to hold the fast path
+#: to the SQL validator, which reads every line alike.
+FAST_PATH = True
 
 #: The Arrow schema of a chunk of lines handed to the validator.
 LINES_SCHEMA = pa.schema(
@@ -188,62 +193,138 @@ def read_chunks(
 
 
 def _jsonl_chunks(log: LogFile) -> Iterator[pa.Table]:
+    for data, first_line in _jsonl_blocks(log):
+        yield _lines_table(data, first_line)
+
+
+def _jsonl_blocks(log: LogFile, block_bytes: int = CHUNK_BYTES) -> Iterator[tuple[bytes, int]]:
+    """The file's bytes in blocks of whole lines, each ending with a newline, and its first line's number."""
     next_line = 1
     carry = b""
     with open_binary(log) as fh:
         first = True
         while True:
-            block = fh.read(CHUNK_BYTES)
+            block = fh.read(block_bytes)
             data = carry + block
             if first and data.startswith(b"\xef\xbb\xbf"):
                 data = data[3:]
             first = False
             if not block:
                 if data:
-                    yield _lines_table(data + b"\n", next_line)
+                    yield data + b"\n", next_line
                 return
             cut = data.rfind(b"\n") + 1
             carry = data[cut:]
             if cut:
-                yield _lines_table(data[:cut], next_line)
+                yield data[:cut], next_line
                 next_line += data.count(b"\n", 0, cut)
 
 
-def _lines_table(data: bytes, first_line: int) -> pa.Table:
-    """Every newline-terminated line of ``data``, numbered from ``first_line``.
-
-    The strings are offsets over the one buffer: no per-line Python object is made.
-    """
-    buf = np.frombuffer(data, dtype=np.uint8)
+def _line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each newline-terminated line of ``buf`` starts and stops, its "\\r\\n" or "\\n" left out."""
     ends = np.flatnonzero(buf == 10)
     starts = np.empty_like(ends)
     starts[0:1] = 0
     starts[1:] = ends[:-1] + 1
-    # drop the terminator, "\r\n" or "\n"
     cr = np.zeros(len(ends), dtype=bool)
     nonempty = ends > starts
     cr[nonempty] = buf[ends[nonempty] - 1] == 13
-    stops = ends - cr
-    # interleaved (start, stop) offsets: the even strings are the lines, the odd the terminators
-    offsets = np.empty(2 * len(ends), dtype=np.int64)
-    offsets[0::2] = starts
-    offsets[1::2] = stops
-    both = pa.LargeStringArray.from_buffers(
-        2 * len(ends) - 1, pa.py_buffer(offsets), pa.py_buffer(data)
-    )
-    lines = both.take(pa.array(np.arange(0, 2 * len(ends), 2, dtype=np.int64)))
+    return starts, ends - cr
+
+
+def _lines_table(data: bytes, first_line: int) -> pa.Table:
+    """Every newline-terminated line of ``data``, numbered from ``first_line``."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    starts, stops = _line_bounds(buf)
+    return _lines_of(data, np.arange(len(starts)), starts, stops, first_line)
+
+
+def _lines_of(data: bytes, rows: np.ndarray, starts: np.ndarray, stops: np.ndarray, first_line: int) -> pa.Table:
+    """The lines ``rows`` of ``data`` as a chunk for the validator; lines that are not UTF-8 kept escaped."""
+    from forensics import fastlines
+
+    buf = np.frombuffer(data, dtype=np.uint8)
+    offsets, text = fastlines.gather(buf, rows, starts, stops)
+    lines = pa.LargeStringArray.from_buffers(len(rows), pa.py_buffer(offsets), pa.py_buffer(text))
     try:
         lines.validate(full=True)
     except pa.ArrowInvalid:
-        lines = _decode_lossless(data, starts, stops)
-    line_no = np.arange(first_line, first_line + len(ends), dtype=np.int64)
+        lines = _decode_lossless(data, starts[rows], stops[rows])
     table = pa.table(
-        {"line_no": line_no, "part": np.zeros(len(ends), dtype=np.int16), "raw": lines,
-         "doc": pa.nulls(len(ends), pa.large_string())},
+        {"line_no": rows + first_line, "part": np.zeros(len(rows), dtype=np.int16), "raw": lines,
+         "doc": pa.nulls(len(rows), pa.large_string())},
         schema=LINES_SCHEMA,
     )
-    # several batches, so that DuckDB scans the chunk on every core
-    return pa.Table.from_batches(table.to_batches(max_chunksize=32_768), schema=LINES_SCHEMA)
+    return _batched(table)
+
+
+def _batched(table: pa.Table) -> pa.Table:
+    """The table in batches small enough that DuckDB scans it on every core."""
+    return pa.Table.from_batches(table.to_batches(max_chunksize=32_768), schema=table.schema)
+
+
+@dataclass(frozen=True)
+class Block:
+    """Part of a file's records: plain lines read typed by the fast path, the others as lines."""
+
+    plain: pa.Table | None  # for validate.plain_stage_sql; None where there is no fast path
+    lines: pa.Table  # LINES_SCHEMA, for validate.stage_sql
+    nbytes: int  # how much of the file (decompressed) the block covers
+
+
+def read_blocks(
+    log: LogFile,
+    options: adapters.Options | None = None,
+    notes: adapters.Notes | None = None,
+    on_ignored: Callable[[int], None] | None = None,
+) -> Iterator[Block]:
+    """The file's records a block at a time; canonical JSON Lines take the fast path where plain."""
+    if log.adapter != "canonical" or log.format != "jsonl" or not FAST_PATH:
+        for chunk in read_chunks(log, options, notes, on_ignored):
+            yield Block(None, chunk, int(chunk["raw"].nbytes))
+        return
+    try:
+        yield from _ahead(
+            _split(data, first_line) for data, first_line in _jsonl_blocks(log, PLAIN_BLOCK_BYTES)
+        )
+    except (OSError, EOFError, ValueError) as exc:
+        if isinstance(exc, UnreadableFile):
+            raise
+        raise UnreadableFile(f"{log.path}: cannot be decoded as {log.format} ({exc})") from exc
+
+
+def _ahead(blocks: Iterator[Block]) -> Iterator[Block]:
+    """``blocks``, the next one read and split in a worker thread while the caller loads this one.
+
+    The compiled fast path and DuckDB both release the GIL, so reading overlaps loading.
+    """
+    done = object()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(next, blocks, done)
+        while (block := pending.result()) is not done:
+            pending = pool.submit(next, blocks, done)
+            yield block  # type: ignore[misc]
+
+
+def _split(data: bytes, first_line: int) -> Block:
+    """A block's plain lines, typed, and its other lines."""
+    from forensics import fastlines
+
+    buf = np.frombuffer(data, dtype=np.uint8)
+    starts, stops = _line_bounds(buf)
+    if len(data) >= 2**31:  # the fast path keeps offsets in int32
+        return Block(None, _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data))
+    plain, cols = fastlines.plain_columns(buf, starts, stops)
+    rows = np.flatnonzero(plain)
+    every = np.ones(len(starts), dtype=np.int8)
+    table = pa.table({
+        "line_no": rows + first_line,
+        "part": np.zeros(len(rows), dtype=np.int16),
+        "raw": fastlines.text_views(buf, fastlines.views(buf, rows, starts, stops, every, 1)),
+        **cols,
+    })
+    others = _lines_of(data, np.flatnonzero(~plain), starts, stops, first_line)
+    return Block(_batched(table), others, len(data))
 
 
 def _decode_lossless(data: bytes, starts: np.ndarray, stops: np.ndarray) -> pa.Array:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from forensics.schema import (
     COMMON_OPTIONAL,
@@ -56,6 +57,33 @@ def _present(name: str) -> str:
 
 def _is_str(name: str) -> str:
     return f"starts_with({_j(name)}, '\"')"
+
+
+@dataclass(frozen=True)
+class _Fields:
+    """How the checks see a record's fields: as JSON text (any line) or already typed.
+
+    Typed fields come from the fast path (:mod:`forensics.fastlines`), which takes only lines
+    whose every value has its field's JSON type: there a field is present when its typed value
+    is (ts: its JSON text), and the type checks hold by construction.
+    """
+
+    typed: bool
+
+    def present(self, name: str) -> str:
+        if not self.typed:
+            return _present(name)
+        return f"({ {'ts': 'j_ts', 'event': 'event_s', 'op': 'op_s'}.get(name, name)} IS NOT NULL)"
+
+    def is_str(self, name: str) -> str:
+        return "TRUE" if self.typed else _is_str(name)
+
+    def type_ok(self, name: str) -> str:
+        return "TRUE" if self.typed else _type_ok(name)
+
+
+_JSON_FIELDS = _Fields(typed=False)
+_TYPED_FIELDS = _Fields(typed=True)
 
 
 def _is_int(name: str) -> str:
@@ -133,35 +161,36 @@ def _variant_sql() -> str:
     return f"kind || '/' || coalesce(CASE kind {whens} END, '')"
 
 
-def _checks() -> _Chain:
+def _checks(fields: _Fields) -> _Chain:
     chain = _Chain()
     lit = _q
-    # an adapter marks a line it recognised but could not translate: chr(1) and the why
-    chain.add("starts_with(doc, chr(1))", Reason.UNTRANSLATABLE, "substr(doc, 2)")
-    chain.add("NOT is_json", Reason.NOT_JSON, lit("not valid JSON"))
-    chain.add("NOT is_obj", Reason.NOT_OBJECT, lit("a JSON value that is not an object"))
-    chain.add(
-        "len(keys) <> len(list_distinct(keys))",
-        Reason.NOT_JSON,
-        lit("an object with a repeated key"),
-    )
-    chain.add("NOT " + _present("kind"), Reason.MISSING_FIELD, lit("missing field 'kind'"))
-    chain.add("NOT " + _is_str("kind"), Reason.WRONG_TYPE, lit("'kind' must be a string"))
+    if not fields.typed:  # a typed line is a JSON object without a repeated key, and no adapter's
+        # an adapter marks a line it recognised but could not translate: chr(1) and the why
+        chain.add("starts_with(doc, chr(1))", Reason.UNTRANSLATABLE, "substr(doc, 2)")
+        chain.add("NOT is_json", Reason.NOT_JSON, lit("not valid JSON"))
+        chain.add("NOT is_obj", Reason.NOT_OBJECT, lit("a JSON value that is not an object"))
+        chain.add(
+            "len(keys) <> len(list_distinct(keys))",
+            Reason.NOT_JSON,
+            lit("an object with a repeated key"),
+        )
+    chain.add("NOT " + fields.present("kind"), Reason.MISSING_FIELD, lit("missing field 'kind'"))
+    chain.add("NOT " + fields.is_str("kind"), Reason.WRONG_TYPE, lit("'kind' must be a string"))
     chain.add(
         f"kind NOT IN ({', '.join(lit(k) for k in KINDS)})",
         Reason.UNKNOWN_KIND,
         "'unknown kind ' || to_json(kind)",
     )
     for name in ("ts", "node"):
-        chain.add("NOT " + _present(name), Reason.MISSING_FIELD, lit(f"missing field '{name}'"))
+        chain.add("NOT " + fields.present(name), Reason.MISSING_FIELD, lit(f"missing field '{name}'"))
     chain.add(
-        "kind = 'kv' AND NOT " + _present("seq"),
+        "kind = 'kv' AND NOT " + fields.present("seq"),
         Reason.MISSING_FIELD,
         lit("missing field 'seq'"),
     )
     for name in ("node", *COMMON_OPTIONAL, "ts"):
         chain.add(
-            f"{name} IS NULL AND {_present(name)} AND NOT {_type_ok(name)}",
+            f"{name} IS NULL AND {fields.present(name)} AND NOT {fields.type_ok(name)}",
             Reason.WRONG_TYPE,
             lit(f"'{name}' must be {_type_word(name)}"),
         )
@@ -169,7 +198,7 @@ def _checks() -> _Chain:
     chain.add("seq < 0", Reason.NEGATIVE_SEQ, "'seq is ' || seq")
     for name in COMMON_OPTIONAL:
         chain.add(
-            f"{_present(name)} AND {name} IS NULL",
+            f"{fields.present(name)} AND {name} IS NULL",
             Reason.BAD_VALUE,
             lit(f"'{name}' is out of range"),
         )
@@ -179,8 +208,8 @@ def _checks() -> _Chain:
         if disc is None:
             continue
         k = f"kind = {lit(kind)}"
-        chain.add(f"{k} AND NOT {_present(disc)}", Reason.MISSING_FIELD, lit(f"missing field '{disc}'"))
-        chain.add(f"{k} AND NOT {_is_str(disc)}", Reason.WRONG_TYPE, lit(f"'{disc}' must be a string"))
+        chain.add(f"{k} AND NOT {fields.present(disc)}", Reason.MISSING_FIELD, lit(f"missing field '{disc}'"))
+        chain.add(f"{k} AND NOT {fields.is_str(disc)}", Reason.WRONG_TYPE, lit(f"'{disc}' must be a string"))
         names = ", ".join(lit(v) for v in VARIANTS[kind])
         chain.add(
             f"{k} AND {disc}_s NOT IN ({names})",
@@ -188,14 +217,14 @@ def _checks() -> _Chain:
             f"'unknown {kind} {disc} ' || to_json({disc}_s)",
         )
     for kind, variant, name in _variants():
-        chain.nest(f"variant = {lit(name)}", _variant_checks(kind, variant))
+        chain.nest(f"variant = {lit(name)}", _variant_checks(kind, variant, fields))
     return chain
 
 
 _COMMON = ("kind", "ts", "node", "seq", "boot")
 
 
-def _variant_checks(kind: str, variant: str | None) -> _Chain:
+def _variant_checks(kind: str, variant: str | None, fields: _Fields) -> _Chain:
     """Checks of the fields a kind and event/op adds: missing, then type, then value."""
     chain = _Chain()
     lit = _q
@@ -203,10 +232,10 @@ def _variant_checks(kind: str, variant: str | None) -> _Chain:
     own = [n for n in required + optional if n not in _COMMON and n != DISCRIMINATOR[kind]]
     for name in own:
         if name in required:
-            chain.add(f"NOT {_present(name)}", Reason.MISSING_FIELD, lit(f"missing field '{name}'"))
+            chain.add(f"NOT {fields.present(name)}", Reason.MISSING_FIELD, lit(f"missing field '{name}'"))
     for name in own:
         chain.add(
-            f"{name} IS NULL AND {_present(name)} AND NOT {_type_ok(name)}",
+            f"{name} IS NULL AND {fields.present(name)} AND NOT {fields.type_ok(name)}",
             Reason.WRONG_TYPE,
             lit(f"'{name}' must be {_type_word(name)}"),
         )
@@ -220,7 +249,7 @@ def _variant_checks(kind: str, variant: str | None) -> _Chain:
             )
         elif field.type is FieldType.PAGES:
             chain.add(
-                f"{_present(name)} AND NOT pages_ok({name})",
+                f"{fields.present(name)} AND NOT pages_ok({name})",
                 Reason.BAD_PAGES,
                 f"'malformed {name} ' || to_json({name})",
             )
@@ -233,7 +262,7 @@ def _variant_checks(kind: str, variant: str | None) -> _Chain:
             )
         elif field.type is FieldType.INT:
             chain.add(
-                f"{_present(name)} AND {name} IS NULL",
+                f"{fields.present(name)} AND {name} IS NULL",
                 Reason.BAD_VALUE,
                 lit(f"'{name}' is out of range"),
             )
@@ -295,7 +324,7 @@ def stage_sql(source: str, *, with_canon: bool = False) -> str:
     typed = ",\n    ".join(
         f"{_typed_value(n)} AS {n}" for n in FIELD_ORDER if n not in ("event", "op")
     )
-    check = _checks().sql()
+    check = _checks(_JSON_FIELDS).sql()
     return f"""
 WITH a AS (
   SELECT line_no, part, raw, doc, coalesce(doc, raw) AS t FROM {source}
@@ -341,4 +370,44 @@ SELECT
   CASE WHEN verdict IS NULL AND kind = 'kv'
        THEN list_max(list_transform(page_ranges, lambda r: r.hi)) END AS max_page
 FROM k
+"""
+
+
+#: Fields the fast path hands over typed under their own names (ts, event and op are derived).
+PLAIN_TYPED = tuple(n for n in FIELD_ORDER if n not in ("ts", "event", "op"))
+
+
+def plain_stage_sql(source: str) -> str:
+    """The rows :func:`stage_sql` gives, for lines the fast path read (:mod:`forensics.fastlines`).
+
+    ``source`` has ``line_no, part, raw, canon``, the typed fields :data:`PLAIN_TYPED`,
+    ``event_s``, ``op_s``, the ts as ``ts_text`` (with ``ts_shape``, whether it has the RFC 3339
+    shape) or ``ts_int``, and ``page_ranges`` with ``max_hi`` where ``pages`` parses.
+    The checks are the same chain over typed fields; the canonical JSON comes built.
+    """
+    check = _checks(_TYPED_FIELDS).sql()
+    return f"""
+WITH f AS (
+  SELECT line_no, part, raw, NULL::VARCHAR AS doc, canon, page_ranges, max_hi, event_s, op_s,
+    {', '.join(PLAIN_TYPED)},
+    CASE WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN TRY_CAST(ts_text AS TIMESTAMPTZ) END
+         WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts,
+    CASE WHEN ts_text IS NOT NULL THEN '"' || ts_text || '"' ELSE CAST(ts_int AS VARCHAR) END AS j_ts
+  FROM {source}
+), g AS (
+  SELECT *, {_variant_sql()} AS variant FROM f
+), h AS (
+  SELECT *, {check} AS verdict FROM g
+)
+SELECT
+  line_no, part, raw, doc,
+  verdict.reason AS q_reason, verdict.detail AS q_detail,
+  CASE WHEN verdict IS NULL THEN md5_number(canon) END AS rec_hash,
+  FALSE AS suspect,
+  {', '.join(n for n in FIELD_ORDER if n not in ('event', 'op', 'boot'))},
+  coalesce(boot, 0) AS boot,
+  event_s AS event, op_s AS op,
+  CASE WHEN verdict IS NULL AND kind = 'kv' THEN page_ranges END AS page_ranges,
+  CASE WHEN verdict IS NULL AND kind = 'kv' THEN max_hi END AS max_page
+FROM h
 """

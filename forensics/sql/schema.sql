@@ -64,7 +64,7 @@ CREATE TABLE IF NOT EXISTS records (
   pool_pages BIGINT,
   kv_bytes_per_token BIGINT,
   rec_hash UHUGEINT NOT NULL,
-  raw VARCHAR NOT NULL,
+  raw VARCHAR NOT NULL USING COMPRESSION zstd,  -- the verbatim line: read rarely, so zstd (the default costs more at ingest)
   doc VARCHAR
 );
 
@@ -74,7 +74,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
   line_no BIGINT NOT NULL,
   reason VARCHAR NOT NULL,
   detail VARCHAR,
-  raw VARCHAR NOT NULL,
+  raw VARCHAR NOT NULL USING COMPRESSION zstd,  -- the verbatim line: read rarely, so zstd (the default costs more at ingest)
   rec_hash UHUGEINT
 );
 
@@ -83,7 +83,7 @@ CREATE TABLE IF NOT EXISTS duplicates (
   file_id INTEGER NOT NULL,
   line_no BIGINT NOT NULL,
   rec_hash UHUGEINT NOT NULL,
-  raw VARCHAR NOT NULL,
+  raw VARCHAR NOT NULL USING COMPRESSION zstd,  -- the verbatim line: read rarely, so zstd (the default costs more at ingest)
   doc VARCHAR
 );
 

@@ -203,6 +203,19 @@ def test_duplicates_within_and_across_files_and_key_order(tmp_path: Path) -> Non
     assert result.records.as_dict() == {"read": 4, "ingested": 2, "duplicates": 2, "quarantined": 0}
 
 
+def test_repeats_of_records_without_seq_are_found_where_keys_are_unique(tmp_path: Path) -> None:
+    """Records with a seq have unique keys here, so only those without one can repeat: found still."""
+    admitted = {"kind": "request", "ts": TS, "node": "router", "request_id": "r", "event": "admitted"}
+    one = write_jsonl(tmp_path / "1.jsonl", [CONFIG, kv(1), admitted, kv(2), admitted])
+    two = write_jsonl(tmp_path / "2.jsonl", [admitted, kv(3)])
+    result = forensics.ingest([one, two], tmp_path / "case.duckdb")
+    counts_add_up(result)
+    assert result.records.as_dict() == {"read": 7, "ingested": 5, "duplicates": 2, "quarantined": 0}
+    con = duckdb.connect(str(tmp_path / "case.duckdb"))
+    assert con.execute("SELECT file_id, line_no FROM duplicates ORDER BY ALL").fetchall() == [(1, 5), (2, 1)]
+    con.close()
+
+
 @st.composite
 def noisy_logs(draw: st.DrawFn) -> list[str]:
     """Lines with repeats, conflicts on (node, boot, seq) and broken records."""

@@ -1,0 +1,482 @@
+"""The compiled fast path of ingest: plain canonical JSON lines read into typed columns.
+
+A line takes the fast path only when it is a flat JSON object of known fields whose values are
+plain: strings of printable ASCII without escapes, integers of at most 18 digits in canonical
+form, spaces or tabs between tokens, no key twice, and each value of its field's JSON type.
+For such a line the canonical JSON is the fields in name order, their values as written, so
+it is built here byte for byte. Every other line (and every line of CSV, Parquet and adapted
+logs) goes to the SQL validator (:func:`forensics.validate.stage_sql`), which is the
+reference: the fast path must give the same stage rows, and tests hold it to that.
+
+numba compiles this module on first use and caches the machine code beside it, like
+:mod:`forensics.pagemap`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from numba import njit
+
+from forensics.schema import FIELD_ORDER, FIELDS, FieldType
+
+#: How a field's value is written on a line of the fast path (``kinds`` array).
+ABSENT, STRING, INTEGER = 0, 1, 2
+#: The JSON shape a field admits (``shapes`` array): a string, an integer, or either (ts).
+SHAPE_STR, SHAPE_INT, SHAPE_EITHER = 0, 1, 2
+MAX_DIGITS = 19  # int64's; a 19-digit integer is compared with its bound
+_INT64_MAX = np.frombuffer(b"9223372036854775807", np.uint8)
+_INT64_MIN = np.frombuffer(b"9223372036854775808", np.uint8)  # its magnitude
+
+
+@njit(cache=True, nogil=True)
+def _skip_space(buf: np.ndarray, p: int, end: int) -> int:
+    while p < end and (buf[p] == 32 or buf[p] == 9):
+        p += 1
+    return p
+
+
+@njit(cache=True, nogil=True)
+def _plain_string_end(buf: np.ndarray, p: int, end: int) -> int:
+    """Where the closing quote of a string whose content starts at ``p`` is; -1 if not plain."""
+    while p < end:
+        c = buf[p]
+        if c == 34:
+            return p
+        if c < 32 or c > 126 or c == 92:
+            return -1
+        p += 1
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _field_of(buf: np.ndarray, start: int, stop: int, names: np.ndarray, name_at: np.ndarray,
+              bucket: np.ndarray) -> int:
+    """The index of the field named by ``buf[start:stop]``; -1 for a name the schema lacks.
+
+    ``bucket[first byte, length]`` holds the fields with that first byte and length, -1 after.
+    """
+    n = stop - start
+    if n == 0 or n >= bucket.shape[1] or buf[start] >= bucket.shape[0]:
+        return -1
+    for slot in range(bucket.shape[2]):
+        f = bucket[buf[start], n, slot]
+        if f < 0:
+            return -1
+        a = name_at[f]
+        j = 1
+        while j < n and names[a + j] == buf[start + j]:
+            j += 1
+        if j == n:
+            return f
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _within(buf: np.ndarray, first: int, bound: np.ndarray) -> bool:
+    """Whether the digits at ``first``, as many as ``bound`` has, are at most ``bound``."""
+    for j in range(len(bound)):
+        if buf[first + j] != bound[j]:
+            return buf[first + j] < bound[j]
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _scan_line(buf: np.ndarray, p: int, end: int, names: np.ndarray, name_at: np.ndarray, bucket: np.ndarray,
+               shapes: np.ndarray, i: int, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray) -> bool:
+    """Read line ``i`` into column ``i`` of ``kinds``/``vstart``/``vstop``; False if it is not plain."""
+    if end - p < 2 or buf[p] != 123 or buf[end - 1] != 125:
+        return False
+    p = _skip_space(buf, p + 1, end)
+    while True:
+        if p >= end or buf[p] != 34:
+            return False
+        key_end = _plain_string_end(buf, p + 1, end)
+        if key_end < 0:
+            return False
+        f = _field_of(buf, p + 1, key_end, names, name_at, bucket)
+        if f < 0 or kinds[f, i] != ABSENT:
+            return False
+        p = _skip_space(buf, key_end + 1, end)
+        if p >= end or buf[p] != 58:
+            return False
+        p = _skip_space(buf, p + 1, end)
+        if p >= end:
+            return False
+        c = buf[p]
+        if c == 34:
+            stop = _plain_string_end(buf, p + 1, end)
+            if stop < 0 or shapes[f] == SHAPE_INT:
+                return False
+            kinds[f, i], vstart[f, i], vstop[f, i] = STRING, p + 1, stop
+            p = stop + 1
+        elif c == 45 or 48 <= c <= 57:
+            q = p + 1 if c == 45 else p
+            first = q
+            while q < end and 48 <= buf[q] <= 57:
+                q += 1
+            digits = q - first
+            if digits == 0 or digits > MAX_DIGITS or (buf[first] == 48 and (digits > 1 or c == 45)):
+                return False  # no digits, too long, a leading zero, or -0
+            if digits == MAX_DIGITS and not _within(buf, first, _INT64_MIN if c == 45 else _INT64_MAX):
+                return False  # beyond int64: the SQL path says out of range
+            if shapes[f] == SHAPE_STR:
+                return False
+            kinds[f, i], vstart[f, i], vstop[f, i] = INTEGER, p, q
+            p = q
+        else:
+            return False
+        p = _skip_space(buf, p, end)
+        if p >= end:
+            return False
+        if buf[p] == 44:
+            p = _skip_space(buf, p + 1, end)
+            continue
+        return buf[p] == 125 and p + 1 == end
+
+
+@njit(cache=True, nogil=True)
+def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarray, name_at: np.ndarray,
+         bucket: np.ndarray, shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every line's fields: ``plain`` per line; per (field, line) how the value is written and where.
+
+    Columns of lines that are not plain are left partly filled and must not be read.
+    """
+    n = len(starts)
+    width = len(shapes)
+    plain = np.zeros(n, np.bool_)
+    kinds = np.zeros((width, n), np.int8)
+    vstart = np.empty((width, n), np.int32)
+    vstop = np.empty((width, n), np.int32)
+    for i in range(n):
+        plain[i] = _scan_line(buf, starts[i], stops[i], names, name_at, bucket, shapes, i, kinds, vstart, vstop)
+    return plain, kinds, vstart, vstop
+
+
+@njit(cache=True, nogil=True)
+def _copy(dst: np.ndarray, at: int, src: np.ndarray, start: int, stop: int) -> int:
+    for q in range(start, stop):
+        dst[at] = src[q]
+        at += 1
+    return at
+
+
+@njit(cache=True, nogil=True)
+def gather(buf: np.ndarray, rows: np.ndarray, starts: np.ndarray,
+           stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The byte ranges ``starts[r]:stops[r]`` of ``rows``, end to end: (offsets, data)."""
+    offsets = np.empty(len(rows) + 1, np.int64)
+    total = 0
+    for k in range(len(rows)):
+        offsets[k] = total
+        total += stops[rows[k]] - starts[rows[k]]
+    offsets[len(rows)] = total
+    data = np.empty(total, np.uint8)
+    for k in range(len(rows)):
+        _copy(data, offsets[k], buf, starts[rows[k]], stops[rows[k]])
+    return offsets, data
+
+
+@njit(cache=True, nogil=True)
+def views(buf: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, kinds: np.ndarray,
+          want: int) -> tuple[np.ndarray, np.ndarray]:
+    """Arrow string views of ``buf[lo[i]:hi[i]]`` for ``rows`` where ``kinds[i] == want``.
+
+    A view is 16 bytes: the length, then the text itself up to 12 bytes, or else its first 4
+    bytes, buffer 0 and the offset (Arrow's StringView layout, little-endian). No text is copied.
+    Returns (views, valid).
+    """
+    m = len(rows)
+    out = np.zeros((m, 16), np.uint8)
+    valid = np.zeros(m, np.bool_)
+    for k in range(m):
+        i = rows[k]
+        if kinds[i] != want:
+            continue
+        valid[k] = True
+        a = lo[i]
+        n = hi[i] - a
+        _put_int32(out[k], 0, n)
+        if n <= 12:
+            for j in range(n):
+                out[k, 4 + j] = buf[a + j]
+        else:
+            for j in range(4):
+                out[k, 4 + j] = buf[a + j]
+            _put_int32(out[k], 12, a)
+    return out, valid
+
+
+@njit(cache=True, nogil=True)
+def _put_int32(row: np.ndarray, at: int, value: int) -> None:
+    for j in range(4):
+        row[at + j] = (value >> (8 * j)) & 255
+
+
+@njit(cache=True, nogil=True)
+def integers(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
+             f: int) -> tuple[np.ndarray, np.ndarray]:
+    """Field ``f`` of ``rows`` where written as an integer: (values, valid)."""
+    m = len(rows)
+    values = np.zeros(m, np.int64)
+    valid = np.zeros(m, np.bool_)
+    for k in range(m):
+        i = rows[k]
+        if kinds[f, i] != INTEGER:
+            continue
+        p = vstart[f, i]
+        negative = buf[p] == 45
+        if negative:
+            p += 1
+        v = 0
+        for q in range(p, vstop[f, i]):  # negatives accumulate downwards: -2**63 has no positive
+            v = v * 10 - (buf[q] - 48) if negative else v * 10 + (buf[q] - 48)
+        values[k] = v
+        valid[k] = True
+    return values, valid
+
+
+@njit(cache=True, nogil=True)
+def _digits(buf: np.ndarray, p: int, n: int) -> bool:
+    for q in range(p, p + n):
+        if not 48 <= buf[q] <= 57:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def rfc3339(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
+            f: int) -> np.ndarray:
+    """Whether field ``f``, where a string, has the shape of an RFC 3339 time with offset.
+
+    The shape is ``validate._RFC3339``: date, ``T``/``t``/space, time, up to 9 fraction digits,
+    then ``Z``/``z`` or ``+hh:mm``/``-hh:mm``.
+    """
+    ok = np.zeros(len(rows), np.bool_)
+    for k in range(len(rows)):
+        i = rows[k]
+        if kinds[f, i] != STRING:
+            continue
+        p = vstart[f, i]
+        end = vstop[f, i]
+        if end - p < 20:
+            continue
+        if not (_digits(buf, p, 4) and buf[p + 4] == 45 and _digits(buf, p + 5, 2) and buf[p + 7] == 45
+                and _digits(buf, p + 8, 2) and (buf[p + 10] == 84 or buf[p + 10] == 116 or buf[p + 10] == 32)
+                and _digits(buf, p + 11, 2) and buf[p + 13] == 58 and _digits(buf, p + 14, 2)
+                and buf[p + 16] == 58 and _digits(buf, p + 17, 2)):
+            continue
+        q = p + 19
+        if buf[q] == 46:
+            r = q + 1
+            while r < end and 48 <= buf[r] <= 57:
+                r += 1
+            if r - q - 1 < 1 or r - q - 1 > 9:
+                continue
+            q = r
+        if end - q == 1:
+            ok[k] = buf[q] == 90 or buf[q] == 122
+        elif end - q == 6:
+            ok[k] = ((buf[q] == 43 or buf[q] == 45) and _digits(buf, q + 1, 2) and buf[q + 3] == 58
+                     and _digits(buf, q + 4, 2))
+    return ok
+
+
+@njit(cache=True, nogil=True)
+def page_ranges(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
+                f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Field ``f`` (a page list) parsed as ranges where it has the shape of ``validate._PAGES``.
+
+    Returns (list offsets, lo, hi, valid, highest hi); a list of another shape is not valid.
+    """
+    m = len(rows)
+    offsets = np.zeros(m + 1, np.int32)
+    valid = np.zeros(m, np.bool_)
+    top = np.zeros(m, np.int64)
+    cap = 16
+    lo = np.empty(cap, np.int64)
+    hi = np.empty(cap, np.int64)
+    n = 0
+    for k in range(m):
+        offsets[k] = n
+        i = rows[k]
+        if kinds[f, i] != STRING:
+            continue
+        p = vstart[f, i]
+        end = vstop[f, i]
+        first = n
+        good = p < end
+        while good:
+            a, p, good = _page_id(buf, p, end)
+            b = a
+            if good and p < end and buf[p] == 45:
+                b, p, good = _page_id(buf, p + 1, end)
+            if not good:
+                break
+            if n == cap:
+                cap *= 2
+                lo2 = np.empty(cap, np.int64)
+                hi2 = np.empty(cap, np.int64)
+                lo2[:n] = lo[:n]
+                hi2[:n] = hi[:n]
+                lo, hi = lo2, hi2
+            lo[n], hi[n] = a, b
+            n += 1
+            if p == end:
+                break
+            if buf[p] != 44:
+                good = False
+            p += 1
+            if p >= end:
+                good = False  # a trailing comma
+        if good:
+            valid[k] = True
+            t = hi[first]
+            for r in range(first + 1, n):
+                t = max(t, hi[r])
+            top[k] = t
+        else:
+            n = first
+    offsets[m] = n
+    return offsets, lo[:n].copy(), hi[:n].copy(), valid, top
+
+
+@njit(cache=True, nogil=True)
+def _page_id(buf: np.ndarray, p: int, end: int) -> tuple[int, int, bool]:
+    """A page id of 1 to 12 digits at ``p``: (value, where it ends, whether there was one)."""
+    v = 0
+    q = p
+    while q < end and q - p < 13 and 48 <= buf[q] <= 57:
+        v = v * 10 + (buf[q] - 48)
+        q += 1
+    return v, q, 1 <= q - p <= 12
+
+
+@njit(cache=True, nogil=True)
+def canonical(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
+              keys: np.ndarray, key_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's canonical JSON, fields in name order (``keys`` holds ``"name":`` per field).
+
+    Written field by field, so that the per-field arrays are read in order.
+    """
+    m = len(rows)
+    width = len(key_at) - 1
+    size = np.ones(m, np.int64)  # "{", then per field its key, value and "," (the last one "}")
+    for f in range(width):
+        key = key_at[f + 1] - key_at[f] + 1
+        for k in range(m):
+            i = rows[k]
+            if kinds[f, i] != ABSENT:
+                size[k] += key + vstop[f, i] - vstart[f, i] + (2 if kinds[f, i] == STRING else 0)
+    offsets = np.empty(m + 1, np.int64)
+    offsets[0] = 0
+    for k in range(m):
+        offsets[k + 1] = offsets[k] + max(size[k], 2)
+    data = np.empty(offsets[m], np.uint8)
+    cursor = offsets[:m] + 1
+    for k in range(m):
+        data[offsets[k]] = 123
+    for f in range(width):
+        key_lo, key_hi = key_at[f], key_at[f + 1]
+        for k in range(m):
+            i = rows[k]
+            kind = kinds[f, i]
+            if kind == ABSENT:
+                continue
+            p = cursor[k]
+            if p > offsets[k] + 1:
+                data[p] = 44
+                p += 1
+            for q in range(key_lo, key_hi):  # loops written out: a call per copy costs more here
+                data[p] = keys[q]
+                p += 1
+            if kind == STRING:
+                data[p] = 34
+                p += 1
+            for q in range(vstart[f, i], vstop[f, i]):
+                data[p] = buf[q]
+                p += 1
+            if kind == STRING:
+                data[p] = 34
+                p += 1
+            cursor[k] = p
+    for k in range(m):
+        data[offsets[k + 1] - 1] = 125
+    return offsets, data
+
+
+# --- the two tables of a block ------------------------------------------------------------------
+
+_NAMES = [n.encode() for n in FIELD_ORDER]
+_NAME_BYTES = np.frombuffer(b"".join(_NAMES), np.uint8)
+_NAME_AT = np.cumsum([0] + [len(n) for n in _NAMES]).astype(np.int64)
+_KEYS = [b'"' + n + b'":' for n in _NAMES]
+_KEY_BYTES = np.frombuffer(b"".join(_KEYS), np.uint8)
+_KEY_AT = np.cumsum([0] + [len(k) for k in _KEYS]).astype(np.int64)
+_SHAPE = {FieldType.STR: SHAPE_STR, FieldType.PAGES: SHAPE_STR, FieldType.INT: SHAPE_INT,
+          FieldType.TS: SHAPE_EITHER}
+_BUCKET = np.full((128, 32, 2), -1, np.int64)
+for _f, _n in enumerate(_NAMES):
+    _slot = int((_BUCKET[_n[0], len(_n)] >= 0).sum())
+    assert _n[0] < 128 and len(_n) < 32 and _slot < 2, "more fields share a first letter and length"
+    _BUCKET[_n[0], len(_n), _slot] = _f
+_SHAPES = np.array([_SHAPE[FIELDS[n].type] for n in FIELD_ORDER], np.int8)
+_INDEX = {n: i for i, n in enumerate(FIELD_ORDER)}
+_RENAMED = {"event": "event_s", "op": "op_s"}
+PAGE_RANGE = pa.struct([("lo", pa.int64()), ("hi", pa.int64())])
+
+
+def _bitmap(valid: np.ndarray) -> pa.Buffer:
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def text_views(buf: np.ndarray, views_valid: tuple[np.ndarray, np.ndarray]) -> pa.Array:
+    """A string-view array over ``buf`` (kept alive by the array) from :func:`views`' output."""
+    out, valid = views_valid
+    n = len(valid)
+    if not valid.any():
+        return pa.nulls(n, pa.string_view())
+    bitmap = None if valid.all() else _bitmap(valid)
+    return pa.Array.from_buffers(pa.string_view(), n, [bitmap, pa.py_buffer(out), pa.py_buffer(buf)])
+
+
+def _text(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    n = len(offsets) - 1
+    if valid is None or valid.all():
+        return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
+    return pa.LargeStringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(data), _bitmap(valid), int(n - valid.sum())
+    )
+
+
+def _ints(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    n = len(values)
+    return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid), pa.py_buffer(values)], int(n - valid.sum()))
+
+
+def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, dict[str, pa.Array]]:
+    """Which lines are plain, and the plain lines' columns for :func:`validate.plain_stage_sql`.
+
+    ``starts``/``stops`` delimit each line in ``buf`` (without its terminator); ``raw``,
+    ``line_no`` and ``part`` are the caller's to add.
+    """
+    plain, kinds, vstart, vstop = scan(buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET, _SHAPES)
+    rows = np.flatnonzero(plain)
+    cols: dict[str, pa.Array] = {}
+    for name in FIELD_ORDER:
+        f = _INDEX[name]
+        ftype = FIELDS[name].type
+        if ftype is FieldType.INT:
+            cols[name] = _ints(*integers(buf, rows, kinds, vstart, vstop, f))
+        elif ftype is FieldType.TS:
+            cols["ts_text"] = text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING))
+            cols["ts_shape"] = pa.array(rfc3339(buf, rows, kinds, vstart, vstop, f))
+            cols["ts_int"] = _ints(*integers(buf, rows, kinds, vstart, vstop, f))
+        else:
+            cols[_RENAMED.get(name, name)] = text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING))
+    offsets, lo, hi, valid, top = page_ranges(buf, rows, kinds, vstart, vstop, _INDEX["pages"])
+    ranges = pa.StructArray.from_arrays([pa.array(lo), pa.array(hi)], fields=list(PAGE_RANGE))
+    cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
+    cols["max_hi"] = _ints(top, valid)
+    cols["canon"] = _text(*canonical(buf, rows, kinds, vstart, vstop, _KEY_BYTES, _KEY_AT))
+    return plain, cols

@@ -1,0 +1,206 @@
+"""The compiled fast path gives exactly the stage rows of the SQL validator, line for line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from conftest import example_dirs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_ingest import QUARANTINE_CASES
+
+from forensics import fastlines
+from forensics.ingestion import _strict_json_ok
+from forensics.readers import _line_bounds, _lines_table, _split
+from forensics.schema import FIELDS, VARIANTS, FieldType, fields_of
+from forensics.validate import MACROS, plain_stage_sql, stage_sql
+
+STAGE_ORDER = "ORDER BY line_no"
+
+
+def both_ways(lines: list[str]) -> tuple[list[Any], list[Any], int]:
+    """The stage rows of ``lines`` by the SQL validator alone, and with the fast path; plain lines."""
+    data = "".join(line + "\n" for line in lines).encode("utf-8", "surrogatepass")
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute(MACROS)
+    con.register("every", _lines_table(data, 1))
+    block = _split(data, 1)
+    plain = block.plain
+    assert plain is not None
+    con.register("plain", plain)
+    con.register("others", block.lines)
+    # ``suspect`` only picks lines for the strict re-check, which a plain line passes by construction
+    names = [c for c in con.sql(f"SELECT * FROM ({stage_sql('others')})").columns if c != "suspect"]
+    columns = ", ".join(f'"{c}"' for c in names)
+    assert all(_strict_json_ok(raw) for raw in plain.column("raw").to_pylist())
+    reference = con.sql(f"SELECT {columns} FROM ({stage_sql('every')}) {STAGE_ORDER}").fetchall()
+    fast = con.sql(
+        f"SELECT {columns} FROM ({plain_stage_sql('plain')}) UNION ALL "
+        f"SELECT {columns} FROM ({stage_sql('others')}) {STAGE_ORDER}"
+    ).fetchall()
+    con.close()
+    return reference, fast, plain.num_rows
+
+
+# --- random lines: records of every variant, their values and their writing varied ---------------
+
+_PLAIN_TEXT = st.text(alphabet="abcXYZ019 -_./:,{}[]<>", max_size=6)
+_TEXT = st.one_of(
+    _PLAIN_TEXT,
+    _PLAIN_TEXT,
+    st.lists(
+        st.sampled_from(list("abc \"\\\t\x01é\u2028ü😀") + ["nan", "inf", ":nan", ",}"]), max_size=4
+    ).map("".join),
+)
+_INTS = st.one_of(
+    st.integers(-3, 300),
+    st.integers(0, 10**12),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([10**17, 10**18 - 1, 10**18, 2**63 - 1, 2**63, -(2**63), 999_999_999_999]),
+)
+_TS = st.one_of(
+    st.sampled_from([
+        "2026-09-14T08:00:00Z", "2026-09-14T08:00:00.073000Z", "2026-09-14t08:00:00z",
+        "2026-09-14 08:00:00.1+02:00", "2026-09-14T08:00:00.123456789-05:30",
+        "2026-09-14T08:00:00.1234567891Z", "2026-09-14T08:00:00", "2026-02-30T00:00:00Z",
+        "2026-09-14T25:00:00Z", "2026-9-14T08:00:00Z", "2026-09-14T08:00:00.Z", "yesterday", "",
+        "2026-09-14T08:00:00+0200", "2026-09-14T08:00:60Z",
+    ]),
+    st.integers(-(10**19), 10**19),
+    st.integers(1_757_836_800_000_000_000, 1_757_836_900_000_000_000),
+)
+_PAGES = st.one_of(
+    st.sampled_from(["1-3", "3-1", "0", "007-9", "1,2", "1,,2", "", "1-2-3", "1-", "-1", "1,", ",1",
+                     "1234567890123", "123456789012", "1 -3", "a-b", "5-5,7,9-12"]),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 40)), min_size=1, max_size=4).map(
+        lambda rs: ",".join(f"{a}-{a + d}" if d else str(a) for a, d in rs)
+    ),
+)
+
+
+def _value(name: str) -> st.SearchStrategy[Any]:
+    field = FIELDS[name]
+    if field.choices:
+        return st.one_of(st.sampled_from(field.choices), _TEXT)
+    if field.type is FieldType.INT:
+        return _INTS
+    if field.type is FieldType.TS:
+        return _TS
+    if field.type is FieldType.PAGES:
+        return _PAGES
+    return st.one_of(st.sampled_from(["decode-0", "r-1", "tenant-07", "x"]), _TEXT)
+
+
+_ODD = st.sampled_from([None, True, 1.5, -0.0, [1], {"a": 1}, "1", 7, 1e300])
+
+
+@st.composite
+def records(draw: st.DrawFn) -> dict[str, Any]:
+    """A record of some kind and variant, perhaps missing, adding or mistyping fields."""
+    kind = draw(st.sampled_from(list(VARIANTS)))
+    variant = draw(st.sampled_from(sorted(VARIANTS[kind]))) if VARIANTS[kind] else None
+    required, optional = fields_of(kind, variant)
+    names = list(required) + [n for n in optional if draw(st.booleans())]
+    rec: dict[str, Any] = {"kind": kind}
+    if variant is not None:
+        rec["op" if kind == "kv" else "event"] = variant
+    for name in names:
+        if name not in rec:
+            rec[name] = draw(_value(name))
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):
+        what = draw(st.integers(0, 3))
+        name = draw(st.sampled_from(sorted(FIELDS)))
+        if what == 0:
+            rec.pop(name, None)
+        elif what == 1:
+            rec[name] = draw(_ODD)
+        elif what == 2:
+            rec[name] = draw(_value(name))
+        else:
+            rec[draw(st.sampled_from(["note", "Kind", "seq ", "ts\\u0000"]))] = draw(_ODD)
+    keys = list(rec)
+    order = draw(st.permutations(keys))
+    return {k: rec[k] for k in order}
+
+
+@st.composite
+def lines(draw: st.DrawFn) -> str:
+    """A record written the way some logger might: spacing, escapes, and now and then a flaw."""
+    rec = draw(records())
+    sep = draw(st.sampled_from([(", ", ": "), (",", ":"), (" ,\t", " :  ")]))
+    text = json.dumps(rec, separators=sep, ensure_ascii=draw(st.sampled_from([True, True, False])))
+    flaw = draw(st.integers(0, 24))
+    if flaw == 0:
+        text = text[:-1] + ",}"
+    elif flaw == 1:
+        text = " " + text
+    elif flaw == 2:
+        text = text + " "
+    elif flaw == 3:
+        text = text + "\r"
+    elif flaw == 4 and len(text) > 2:
+        text = text[:-1] + ', "kind": "kv"}'
+    elif flaw == 5:
+        text = text.replace("1", "01", 1)
+    elif flaw == 6:
+        text = text[:-1] + ', "note": NaN}'
+    elif flaw == 7:
+        text = text.replace('"', "'", 2)
+    return text
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.lists(lines(), min_size=1, max_size=30))
+def test_fast_path_gives_the_sql_validators_rows(batch: list[str]) -> None:
+    reference, fast, _ = both_ways(batch)
+    assert fast == reference
+
+
+def test_fast_path_agrees_on_every_quarantine_case() -> None:
+    batch = [line for _, line in QUARANTINE_CASES] + ["", "   ", "{}", '{"kind": "kv"}  ', "\ufeff{}"]
+    reference, fast, _ = both_ways(batch)
+    assert fast == reference
+
+
+def test_plain_records_take_the_fast_path() -> None:
+    """Every line of the example logs is plain: the fast path is not silently bypassed."""
+    batch = [
+        line for d in example_dirs() for p in sorted(d.rglob("*.jsonl"))
+        for line in p.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+    reference, fast, n_plain = both_ways(batch)
+    assert fast == reference
+    assert n_plain == len(batch) > 0
+
+
+def test_canonical_json_matches_duckdbs_minified_form() -> None:
+    """The canonical JSON built here is what the SQL path would hash, byte for byte."""
+    rec = {"seq": 3, "node": "d/0", "kind": "kv", "ts": 1757836800000000000, "op": "read",
+           "request_id": "r <1>", "pages": "1-3"}
+    data = (json.dumps(rec) + "\n").encode()
+    buf = np.frombuffer(data, np.uint8)
+    starts, stops = _line_bounds(buf)
+    plain, cols = fastlines.plain_columns(buf, starts, stops)
+    assert plain.tolist() == [True]
+    con = duckdb.connect()
+    expected = con.execute(
+        "SELECT '{' || array_to_string(list_transform(list_sort(json_keys(j)), "
+        "lambda k: to_json(k) || ':' || json_extract(j, '$.' || k)), ',') || '}' FROM (SELECT ?::JSON AS j)",
+        [json.dumps(rec)],
+    ).fetchall()[0][0]
+    assert cols["canon"].to_pylist() == [expected]
+
+
+def test_lines_that_are_not_utf8_are_kept_escaped(tmp_path: Path) -> None:
+    data = b'{"kind": "kv", "node": "\xff"}\n' + json.dumps({"kind": "config"}).encode() + b"\n"
+    block = _split(data, 1)
+    assert block.plain is not None and block.plain.num_rows == 1
+    raw = block.lines.column("raw").to_pylist()
+    assert raw == ['\x00{"kind": "kv", "node": "\\xff"}']
+    assert pa.compute.all(block.lines.column("line_no").is_valid()).as_py()
