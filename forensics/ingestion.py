@@ -146,7 +146,6 @@ def ingest(
         con.register("chunk", LINES_SCHEMA.empty_table())
         con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
         con.unregister("chunk")
-        con.execute("SET preserve_insertion_order = false")  # records are found by key, never by position
         with ThreadPoolExecutor(max_workers=1) as pool:
             # the next file is hashed while this one loads
             hashes = [pool.submit(sha256_of, log.path) for log in logs]
