@@ -18,13 +18,14 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from forensics.schema import FIELD_ORDER, FIELDS, FieldType
+from forensics.schema import DISCRIMINATOR, FIELD_ORDER, FIELDS, KINDS, VARIANTS, FieldType, fields_of
 
 #: How a field's value is written on a line of the fast path (``kinds`` array).
 ABSENT, STRING, INTEGER = 0, 1, 2
 #: The JSON shape a field admits (``shapes`` array): a string, an integer, or either (ts).
 SHAPE_STR, SHAPE_INT, SHAPE_EITHER = 0, 1, 2
 MAX_DIGITS = 19  # int64's; a 19-digit integer is compared with its bound
+NO_MIN = -(2**63)  # a field without a minimum
 _INT64_MAX = np.frombuffer(b"9223372036854775807", np.uint8)
 _INT64_MIN = np.frombuffer(b"9223372036854775808", np.uint8)  # its magnitude
 
@@ -405,6 +406,111 @@ def canonical(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.n
     return offsets, data
 
 
+# --- the schema's rules, for lines that are plain ----------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _same(buf: np.ndarray, a: int, b: int, pool: np.ndarray, pool_at: np.ndarray, t: int) -> bool:
+    """Whether ``buf[a:b]`` is text ``t`` of the pool."""
+    p = pool_at[t]
+    if pool_at[t + 1] - p != b - a:
+        return False
+    for j in range(b - a):
+        if buf[a + j] != pool[p + j]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _integer(buf: np.ndarray, a: int, b: int) -> int:
+    negative = buf[a] == 45
+    v = 0
+    for q in range(a + 1 if negative else a, b):
+        v = v * 10 - (buf[q] - 48) if negative else v * 10 + (buf[q] - 48)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _pages_ok(buf: np.ndarray, p: int, end: int) -> bool:
+    """Whether ``buf[p:end]`` is a page list of the shape ``validate._PAGES`` with every lo <= hi."""
+    if p >= end:
+        return False
+    while True:
+        a, p, good = _page_id(buf, p, end)
+        b = a
+        if good and p < end and buf[p] == 45:
+            b, p, good = _page_id(buf, p + 1, end)
+        if not good or a > b:
+            return False
+        if p == end:
+            return True
+        if buf[p] != 44 or p + 1 >= end:
+            return False
+        p += 1
+
+
+@njit(cache=True, nogil=True)
+def rules(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
+          pool: np.ndarray, pool_at: np.ndarray, kind_text: np.ndarray, kind_disc: np.ndarray,
+          var_kind: np.ndarray, var_text: np.ndarray, req_at: np.ndarray, req: np.ndarray,
+          own_at: np.ndarray, own: np.ndarray, choice_at: np.ndarray, choice_text: np.ndarray,
+          mins: np.ndarray, is_pages: np.ndarray, common: np.ndarray) -> np.ndarray:
+    """Whether each row meets every rule of the schema but the time's (see :data:`RULES`).
+
+    ``common`` holds the indices of kind, seq and boot.
+    """
+    f_kind, f_seq, f_boot = common[0], common[1], common[2]
+    ok = np.zeros(len(rows), np.bool_)
+    for k in range(len(rows)):
+        i = rows[k]
+        if kinds[f_kind, i] != STRING:
+            continue
+        kind = -1
+        for c in range(len(kind_text)):
+            if _same(buf, vstart[f_kind, i], vstop[f_kind, i], pool, pool_at, kind_text[c]):
+                kind = c
+                break
+        if kind < 0:
+            continue
+        if kinds[f_seq, i] != ABSENT and _integer(buf, vstart[f_seq, i], vstop[f_seq, i]) < 0:
+            continue
+        if kinds[f_boot, i] != ABSENT and _integer(buf, vstart[f_boot, i], vstop[f_boot, i]) < 0:
+            continue
+        disc = kind_disc[kind]
+        var = -1
+        for v in range(len(var_kind)):
+            if var_kind[v] == kind and (disc < 0 or (
+                    kinds[disc, i] == STRING and _same(buf, vstart[disc, i], vstop[disc, i], pool, pool_at,
+                                                       var_text[v]))):
+                var = v
+                break
+        if var < 0:
+            continue
+        good = True
+        for r in range(req_at[var], req_at[var + 1]):
+            if kinds[req[r], i] == ABSENT:
+                good = False
+        for r in range(own_at[var], own_at[var + 1]):
+            f = own[r]
+            if not good:
+                break
+            if kinds[f, i] == ABSENT:
+                continue
+            a, b = vstart[f, i], vstop[f, i]
+            if is_pages[f]:
+                good = _pages_ok(buf, a, b)
+            elif choice_at[f + 1] > choice_at[f]:
+                good = False
+                for c in range(choice_at[f], choice_at[f + 1]):
+                    if _same(buf, a, b, pool, pool_at, choice_text[c]):
+                        good = True
+                        break
+            elif mins[f] != NO_MIN:
+                good = _integer(buf, a, b) >= mins[f]
+        ok[k] = good
+    return ok
+
+
 # --- the two tables of a block ------------------------------------------------------------------
 
 _NAMES = [n.encode() for n in FIELD_ORDER]
@@ -423,6 +529,58 @@ for _f, _n in enumerate(_NAMES):
 _SHAPES = np.array([_SHAPE[FIELDS[n].type] for n in FIELD_ORDER], np.int8)
 _INDEX = {n: i for i, n in enumerate(FIELD_ORDER)}
 _RENAMED = {"event": "event_s", "op": "op_s"}
+
+
+class _Texts:
+    """Names and values the rules compare with, end to end in one pool."""
+
+    def __init__(self) -> None:
+        self.items: list[bytes] = []
+
+    def add(self, text: str) -> int:
+        self.items.append(text.encode())
+        return len(self.items) - 1
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        pool = np.frombuffer(b"".join(self.items) or b"\0", np.uint8)
+        at = np.cumsum([0] + [len(t) for t in self.items]).astype(np.int64)
+        return pool, at
+
+
+def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    at = np.cumsum([0] + [len(x) for x in lists]).astype(np.int64)
+    return at, np.array([v for x in lists for v in x], np.int64)
+
+
+def _rule_tables() -> tuple[np.ndarray, ...]:
+    """The schema's declaration (forensics.schema) as the arrays :func:`rules` reads."""
+    texts = _Texts()
+    kind_text = np.array([texts.add(k) for k in KINDS], np.int64)
+    kind_disc = np.array([_INDEX[DISCRIMINATOR[k]] if DISCRIMINATOR[k] else -1 for k in KINDS], np.int64)
+    var_kind, var_text, required, owned = [], [], [], []
+    for ki, kind in enumerate(KINDS):
+        disc = DISCRIMINATOR[kind]
+        for variant in (VARIANTS[kind] or {None: None}):
+            req, opt = fields_of(kind, variant)
+            var_kind.append(ki)
+            var_text.append(texts.add(variant) if variant is not None else -1)
+            required.append([_INDEX[n] for n in req])
+            owned.append([_INDEX[n] for n in req + opt if n not in ("kind", "ts", "node", "seq", "boot", disc)])
+    choices = [[texts.add(c) for c in FIELDS[n].choices] for n in FIELD_ORDER]
+    mins = np.array([NO_MIN if FIELDS[n].min_value is None else FIELDS[n].min_value for n in FIELD_ORDER],
+                    np.int64)
+    is_pages = np.array([FIELDS[n].type is FieldType.PAGES for n in FIELD_ORDER], np.bool_)
+    pool, pool_at = texts.arrays()
+    common = np.array([_INDEX["kind"], _INDEX["seq"], _INDEX["boot"]], np.int64)
+    choice_at, choice_text = _csr(choices)
+    return (pool, pool_at, kind_text, kind_disc, np.array(var_kind, np.int64), np.array(var_text, np.int64),
+            *_csr(required), *_csr(owned), choice_at, choice_text, mins, is_pages, common)
+
+
+#: The rules of log-schema.md section 4 that a plain line can break, but the time's: a known
+#: kind and event/op, the fields they require, page lists, enumerations, minimums, seq and
+#: boot not negative. The SQL chain is their reference; lines that break one go through it.
+RULES = _rule_tables()
 PAGE_RANGE = pa.struct([("lo", pa.int64()), ("hi", pa.int64())])
 
 
@@ -479,4 +637,5 @@ def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tup
     cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
     cols["max_hi"] = _ints(top, valid)
     cols["canon"] = _text(*canonical(buf, rows, kinds, vstart, vstop, _KEY_BYTES, _KEY_AT))
+    cols["rules_ok"] = pa.array(rules(buf, rows, kinds, vstart, vstop, *RULES))
     return plain, cols

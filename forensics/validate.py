@@ -124,6 +124,10 @@ def _typed_value(name: str) -> str:
     )
 
 
+#: The time check: after the checks of presence and type, before all others.
+_BAD_TS = ("ts IS NULL", Reason.BAD_TS, "'bad ts ' || j_ts")
+
+
 class _Chain:
     """Ordered checks; the first that holds names the reason."""
 
@@ -194,7 +198,7 @@ def _checks(fields: _Fields) -> _Chain:
             Reason.WRONG_TYPE,
             lit(f"'{name}' must be {_type_word(name)}"),
         )
-    chain.add("ts IS NULL", Reason.BAD_TS, "'bad ts ' || j_ts")
+    chain.add(*_BAD_TS)
     chain.add("seq < 0", Reason.NEGATIVE_SEQ, "'seq is ' || seq")
     for name in COMMON_OPTIONAL:
         chain.add(
@@ -382,13 +386,17 @@ def plain_stage_sql(source: str) -> str:
 
     ``source`` has ``line_no, part, raw, canon``, the typed fields :data:`PLAIN_TYPED`,
     ``event_s``, ``op_s``, the ts as ``ts_text`` (with ``ts_shape``, whether it has the RFC 3339
-    shape) or ``ts_int``, and ``page_ranges`` with ``max_hi`` where ``pages`` parses.
+    shape) or ``ts_int``, ``page_ranges`` with ``max_hi`` where ``pages`` parses, and ``rules_ok``
+    (the line keeps every rule but the time's).
     The checks are the same chain over typed fields; the canonical JSON comes built.
     """
-    check = _checks(_TYPED_FIELDS).sql()
+    time_only = _Chain()
+    time_only.add(*_BAD_TS)
+    # a line that keeps every other rule (``rules_ok``, fastlines.RULES) can only fail on its time
+    check = f"CASE WHEN rules_ok THEN {time_only.sql()} ELSE {_checks(_TYPED_FIELDS).sql()} END"
     return f"""
 WITH f AS (
-  SELECT line_no, part, raw, NULL::VARCHAR AS doc, canon, page_ranges, max_hi, event_s, op_s,
+  SELECT line_no, part, raw, NULL::VARCHAR AS doc, canon, page_ranges, max_hi, event_s, op_s, rules_ok,
     {', '.join(PLAIN_TYPED)},
     CASE WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN TRY_CAST(ts_text AS TIMESTAMPTZ) END
          WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts,
