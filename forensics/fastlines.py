@@ -1,7 +1,7 @@
 """The compiled fast path of ingest: plain canonical JSON lines read into typed columns.
 
 A line takes the fast path only when it is a flat JSON object of known fields whose values are
-plain: strings of printable ASCII without escapes, integers of at most 18 digits in canonical
+plain: strings of printable ASCII without escapes, integers within int64 in canonical
 form, spaces or tabs between tokens, no key twice, and each value of its field's JSON type.
 For such a line the canonical JSON is the fields in name order, their values as written, so
 it is built here byte for byte. Every other line (and every line of CSV, Parquet and adapted
@@ -84,31 +84,36 @@ def _within(buf: np.ndarray, first: int, bound: np.ndarray) -> bool:
 
 @njit(cache=True, nogil=True)
 def _scan_line(buf: np.ndarray, p: int, end: int, names: np.ndarray, name_at: np.ndarray, bucket: np.ndarray,
-               shapes: np.ndarray, i: int, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray) -> bool:
-    """Read line ``i`` into column ``i`` of ``kinds``/``vstart``/``vstop``; False if it is not plain."""
+               shapes: np.ndarray, i: int, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
+               order: np.ndarray) -> int:
+    """Read line ``i`` into column ``i`` of ``kinds``/``vstart``/``vstop``, its fields in line order
+    into ``order``: how many fields it has, or -1 if it is not plain."""
     if end - p < 2 or buf[p] != 123 or buf[end - 1] != 125:
-        return False
+        return -1
     p = _skip_space(buf, p + 1, end)
+    count = 0
     while True:
         if p >= end or buf[p] != 34:
-            return False
+            return -1
         key_end = _plain_string_end(buf, p + 1, end)
         if key_end < 0:
-            return False
+            return -1
         f = _field_of(buf, p + 1, key_end, names, name_at, bucket)
         if f < 0 or kinds[f, i] != ABSENT:
-            return False
+            return -1
+        order[count] = f
+        count += 1
         p = _skip_space(buf, key_end + 1, end)
         if p >= end or buf[p] != 58:
-            return False
+            return -1
         p = _skip_space(buf, p + 1, end)
         if p >= end:
-            return False
+            return -1
         c = buf[p]
         if c == 34:
             stop = _plain_string_end(buf, p + 1, end)
             if stop < 0 or shapes[f] == SHAPE_INT:
-                return False
+                return -1
             kinds[f, i], vstart[f, i], vstop[f, i] = STRING, p + 1, stop
             p = stop + 1
         elif c == 45 or 48 <= c <= 57:
@@ -118,30 +123,33 @@ def _scan_line(buf: np.ndarray, p: int, end: int, names: np.ndarray, name_at: np
                 q += 1
             digits = q - first
             if digits == 0 or digits > MAX_DIGITS or (buf[first] == 48 and (digits > 1 or c == 45)):
-                return False  # no digits, too long, a leading zero, or -0
+                return -1  # no digits, too long, a leading zero, or -0
             if digits == MAX_DIGITS and not _within(buf, first, _INT64_MIN if c == 45 else _INT64_MAX):
-                return False  # beyond int64: the SQL path says out of range
+                return -1  # beyond int64: the SQL path says out of range
             if shapes[f] == SHAPE_STR:
-                return False
+                return -1
             kinds[f, i], vstart[f, i], vstop[f, i] = INTEGER, p, q
             p = q
         else:
-            return False
+            return -1
         p = _skip_space(buf, p, end)
         if p >= end:
-            return False
+            return -1
         if buf[p] == 44:
             p = _skip_space(buf, p + 1, end)
             continue
-        return buf[p] == 125 and p + 1 == end
+        return count if buf[p] == 125 and p + 1 == end else -1
 
 
 @njit(cache=True, nogil=True)
 def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarray, name_at: np.ndarray,
-         bucket: np.ndarray, shapes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every line's fields: ``plain`` per line; per (field, line) how the value is written and where.
+         bucket: np.ndarray, shapes: np.ndarray, keys: np.ndarray,
+         key_at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every line's fields: ``plain`` per line; per (field, line) how the value is written and
+    where; and each plain line's canonical JSON, end to end (``keys`` holds ``"name":`` per field).
 
-    Columns of lines that are not plain are left partly filled and must not be read.
+    Columns of lines that are not plain are left partly filled and must not be read; their
+    canonical JSON is empty. Returns (plain, kinds, vstart, vstop, canon offsets, canon).
     """
     n = len(starts)
     width = len(shapes)
@@ -149,9 +157,55 @@ def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarr
     kinds = np.zeros((width, n), np.int8)
     vstart = np.empty((width, n), np.int32)
     vstop = np.empty((width, n), np.int32)
+    order = np.empty(width, np.int64)
+    canon = np.empty(len(buf), np.uint8)  # a plain line's canonical JSON is never longer than the line
+    canon_at = np.empty(n + 1, np.int64)
+    c = 0
     for i in range(n):
-        plain[i] = _scan_line(buf, starts[i], stops[i], names, name_at, bucket, shapes, i, kinds, vstart, vstop)
-    return plain, kinds, vstart, vstop
+        canon_at[i] = c
+        count = _scan_line(buf, starts[i], stops[i], names, name_at, bucket, shapes, i, kinds, vstart, vstop,
+                           order)
+        if count > 0:
+            plain[i] = True
+            c = _canonical(canon, c, buf, keys, key_at, order, count, kinds, vstart, vstop, i)
+    canon_at[n] = c
+    return plain, kinds, vstart, vstop, canon_at, canon
+
+
+@njit(cache=True, nogil=True)
+def _canonical(out: np.ndarray, c: int, buf: np.ndarray, keys: np.ndarray, key_at: np.ndarray,
+               order: np.ndarray, count: int, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
+               i: int) -> int:
+    """Write line ``i``'s canonical JSON at ``out[c]``: its fields sorted by name, values as written."""
+    for a in range(1, count):  # insertion sort: a line has a handful of fields
+        f = order[a]
+        b = a - 1
+        while b >= 0 and order[b] > f:
+            order[b + 1] = order[b]
+            b -= 1
+        order[b + 1] = f
+    out[c] = 123
+    c += 1
+    for a in range(count):
+        f = order[a]
+        if a:
+            out[c] = 44
+            c += 1
+        for q in range(key_at[f], key_at[f + 1]):
+            out[c] = keys[q]
+            c += 1
+        quoted = kinds[f, i] == STRING
+        if quoted:
+            out[c] = 34
+            c += 1
+        for q in range(vstart[f, i], vstop[f, i]):
+            out[c] = buf[q]
+            c += 1
+        if quoted:
+            out[c] = 34
+            c += 1
+    out[c] = 125
+    return c + 1
 
 
 @njit(cache=True, nogil=True)
@@ -353,59 +407,6 @@ def _page_id(buf: np.ndarray, p: int, end: int) -> tuple[int, int, bool]:
     return v, q, 1 <= q - p <= 12
 
 
-@njit(cache=True, nogil=True)
-def canonical(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
-              keys: np.ndarray, key_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's canonical JSON, fields in name order (``keys`` holds ``"name":`` per field).
-
-    Written field by field, so that the per-field arrays are read in order.
-    """
-    m = len(rows)
-    width = len(key_at) - 1
-    size = np.ones(m, np.int64)  # "{", then per field its key, value and "," (the last one "}")
-    for f in range(width):
-        key = key_at[f + 1] - key_at[f] + 1
-        for k in range(m):
-            i = rows[k]
-            if kinds[f, i] != ABSENT:
-                size[k] += key + vstop[f, i] - vstart[f, i] + (2 if kinds[f, i] == STRING else 0)
-    offsets = np.empty(m + 1, np.int64)
-    offsets[0] = 0
-    for k in range(m):
-        offsets[k + 1] = offsets[k] + max(size[k], 2)
-    data = np.empty(offsets[m], np.uint8)
-    cursor = offsets[:m] + 1
-    for k in range(m):
-        data[offsets[k]] = 123
-    for f in range(width):
-        key_lo, key_hi = key_at[f], key_at[f + 1]
-        for k in range(m):
-            i = rows[k]
-            kind = kinds[f, i]
-            if kind == ABSENT:
-                continue
-            p = cursor[k]
-            if p > offsets[k] + 1:
-                data[p] = 44
-                p += 1
-            for q in range(key_lo, key_hi):  # loops written out: a call per copy costs more here
-                data[p] = keys[q]
-                p += 1
-            if kind == STRING:
-                data[p] = 34
-                p += 1
-            for q in range(vstart[f, i], vstop[f, i]):
-                data[p] = buf[q]
-                p += 1
-            if kind == STRING:
-                data[p] = 34
-                p += 1
-            cursor[k] = p
-    for k in range(m):
-        data[offsets[k + 1] - 1] = 125
-    return offsets, data
-
-
 # --- the schema's rules, for lines that are plain ----------------------------------------------
 
 
@@ -556,11 +557,13 @@ def _rule_tables() -> tuple[np.ndarray, ...]:
     """The schema's declaration (forensics.schema) as the arrays :func:`rules` reads."""
     texts = _Texts()
     kind_text = np.array([texts.add(k) for k in KINDS], np.int64)
-    kind_disc = np.array([_INDEX[DISCRIMINATOR[k]] if DISCRIMINATOR[k] else -1 for k in KINDS], np.int64)
+    discs = [DISCRIMINATOR[k] for k in KINDS]
+    kind_disc = np.array([-1 if d is None else _INDEX[d] for d in discs], np.int64)
     var_kind, var_text, required, owned = [], [], [], []
     for ki, kind in enumerate(KINDS):
         disc = DISCRIMINATOR[kind]
-        for variant in (VARIANTS[kind] or {None: None}):
+        variants: list[str | None] = [*VARIANTS[kind]] or [None]
+        for variant in variants:
             req, opt = fields_of(kind, variant)
             var_kind.append(ki)
             var_text.append(texts.add(variant) if variant is not None else -1)
@@ -618,7 +621,8 @@ def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tup
     ``starts``/``stops`` delimit each line in ``buf`` (without its terminator); ``raw``,
     ``line_no`` and ``part`` are the caller's to add.
     """
-    plain, kinds, vstart, vstop = scan(buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET, _SHAPES)
+    plain, kinds, vstart, vstop, canon_at, canon = scan(buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET,
+                                                        _SHAPES, _KEY_BYTES, _KEY_AT)
     rows = np.flatnonzero(plain)
     cols: dict[str, pa.Array] = {}
     for name in FIELD_ORDER:
@@ -636,6 +640,7 @@ def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tup
     ranges = pa.StructArray.from_arrays([pa.array(lo), pa.array(hi)], fields=list(PAGE_RANGE))
     cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
     cols["max_hi"] = _ints(top, valid)
-    cols["canon"] = _text(*canonical(buf, rows, kinds, vstart, vstop, _KEY_BYTES, _KEY_AT))
+    # lines that are not plain wrote no canonical JSON, so each plain line's ends where the next begins
+    cols["canon"] = _text(np.append(canon_at[rows], canon_at[-1]), canon)
     cols["rules_ok"] = pa.array(rules(buf, rows, kinds, vstart, vstop, *RULES))
     return plain, cols
