@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from forensics.schema import DISCRIMINATOR, FIELD_ORDER, FIELDS, KINDS, VARIANTS, FieldType, fields_of
+from forensics.schema import DISCRIMINATOR, FIELD_ORDER, FIELDS, KINDS, VARIANTS, FieldType, fields_of, own_fields
+from forensics.validate import PLAIN_SOURCE
 
 #: How a field's value is written on a line of the fast path (``kinds`` array).
 ABSENT, STRING, INTEGER = 0, 1, 2
@@ -279,16 +280,19 @@ def integers(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.nd
         i = rows[k]
         if kinds[f, i] != INTEGER:
             continue
-        p = vstart[f, i]
-        negative = buf[p] == 45
-        if negative:
-            p += 1
-        v = 0
-        for q in range(p, vstop[f, i]):  # negatives accumulate downwards: -2**63 has no positive
-            v = v * 10 - (buf[q] - 48) if negative else v * 10 + (buf[q] - 48)
-        values[k] = v
+        values[k] = _integer(buf, vstart[f, i], vstop[f, i])
         valid[k] = True
     return values, valid
+
+
+@njit(cache=True, nogil=True)
+def _integer(buf: np.ndarray, a: int, b: int) -> int:
+    """The integer written at ``buf[a:b]`` (scan has checked it fits int64)."""
+    negative = buf[a] == 45
+    v = 0
+    for q in range(a + 1 if negative else a, b):  # negatives count down: -2**63 has no positive
+        v = v * 10 - (buf[q] - 48) if negative else v * 10 + (buf[q] - 48)
+    return v
 
 
 @njit(cache=True, nogil=True)
@@ -361,11 +365,8 @@ def page_ranges(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np
         end = vstop[f, i]
         first = n
         good = p < end
-        while good:
-            a, p, good = _page_id(buf, p, end)
-            b = a
-            if good and p < end and buf[p] == 45:
-                b, p, good = _page_id(buf, p + 1, end)
+        while good and p < end:
+            a, b, p, good = _range_at(buf, p, end)
             if not good:
                 break
             if n == cap:
@@ -377,13 +378,6 @@ def page_ranges(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np
                 lo, hi = lo2, hi2
             lo[n], hi[n] = a, b
             n += 1
-            if p == end:
-                break
-            if buf[p] != 44:
-                good = False
-            p += 1
-            if p >= end:
-                good = False  # a trailing comma
         if good:
             valid[k] = True
             t = hi[first]
@@ -394,6 +388,21 @@ def page_ranges(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np
             n = first
     offsets[m] = n
     return offsets, lo[:n].copy(), hi[:n].copy(), valid, top
+
+
+@njit(cache=True, nogil=True)
+def _range_at(buf: np.ndarray, p: int, end: int) -> tuple[int, int, int, bool]:
+    """The page range ``a`` or ``a-b`` at ``p`` of a list: (lo, hi, where the next range starts,
+    whether the list is well formed so far: a range, then the end or a comma and more)."""
+    a, p, good = _page_id(buf, p, end)
+    b = a
+    if good and p < end and buf[p] == 45:
+        b, p, good = _page_id(buf, p + 1, end)
+    if not good or p == end:
+        return a, b, p, good
+    if buf[p] != 44 or p + 1 >= end:  # not a comma, or a trailing one
+        return a, b, p, False
+    return a, b, p + 1, True
 
 
 @njit(cache=True, nogil=True)
@@ -423,31 +432,15 @@ def _same(buf: np.ndarray, a: int, b: int, pool: np.ndarray, pool_at: np.ndarray
 
 
 @njit(cache=True, nogil=True)
-def _integer(buf: np.ndarray, a: int, b: int) -> int:
-    negative = buf[a] == 45
-    v = 0
-    for q in range(a + 1 if negative else a, b):
-        v = v * 10 - (buf[q] - 48) if negative else v * 10 + (buf[q] - 48)
-    return v
-
-
-@njit(cache=True, nogil=True)
 def _pages_ok(buf: np.ndarray, p: int, end: int) -> bool:
     """Whether ``buf[p:end]`` is a page list of the shape ``validate._PAGES`` with every lo <= hi."""
     if p >= end:
         return False
-    while True:
-        a, p, good = _page_id(buf, p, end)
-        b = a
-        if good and p < end and buf[p] == 45:
-            b, p, good = _page_id(buf, p + 1, end)
+    while p < end:
+        a, b, p, good = _range_at(buf, p, end)
         if not good or a > b:
             return False
-        if p == end:
-            return True
-        if buf[p] != 44 or p + 1 >= end:
-            return False
-        p += 1
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -529,7 +522,6 @@ for _f, _n in enumerate(_NAMES):
     _BUCKET[_n[0], len(_n), _slot] = _f
 _SHAPES = np.array([_SHAPE[FIELDS[n].type] for n in FIELD_ORDER], np.int8)
 _INDEX = {n: i for i, n in enumerate(FIELD_ORDER)}
-_RENAMED = {"event": "event_s", "op": "op_s"}
 
 
 class _Texts:
@@ -561,14 +553,12 @@ def _rule_tables() -> tuple[np.ndarray, ...]:
     kind_disc = np.array([-1 if d is None else _INDEX[d] for d in discs], np.int64)
     var_kind, var_text, required, owned = [], [], [], []
     for ki, kind in enumerate(KINDS):
-        disc = DISCRIMINATOR[kind]
         variants: list[str | None] = [*VARIANTS[kind]] or [None]
         for variant in variants:
-            req, opt = fields_of(kind, variant)
             var_kind.append(ki)
             var_text.append(texts.add(variant) if variant is not None else -1)
-            required.append([_INDEX[n] for n in req])
-            owned.append([_INDEX[n] for n in req + opt if n not in ("kind", "ts", "node", "seq", "boot", disc)])
+            required.append([_INDEX[n] for n in fields_of(kind, variant)[0]])
+            owned.append([_INDEX[n] for n in own_fields(kind, variant)])
     choices = [[texts.add(c) for c in FIELDS[n].choices] for n in FIELD_ORDER]
     mins = np.array([NO_MIN if FIELDS[n].min_value is None else FIELDS[n].min_value for n in FIELD_ORDER],
                     np.int64)
@@ -601,13 +591,8 @@ def text_views(buf: np.ndarray, views_valid: tuple[np.ndarray, np.ndarray]) -> p
     return pa.Array.from_buffers(pa.string_view(), n, [bitmap, pa.py_buffer(out), pa.py_buffer(buf)])
 
 
-def _text(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
-    n = len(offsets) - 1
-    if valid is None or valid.all():
-        return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
-    return pa.LargeStringArray.from_buffers(
-        n, pa.py_buffer(offsets), pa.py_buffer(data), _bitmap(valid), int(n - valid.sum())
-    )
+def _text(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
+    return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
 def _ints(values: np.ndarray, valid: np.ndarray) -> pa.Array:
@@ -624,6 +609,10 @@ def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tup
     plain, kinds, vstart, vstop, canon_at, canon = scan(buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET,
                                                         _SHAPES, _KEY_BYTES, _KEY_AT)
     rows = np.flatnonzero(plain)
+
+    def text(f: int) -> pa.Array:
+        return text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING))
+
     cols: dict[str, pa.Array] = {}
     for name in FIELD_ORDER:
         f = _INDEX[name]
@@ -631,11 +620,11 @@ def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tup
         if ftype is FieldType.INT:
             cols[name] = _ints(*integers(buf, rows, kinds, vstart, vstop, f))
         elif ftype is FieldType.TS:
-            cols["ts_text"] = text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING))
+            cols["ts_text"] = text(f)
             cols["ts_shape"] = pa.array(rfc3339(buf, rows, kinds, vstart, vstop, f))
             cols["ts_int"] = _ints(*integers(buf, rows, kinds, vstart, vstop, f))
         else:
-            cols[_RENAMED.get(name, name)] = text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING))
+            cols[PLAIN_SOURCE.get(name, name)] = text(f)
     offsets, lo, hi, valid, top = page_ranges(buf, rows, kinds, vstart, vstop, _INDEX["pages"])
     ranges = pa.StructArray.from_arrays([pa.array(lo), pa.array(hi)], fields=list(PAGE_RANGE))
     cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))

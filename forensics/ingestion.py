@@ -17,8 +17,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from forensics.errors import KvfError, UnreadableFile
 from forensics.readers import LINES_SCHEMA, LogFile, discover, read_blocks
 from forensics.schema import Reason
 from forensics.store import connect, one
-from forensics.validate import MACROS, plain_stage_sql, stage_sql
+from forensics.validate import MACROS, PLAIN_SOURCE, plain_stage_sql, stage_sql
 
 #: The columns of a record besides where it was read (file, line, part): typed fields and provenance.
 RECORD_COLUMNS = (
@@ -143,9 +144,8 @@ def ingest(
     con = connect(db)
     try:
         con.execute(MACROS)
-        con.register("chunk", LINES_SCHEMA.empty_table())
-        con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
-        con.unregister("chunk")
+        with _registered(con, LINES_SCHEMA.empty_table()):
+            con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
         with ThreadPoolExecutor(max_workers=1) as pool:
             # the next file is hashed while this one loads
             hashes = [pool.submit(sha256_of, log.path) for log in logs]
@@ -267,11 +267,8 @@ def _load(
             _load_plain(con, file_id, block.plain)
             plain += block.plain.num_rows
         if block.lines.num_rows:
-            con.register("chunk", block.lines)
-            try:
+            with _registered(con, block.lines):
                 con.execute(f"INSERT INTO stage BY NAME {LINES_STAGE}")
-            finally:
-                con.unregister("chunk")
         done += block.nbytes
         if progress is not None:
             progress(log.path, min(done, size), size)
@@ -285,8 +282,7 @@ def _load_plain(con: duckdb.DuckDBPyConnection, file_id: int, chunk: pa.Table) -
     as much as writing data.
     """
     cols = ", ".join(c for c in RECORD_COLUMNS if _has_values(chunk, c))
-    con.register("chunk", chunk)
-    try:
+    with _registered(con, chunk):
         row = one(
             con,
             f"INSERT INTO records (file_id, line_no, part, {cols}) "
@@ -298,19 +294,23 @@ def _load_plain(con: duckdb.DuckDBPyConnection, file_id: int, chunk: pa.Table) -
                 f"INSERT INTO quarantine SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL "
                 f"FROM ({PLAIN_STAGE}) WHERE q_reason IS NOT NULL"
             )
+
+
+@contextmanager
+def _registered(con: duckdb.DuckDBPyConnection, table: pa.Table) -> Iterator[None]:
+    """``table`` visible to the queries as ``chunk`` (what LINES_STAGE and PLAIN_STAGE read)."""
+    con.register("chunk", table)
+    try:
+        yield
     finally:
         con.unregister("chunk")
-
-
-#: Record columns that come out of the fast path's columns of another name.
-_PLAIN_SOURCE = {"event": "event_s", "op": "op_s", "max_page": "max_hi"}
 
 
 def _has_values(chunk: pa.Table, column: str) -> bool:
     """Whether any plain record of ``chunk`` has a value for the record column ``column``."""
     if column == "doc":
         return False  # a plain line is its own document
-    source = _PLAIN_SOURCE.get(column, column)
+    source = PLAIN_SOURCE.get(column, column)
     if column == "boot" or source not in chunk.column_names:  # boot defaults to 0; ts, rec_hash
         return True
     return chunk.column(source).null_count < chunk.num_rows

@@ -10,6 +10,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -172,7 +173,7 @@ def read_chunks(
 
     A file an adapter reads comes translated: ``doc`` holds the canonical record.
     """
-    try:
+    with _decoding(log):
         if log.adapter != "canonical":
             adapter = adapters.get(log.adapter)
             assert adapter.translate is not None
@@ -186,6 +187,13 @@ def read_chunks(
             yield from _csv_chunks(log)
         else:
             yield from _parquet_chunks(log)
+
+
+@contextmanager
+def _decoding(log: LogFile) -> Iterator[None]:
+    """A file that fails to decode (bad compression, not its format) raises UnreadableFile."""
+    try:
+        yield
     except (OSError, EOFError, ValueError, pa.ArrowException) as exc:
         if isinstance(exc, UnreadableFile):
             raise
@@ -283,14 +291,10 @@ def read_blocks(
         for chunk in read_chunks(log, options, notes, on_ignored):
             yield Block(None, chunk, int(chunk["raw"].nbytes))
         return
-    try:
+    with _decoding(log):
         yield from _ahead(
             _split(data, first_line) for data, first_line in _jsonl_blocks(log, PLAIN_BLOCK_BYTES)
         )
-    except (OSError, EOFError, ValueError) as exc:
-        if isinstance(exc, UnreadableFile):
-            raise
-        raise UnreadableFile(f"{log.path}: cannot be decoded as {log.format} ({exc})") from exc
 
 
 def _ahead(blocks: Iterator[Block]) -> Iterator[Block]:

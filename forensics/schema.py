@@ -191,6 +191,14 @@ def fields_of(kind: str, variant: str | None) -> tuple[tuple[str, ...], tuple[st
     return required, tuple(f for f in optional if f not in required)
 
 
+def own_fields(kind: str, variant: str | None) -> tuple[str, ...]:
+    """The fields a kind and event/op add to the common ones and to the event/op itself: those
+    whose value rules (enumeration, minimum, page list) the variant checks."""
+    required, optional = fields_of(kind, variant)
+    common = COMMON_REQUIRED + COMMON_OPTIONAL
+    return tuple(n for n in required + optional if n not in common and n != DISCRIMINATOR[kind])
+
+
 def integer_fields() -> frozenset[str]:
     """Fields whose value is an integer (CSV cells are converted for these)."""
     return frozenset(f.name for f in FIELDS.values() if f.type in (FieldType.INT, FieldType.TS))

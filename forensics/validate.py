@@ -23,6 +23,7 @@ from forensics.schema import (
     FieldType,
     Reason,
     fields_of,
+    own_fields,
 )
 
 _RFC3339 = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})"
@@ -59,6 +60,10 @@ def _is_str(name: str) -> str:
     return f"starts_with({_j(name)}, '\"')"
 
 
+#: Record columns that plain_stage_sql's source gives under another name.
+PLAIN_SOURCE = {"event": "event_s", "op": "op_s", "max_page": "max_hi"}
+
+
 @dataclass(frozen=True)
 class _Fields:
     """How the checks see a record's fields: as JSON text (any line) or already typed.
@@ -73,7 +78,8 @@ class _Fields:
     def present(self, name: str) -> str:
         if not self.typed:
             return _present(name)
-        return f"({ {'ts': 'j_ts', 'event': 'event_s', 'op': 'op_s'}.get(name, name)} IS NOT NULL)"
+        column = "j_ts" if name == "ts" else PLAIN_SOURCE.get(name, name)
+        return f"({column} IS NOT NULL)"
 
     def is_str(self, name: str) -> str:
         return "TRUE" if self.typed else _is_str(name)
@@ -225,15 +231,12 @@ def _checks(fields: _Fields) -> _Chain:
     return chain
 
 
-_COMMON = ("kind", "ts", "node", "seq", "boot")
-
-
 def _variant_checks(kind: str, variant: str | None, fields: _Fields) -> _Chain:
     """Checks of the fields a kind and event/op adds: missing, then type, then value."""
     chain = _Chain()
     lit = _q
     required, optional = fields_of(kind, variant)
-    own = [n for n in required + optional if n not in _COMMON and n != DISCRIMINATOR[kind]]
+    own = own_fields(kind, variant)
     for name in own:
         if name in required:
             chain.add(f"NOT {fields.present(name)}", Reason.MISSING_FIELD, lit(f"missing field '{name}'"))
