@@ -264,6 +264,18 @@ def views(buf: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, kin
 
 
 @njit(cache=True, nogil=True)
+def written(rows: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """Per field, whether any of ``rows`` has it."""
+    present = np.zeros(kinds.shape[0], np.bool_)
+    for k in range(len(rows)):
+        i = rows[k]
+        for f in range(kinds.shape[0]):
+            if kinds[f, i] != ABSENT:
+                present[f] = True
+    return present
+
+
+@njit(cache=True, nogil=True)
 def _put_int32(row: np.ndarray, at: int, value: int) -> None:
     for j in range(4):
         row[at + j] = (value >> (8 * j)) & 255
@@ -609,20 +621,26 @@ def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tup
     plain, kinds, vstart, vstop, canon_at, canon = scan(buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET,
                                                         _SHAPES, _KEY_BYTES, _KEY_AT)
     rows = np.flatnonzero(plain)
+    # a field no plain line has gets one shared column of nulls: most kinds have few of the fields
+    present = written(rows, kinds)
+    no_text, no_int = pa.nulls(len(rows), pa.string_view()), pa.nulls(len(rows), pa.int64())
 
     def text(f: int) -> pa.Array:
-        return text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING))
+        return text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING)) if present[f] else no_text
+
+    def ints(f: int) -> pa.Array:
+        return _ints(*integers(buf, rows, kinds, vstart, vstop, f)) if present[f] else no_int
 
     cols: dict[str, pa.Array] = {}
     for name in FIELD_ORDER:
         f = _INDEX[name]
         ftype = FIELDS[name].type
         if ftype is FieldType.INT:
-            cols[name] = _ints(*integers(buf, rows, kinds, vstart, vstop, f))
+            cols[name] = ints(f)
         elif ftype is FieldType.TS:
             cols["ts_text"] = text(f)
             cols["ts_shape"] = pa.array(rfc3339(buf, rows, kinds, vstart, vstop, f))
-            cols["ts_int"] = _ints(*integers(buf, rows, kinds, vstart, vstop, f))
+            cols["ts_int"] = ints(f)
         else:
             cols[PLAIN_SOURCE.get(name, name)] = text(f)
     offsets, lo, hi, valid, top = page_ranges(buf, rows, kinds, vstart, vstop, _INDEX["pages"])

@@ -4,7 +4,9 @@ Canonical files are read as they are; engine logs come translated by an adapter
 (:mod:`forensics.adapters`) and from there on are handled exactly alike. Plain JSON lines (the
 bulk of any real log) are read by a compiled fast path (:mod:`forensics.fastlines`) straight
 into ``records``; every other line is validated by SQL (:mod:`forensics.validate`), the
-reference both must agree with.
+reference both must agree with. The fast path's files are read and split in worker threads
+ahead of the loading (:class:`forensics.readers.ReadAhead`), in blocks of whole DuckDB row
+groups, which DuckDB writes straight to the case file.
 
 Each file is one transaction: a process killed mid-way leaves the case as it was before
 that file, and running the same command again finishes the job. The outcome does not
@@ -30,7 +32,7 @@ import pyarrow as pa
 from forensics import __version__, adapters
 from forensics.adapters import Notes, Options
 from forensics.errors import KvfError, UnreadableFile
-from forensics.readers import LINES_SCHEMA, LogFile, discover, read_blocks
+from forensics.readers import LINES_SCHEMA, ROW_GROUP, LogFile, ReadAhead, discover, fast_path, read_blocks
 from forensics.schema import Reason
 from forensics.store import connect, one
 from forensics.validate import MACROS, PLAIN_SOURCE, plain_stage_sql, stage_sql
@@ -146,12 +148,12 @@ def ingest(
         con.execute(MACROS)
         with _registered(con, LINES_SCHEMA.empty_table()):
             con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        with ThreadPoolExecutor(max_workers=1) as pool, ReadAhead(logs) as ahead:
             # the next file is hashed while this one loads
             hashes = [pool.submit(sha256_of, log.path) for log in logs]
             try:
                 results = [
-                    _ingest_file(con, log, digest.result(), progress, options or Options())
+                    _ingest_file(con, log, digest.result(), progress, options or Options(), ahead)
                     for log, digest in zip(logs, hashes, strict=True)
                 ]
             finally:
@@ -207,7 +209,7 @@ def sha256_of(path: Path) -> tuple[str, int]:
 
 def _ingest_file(
     con: duckdb.DuckDBPyConnection, log: LogFile, digest: tuple[str, int], progress: Progress | None,
-    options: Options,
+    options: Options, ahead: ReadAhead,
 ) -> FileResult:
     sha, size = digest
     known = one(con, "SELECT lines_ignored FROM files WHERE sha256 = ?", [sha])
@@ -216,13 +218,15 @@ def _ingest_file(
         compression=log.compression, counts=Counts(), adapter=log.adapter,
     )
     if known:
+        if fast_path(log):
+            ahead.skip(log)
         return FileResult(status="already_in_case", ignored=int(known[0]), **base)  # type: ignore[arg-type]
     notes = Notes()
     ignored = [0]
     con.execute("BEGIN TRANSACTION")
     try:
         file_id = _next_file_id(con)
-        read = _load(con, file_id, log, progress, size, options, notes, ignored)
+        read = _load(con, file_id, log, progress, size, options, notes, ignored, ahead)
         _check_strict_json(con)
         _settle(con, file_id)
         con.execute(
@@ -251,7 +255,7 @@ PLAIN_STAGE = plain_stage_sql("chunk")
 
 def _load(
     con: duckdb.DuckDBPyConnection, file_id: int, log: LogFile, progress: Progress | None, size: int,
-    options: Options, notes: Notes, ignored: list[int],
+    options: Options, notes: Notes, ignored: list[int], ahead: ReadAhead,
 ) -> int:
     """Read the file: plain lines straight into ``records`` (or quarantine), the others validated
     into the temp table ``stage``. The number of records read."""
@@ -262,16 +266,24 @@ def _load(
     def count_ignored(n: int) -> None:
         ignored[0] = n
 
-    for block in read_blocks(log, options, notes, count_ignored):
+    held: pa.Table | None = None  # plain rows wait one block, so a short last block joins them
+    for block in read_blocks(log, options, notes, count_ignored, ahead):
         if block.plain is not None and block.plain.num_rows:
-            _load_plain(con, file_id, block.plain)
             plain += block.plain.num_rows
+            if held is not None and block.plain.num_rows < ROW_GROUP:
+                held = pa.concat_tables([held, block.plain])
+            else:
+                if held is not None:
+                    _load_plain(con, file_id, held)
+                held = block.plain
         if block.lines.num_rows:
             with _registered(con, block.lines):
                 con.execute(f"INSERT INTO stage BY NAME {LINES_STAGE}")
         done += block.nbytes
         if progress is not None:
             progress(log.path, min(done, size), size)
+    if held is not None:
+        _load_plain(con, file_id, held)
     return plain + _count(con, "stage")
 
 

@@ -7,8 +7,10 @@ import datetime as dt
 import gzip
 import io
 import json
+import queue
 import re
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +26,14 @@ from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
 from forensics.schema import integer_fields
 
 CHUNK_BYTES = 32 << 20
-PLAIN_BLOCK_BYTES = 16 << 20  # JSON Lines for the fast path: the next block splits while this one loads
+#: DuckDB's row group. Rows inserted in whole groups are written straight to the case file; an
+#: insert of part of a group waits in the transaction and goes through the write-ahead log at
+#: commit, which costs about as much again.
+ROW_GROUP = 122_880
+#: JSON Lines for the fast path come in blocks of whole row groups (the next block splits while
+#: this one loads), read this much at a time; lines too long for that are cut at this size.
+PLAIN_BLOCK_LINES = 2 * ROW_GROUP
+PLAIN_READ_BYTES = 64 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _PARQUET_MAGIC = b"PAR1"
@@ -205,27 +214,50 @@ def _jsonl_chunks(log: LogFile) -> Iterator[pa.Table]:
         yield _lines_table(data, first_line)
 
 
-def _jsonl_blocks(log: LogFile, block_bytes: int = CHUNK_BYTES) -> Iterator[tuple[bytes, int]]:
-    """The file's bytes in blocks of whole lines, each ending with a newline, and its first line's number."""
+def _jsonl_blocks(
+    log: LogFile, block_bytes: int = CHUNK_BYTES, lines: int | None = None
+) -> Iterator[tuple[bytes, int]]:
+    """The file's bytes in blocks of whole lines, each ending with a newline, and its first line's number.
+
+    With ``lines``, each block but the last has exactly that many lines, unless they would take
+    more than ``block_bytes``; without it, blocks are about ``block_bytes`` long.
+    """
     next_line = 1
     carry = b""
+    carry_ends = np.empty(0, dtype=np.int64)  # where the lines in ``carry`` end
     with open_binary(log) as fh:
         first = True
         while True:
             block = fh.read(block_bytes)
-            data = carry + block
-            if first and data.startswith(b"\xef\xbb\xbf"):
-                data = data[3:]
+            if first and block.startswith(b"\xef\xbb\xbf"):
+                block = block[3:]
             first = False
+            data = carry + block
             if not block:
                 if data:
-                    yield data + b"\n", next_line
+                    yield data if data.endswith(b"\n") else data + b"\n", next_line
                 return
-            cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
-            if cut:
-                yield data[:cut], next_line
-                next_line += data.count(b"\n", 0, cut)
+            if lines is None:
+                cut = data.rfind(b"\n") + 1
+                carry = data[cut:]
+                if cut:
+                    yield data[:cut], next_line
+                    next_line += data.count(b"\n", 0, cut)
+                continue
+            ends = np.concatenate([carry_ends, np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + len(carry)])
+            start, used = 0, 0
+            for last in range(lines - 1, len(ends), lines):
+                stop = int(ends[last]) + 1
+                yield data[start:stop], next_line
+                next_line += lines
+                start, used = stop, last + 1
+            if used < len(ends) and len(data) - start > block_bytes:  # long lines: cut by size
+                stop = int(ends[-1]) + 1
+                yield data[start:stop], next_line
+                next_line += len(ends) - used
+                start, used = stop, len(ends)
+            carry = data[start:]
+            carry_ends = ends[used:] - start
 
 
 def _line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -266,9 +298,9 @@ def _lines_of(data: bytes, rows: np.ndarray, starts: np.ndarray, stops: np.ndarr
     return _batched(table)
 
 
-def _batched(table: pa.Table) -> pa.Table:
+def _batched(table: pa.Table, rows: int = 32_768) -> pa.Table:
     """The table in batches small enough that DuckDB scans it on every core."""
-    return pa.Table.from_batches(table.to_batches(max_chunksize=32_768), schema=table.schema)
+    return pa.Table.from_batches(table.to_batches(max_chunksize=rows), schema=table.schema)
 
 
 @dataclass(frozen=True)
@@ -280,34 +312,108 @@ class Block:
     nbytes: int  # how much of the file (decompressed) the block covers
 
 
+def fast_path(log: LogFile) -> bool:
+    """Whether the file's plain lines take the compiled fast path (canonical JSON Lines)."""
+    return FAST_PATH and log.adapter == "canonical" and log.format == "jsonl"
+
+
 def read_blocks(
     log: LogFile,
     options: adapters.Options | None = None,
     notes: adapters.Notes | None = None,
     on_ignored: Callable[[int], None] | None = None,
+    ahead: ReadAhead | None = None,
 ) -> Iterator[Block]:
-    """The file's records a block at a time; canonical JSON Lines take the fast path where plain."""
-    if log.adapter != "canonical" or log.format != "jsonl" or not FAST_PATH:
+    """The file's records a block at a time; canonical JSON Lines take the fast path where plain.
+
+    ``ahead`` is the ingest's reader of its fast-path files, of which this is the next; without
+    it, the file gets a reader of its own.
+    """
+    if not fast_path(log):
         for chunk in read_chunks(log, options, notes, on_ignored):
             yield Block(None, chunk, int(chunk["raw"].nbytes))
-        return
-    with _decoding(log):
-        yield from _ahead(
-            _split(data, first_line) for data, first_line in _jsonl_blocks(log, PLAIN_BLOCK_BYTES)
-        )
+    elif ahead is not None:
+        yield from ahead.blocks(log)
+    else:
+        with ReadAhead([log]) as own:
+            yield from own.blocks(log)
 
 
-def _ahead(blocks: Iterator[Block]) -> Iterator[Block]:
-    """``blocks``, the next one read and split in a worker thread while the caller loads this one.
+class ReadAhead:
+    """The fast-path files of an ingest, read and split in worker threads ahead of their loading.
 
-    The compiled fast path and DuckDB both release the GIL, so reading overlaps loading.
+    One thread reads the files in order (decompressing them) and hands each block to two
+    threads that split it (the compiled fast path releases the GIL), while DuckDB loads the
+    blocks before it; reading runs on into the next file while this one settles and commits.
+    At most ``depth`` blocks wait read and not yet taken. The files must be taken in order, each
+    with :meth:`blocks` or :meth:`skip`.
     """
-    done = object()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(next, blocks, done)
-        while (block := pending.result()) is not done:
-            pending = pool.submit(next, blocks, done)
-            yield block  # type: ignore[misc]
+
+    _END = object()
+
+    def __init__(self, logs: Sequence[LogFile], depth: int = 3) -> None:
+        self._logs = [log for log in logs if fast_path(log)]
+        self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in self._logs]
+        self._taken = 0
+        self._passed: set[int] = set()  # files to pass over: the reader stops reading them
+        self._slots = threading.Semaphore(depth)
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvf-split")
+        self._reader = threading.Thread(target=self._read, name="kvf-read", daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read(self) -> None:
+        for index, (log, out) in enumerate(zip(self._logs, self._queues, strict=True)):
+            try:
+                for data, first_line in _jsonl_blocks(log, PLAIN_READ_BYTES, PLAIN_BLOCK_LINES):
+                    while not self._slots.acquire(timeout=0.1):
+                        if self._stop.is_set():
+                            return
+                    if self._stop.is_set():
+                        return
+                    if index in self._passed:
+                        self._slots.release()
+                        break
+                    out.put(self._pool.submit(_split, data, first_line))
+            except BaseException as exc:  # handed to the loader, which says what the file is
+                out.put(exc)
+            out.put(self._END)
+
+    def _next(self, log: LogFile) -> queue.Queue[Any]:
+        assert self._logs[self._taken] is log, "fast-path files are taken in order"
+        self._taken += 1
+        return self._queues[self._taken - 1]
+
+    def blocks(self, log: LogFile) -> Iterator[Block]:
+        """The next file's blocks, split."""
+        out = self._next(log)
+        with _decoding(log):
+            while (item := out.get()) is not self._END:
+                if isinstance(item, BaseException):
+                    raise item
+                self._slots.release()
+                yield item.result()
+
+    def skip(self, log: LogFile) -> None:
+        """Pass over the next file (already in the case): the reader stops reading it."""
+        self._passed.add(self._taken)
+        out = self._next(log)
+        while (item := out.get()) is not self._END:
+            if not isinstance(item, BaseException):
+                self._slots.release()
+                item.cancel()
+
+    def close(self) -> None:
+        """Stop reading, and wait for the threads."""
+        self._stop.set()
+        self._reader.join()
+        self._pool.shutdown(cancel_futures=True)
 
 
 def _split(data: bytes, first_line: int) -> Block:
@@ -328,7 +434,7 @@ def _split(data: bytes, first_line: int) -> Block:
         **cols,
     })
     others = _lines_of(data, np.flatnonzero(~plain), starts, stops, first_line)
-    return Block(_batched(table), others, len(data))
+    return Block(_batched(table, ROW_GROUP), others, len(data))
 
 
 def _decode_lossless(data: bytes, starts: np.ndarray, stops: np.ndarray) -> pa.Array:

@@ -1,0 +1,150 @@
+"""Reading JSON Lines in blocks of whole row groups, read ahead across the files of an ingest."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tempfile
+import threading
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import write_jsonl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import forensics
+from forensics import ingestion, readers
+from forensics.errors import UnreadableFile
+from forensics.readers import LogFile, ReadAhead
+
+TS = "2026-08-27T10:00:00.000000Z"
+
+
+def kv(node: str, seq: int) -> dict[str, object]:
+    return {"kind": "kv", "ts": TS, "node": node, "seq": seq, "request_id": f"r{seq % 7}", "op": "alloc",
+            "pages": f"{seq % 50}-{seq % 50 + 2}"}
+
+
+def log_of(path: Path) -> LogFile:
+    log = readers.identify(path, explicit=True)
+    assert log is not None
+    return log
+
+
+def blocks_of(content: bytes, read_bytes: int, lines: int) -> list[tuple[bytes, int]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "a.jsonl"
+        path.write_bytes(content)
+        return list(readers._jsonl_blocks(log_of(path), read_bytes, lines))
+
+
+def assert_whole_lines(blocks: list[tuple[bytes, int]], content: bytes) -> None:
+    """The blocks are the file end to end (its BOM left out), each whole lines numbered on."""
+    body = content.removeprefix(b"\xef\xbb\xbf")
+    assert b"".join(b for b, _ in blocks) == (body if body.endswith(b"\n") or not body else body + b"\n")
+    line = 1
+    for data, first in blocks:
+        assert data.endswith(b"\n") and first == line
+        line += data.count(b"\n")
+
+
+LINE = st.text(alphabet="ab{}\r", max_size=18).map(str.encode)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(LINE, max_size=40), st.integers(1, 5), st.integers(128, 256), st.booleans(), st.booleans())
+def test_blocks_hold_exactly_the_lines_asked_for(
+    lines: list[bytes], per_block: int, read_bytes: int, bom: bool, last_newline: bool
+) -> None:
+    content = (b"\xef\xbb\xbf" if bom else b"") + b"\n".join(lines) + (b"\n" if last_newline else b"")
+    blocks = blocks_of(content, read_bytes, per_block)
+    assert_whole_lines(blocks, content)
+    # lines of at most 19 bytes: 5 and what is left over never fill a read, so only the last is short
+    assert all(data.count(b"\n") == per_block for data, _ in blocks[:-1])
+    assert not blocks or 1 <= blocks[-1][0].count(b"\n") <= per_block
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=30), st.integers(1, 8), st.integers(4, 40))
+def test_long_lines_cut_blocks_by_size(lengths: list[int], per_block: int, read_bytes: int) -> None:
+    content = b"".join(b"x" * n + b"\n" for n in lengths)
+    blocks = blocks_of(content, read_bytes, per_block)
+    assert_whole_lines(blocks, content)
+    # a block with fewer lines than asked is the last, or what is read ran past a read's size
+    assert all(data.count(b"\n") == per_block or len(data) > read_bytes - 301 for data, _ in blocks[:-1])
+    assert all(len(data) <= 2 * read_bytes + 301 for data, _ in blocks)  # what a block may hold is bounded
+
+
+def test_read_ahead_gives_each_file_its_blocks_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 4096)
+    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 5)
+    sizes = [23, 40, 1, 17]
+    logs = [log_of(write_jsonl(tmp_path / f"{i}.jsonl", [kv(f"n{i}", s) for s in range(n)]))
+            for i, n in enumerate(sizes)]
+    with ReadAhead(logs, depth=1) as ahead:
+        got = []
+        for i, log in enumerate(logs):
+            if i == 1:
+                ahead.skip(log)
+                continue
+            blocks = list(ahead.blocks(log))
+            assert all(b.plain is not None and b.plain.num_rows == 5 for b in blocks[:-1])
+            got.append([n for b in blocks if b.plain is not None for n in b.plain["line_no"].to_pylist()])
+    assert got == [list(range(1, n + 1)) for n in (sizes[0], sizes[2], sizes[3])]
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvf-")]
+
+
+def test_small_blocks_give_the_same_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row-group blocks, a short last block joined to the one before: the same records, in file order."""
+    lines = [json.dumps(kv("d0", s)) for s in range(300)]
+    lines[40] = lines[40].replace('"op": "alloc"', '"op": "al\\u006coc"')  # not plain: the SQL path
+    lines[41] = ""
+    lines[77] = '{"kind": "kv", "ts": '
+    lines[150] = lines[149]
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    def case(db: Path) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+        forensics.ingest([path], db)
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            records = con.execute("SELECT * EXCLUDE (file_id) FROM records").fetchall()
+            others = con.execute(
+                "SELECT line_no, reason FROM quarantine UNION ALL SELECT line_no, 'duplicate' FROM duplicates "
+                "ORDER BY 1").fetchall()
+        finally:
+            con.close()
+        return records, others
+
+    whole = case(tmp_path / "whole.duckdb")
+    for module in (readers, ingestion):
+        monkeypatch.setattr(module, "ROW_GROUP", 16)
+    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 32)
+    monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 8192)
+    small = case(tmp_path / "small.duckdb")
+    assert small == whole
+    plain = [r[0] for r in small[0] if r[0] != 41]  # line 41 is validated by SQL and settled after
+    assert plain == sorted(plain) and len(plain) == 296
+    assert small[1] == [(78, "not_json"), (151, "duplicate")]
+
+
+def test_a_file_that_fails_mid_way_stops_the_ingest_and_keeps_the_files_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 16384)
+    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 50)
+    logs = tmp_path / "logs"
+    write_jsonl(logs / "a.jsonl", [kv("a", s) for s in range(500)])
+    packed = gzip.compress("".join(json.dumps(kv("b", s)) + "\n" for s in range(5000)).encode())
+    (logs / "b.jsonl.gz").write_bytes(packed[: len(packed) // 2])  # cut short: fails after some blocks
+    write_jsonl(logs / "c.jsonl", [kv("c", s) for s in range(500)])
+    with pytest.raises(UnreadableFile, match="b.jsonl.gz"):
+        forensics.ingest([logs], tmp_path / "case.duckdb")
+    con = duckdb.connect(str(tmp_path / "case.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT node, count(*) FROM records GROUP BY ALL").fetchall() == [("a", 500)]
+    finally:
+        con.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvf-")]
