@@ -267,11 +267,11 @@ def views(buf: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, kin
 def written(rows: np.ndarray, kinds: np.ndarray) -> np.ndarray:
     """Per field, whether any of ``rows`` has it."""
     present = np.zeros(kinds.shape[0], np.bool_)
-    for k in range(len(rows)):
-        i = rows[k]
-        for f in range(kinds.shape[0]):
-            if kinds[f, i] != ABSENT:
+    for f in range(kinds.shape[0]):
+        for k in range(len(rows)):
+            if kinds[f, rows[k]] != ABSENT:
                 present[f] = True
+                break
     return present
 
 

@@ -356,17 +356,20 @@ def _check_strict_json(con: duckdb.DuckDBPyConnection) -> None:
 def _settle(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     """Give every record of the file its end: the staged lines join the plain ones in records or
     quarantine; then repeats move to duplicates, conflicts and pages beyond the pool to quarantine."""
-    con.execute(
-        f"""
-        INSERT INTO quarantine
-        SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL FROM stage WHERE q_reason IS NOT NULL
-        """
-    )
-    cols = ", ".join(RECORD_COLUMNS)
-    con.execute(
-        f"INSERT INTO records (file_id, line_no, part, {cols}) "
-        f"SELECT {file_id}, line_no, part, {cols} FROM stage WHERE q_reason IS NULL"
-    )
+    if _count(con, "stage"):
+        # only when there are staged lines: even an empty insert into records puts the rows the fast
+        # path left short of a row group through the write-ahead log at commit
+        con.execute(
+            f"""
+            INSERT INTO quarantine
+            SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL FROM stage WHERE q_reason IS NOT NULL
+            """
+        )
+        cols = ", ".join(RECORD_COLUMNS)
+        con.execute(
+            f"INSERT INTO records (file_id, line_no, part, {cols}) "
+            f"SELECT {file_id}, line_no, part, {cols} FROM stage WHERE q_reason IS NULL"
+        )
     keys_unique = _keys_unique(con, file_id)
     _move_repeats(con, file_id, only_without_seq=keys_unique)
     if not keys_unique:

@@ -214,50 +214,78 @@ def _jsonl_chunks(log: LogFile) -> Iterator[pa.Table]:
         yield _lines_table(data, first_line)
 
 
-def _jsonl_blocks(
-    log: LogFile, block_bytes: int = CHUNK_BYTES, lines: int | None = None
-) -> Iterator[tuple[bytes, int]]:
-    """The file's bytes in blocks of whole lines, each ending with a newline, and its first line's number.
-
-    With ``lines``, each block but the last has exactly that many lines, unless they would take
-    more than ``block_bytes``; without it, blocks are about ``block_bytes`` long.
-    """
+def _jsonl_blocks(log: LogFile, block_bytes: int = CHUNK_BYTES) -> Iterator[tuple[bytes, int]]:
+    """The file's bytes in blocks of whole lines, each ending with a newline, and its first line's number."""
     next_line = 1
     carry = b""
-    carry_ends = np.empty(0, dtype=np.int64)  # where the lines in ``carry`` end
     with open_binary(log) as fh:
         first = True
         while True:
             block = fh.read(block_bytes)
-            if first and block.startswith(b"\xef\xbb\xbf"):
-                block = block[3:]
-            first = False
             data = carry + block
+            if first and data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]
+            first = False
             if not block:
                 if data:
-                    yield data if data.endswith(b"\n") else data + b"\n", next_line
+                    yield data + b"\n", next_line
                 return
-            if lines is None:
-                cut = data.rfind(b"\n") + 1
-                carry = data[cut:]
-                if cut:
-                    yield data[:cut], next_line
-                    next_line += data.count(b"\n", 0, cut)
-                continue
-            ends = np.concatenate([carry_ends, np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + len(carry)])
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                yield data[:cut], next_line
+                next_line += data.count(b"\n", 0, cut)
+
+
+def _line_blocks(log: LogFile, lines: int, read_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
+    """The file's bytes in blocks of ``lines`` whole lines (the last may have fewer), each ending
+    with a newline, and its first line's number; lines too long for that are cut at ``read_bytes``.
+
+    The file is read into numpy buffers, which the kernel backs with huge pages, and the blocks
+    are views of them: no copy but the few lines carried from one read to the next.
+    """
+    next_line = 1
+    carry = np.empty(0, dtype=np.uint8)
+    carry_ends = np.empty(0, dtype=np.int64)  # where the lines in ``carry`` end
+    with open_binary(log) as fh:
+        first = True
+        while True:
+            buf = np.empty(len(carry) + read_bytes, dtype=np.uint8)
+            buf[: len(carry)] = carry
+            got = _read_into(fh, buf[len(carry):])
+            data = buf[: len(carry) + got]
+            if first and bytes(data[:3]) == b"\xef\xbb\xbf":
+                data = data[3:]
+            first = False
+            if not got:
+                if len(data):
+                    yield (data if data[-1] == 10 else np.append(data, np.uint8(10))), next_line
+                return
+            ends = np.concatenate([carry_ends, np.flatnonzero(data[len(carry):] == 10) + len(carry)])
             start, used = 0, 0
             for last in range(lines - 1, len(ends), lines):
                 stop = int(ends[last]) + 1
                 yield data[start:stop], next_line
                 next_line += lines
                 start, used = stop, last + 1
-            if used < len(ends) and len(data) - start > block_bytes:  # long lines: cut by size
+            if used < len(ends) and len(data) - start > read_bytes:  # long lines: cut by size
                 stop = int(ends[-1]) + 1
                 yield data[start:stop], next_line
                 next_line += len(ends) - used
                 start, used = stop, len(ends)
             carry = data[start:]
             carry_ends = ends[used:] - start
+
+
+def _read_into(fh: IO[bytes], out: np.ndarray) -> int:
+    """Fill ``out`` from ``fh`` as far as the stream goes: the number of bytes read."""
+    got = 0
+    while got < len(out):
+        n = fh.readinto(out[got:])  # type: ignore[attr-defined]
+        if not n:
+            break
+        got += n
+    return got
 
 
 def _line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -279,7 +307,9 @@ def _lines_table(data: bytes, first_line: int) -> pa.Table:
     return _lines_of(data, np.arange(len(starts)), starts, stops, first_line)
 
 
-def _lines_of(data: bytes, rows: np.ndarray, starts: np.ndarray, stops: np.ndarray, first_line: int) -> pa.Table:
+def _lines_of(
+    data: bytes | np.ndarray, rows: np.ndarray, starts: np.ndarray, stops: np.ndarray, first_line: int
+) -> pa.Table:
     """The lines ``rows`` of ``data`` as a chunk for the validator; lines that are not UTF-8 kept escaped."""
     from forensics import fastlines
 
@@ -371,7 +401,7 @@ class ReadAhead:
     def _read(self) -> None:
         for index, (log, out) in enumerate(zip(self._logs, self._queues, strict=True)):
             try:
-                for data, first_line in _jsonl_blocks(log, PLAIN_READ_BYTES, PLAIN_BLOCK_LINES):
+                for data, first_line in _line_blocks(log, PLAIN_BLOCK_LINES, PLAIN_READ_BYTES):
                     while not self._slots.acquire(timeout=0.1):
                         if self._stop.is_set():
                             return
@@ -416,11 +446,11 @@ class ReadAhead:
         self._pool.shutdown(cancel_futures=True)
 
 
-def _split(data: bytes, first_line: int) -> Block:
+def _split(data: bytes | np.ndarray, first_line: int) -> Block:
     """A block's plain lines, typed, and its other lines."""
     from forensics import fastlines
 
-    buf = np.frombuffer(data, dtype=np.uint8)
+    buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
     starts, stops = _line_bounds(buf)
     if len(data) >= 2**31:  # the fast path keeps offsets in int32
         return Block(None, _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data))
@@ -437,11 +467,11 @@ def _split(data: bytes, first_line: int) -> Block:
     return Block(_batched(table, ROW_GROUP), others, len(data))
 
 
-def _decode_lossless(data: bytes, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
+def _decode_lossless(data: bytes | np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
     """Lines of a chunk with invalid UTF-8: bad lines kept with escapes, so they fail as not JSON."""
     out: list[str] = []
     for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
-        piece = data[a:b]
+        piece = bytes(data[a:b])
         try:
             out.append(piece.decode("utf-8"))
         except UnicodeDecodeError:

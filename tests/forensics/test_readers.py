@@ -37,7 +37,7 @@ def blocks_of(content: bytes, read_bytes: int, lines: int) -> list[tuple[bytes, 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "a.jsonl"
         path.write_bytes(content)
-        return list(readers._jsonl_blocks(log_of(path), read_bytes, lines))
+        return [(bytes(data), first) for data, first in readers._line_blocks(log_of(path), lines, read_bytes)]
 
 
 def assert_whole_lines(blocks: list[tuple[bytes, int]], content: bytes) -> None:
