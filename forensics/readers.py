@@ -241,8 +241,8 @@ def _line_blocks(log: LogFile, lines: int, read_bytes: int) -> Iterator[tuple[np
     """The file's bytes in blocks of ``lines`` whole lines (the last may have fewer), each ending
     with a newline, and its first line's number; lines too long for that are cut at ``read_bytes``.
 
-    The file is read into numpy buffers, which the kernel backs with huge pages, and the blocks
-    are views of them: no copy but the few lines carried from one read to the next.
+    The file is read into numpy buffers (numpy asks the kernel for huge pages) and the blocks are
+    views of them: no copy but the few lines carried from one read to the next.
     """
     next_line = 1
     carry = np.empty(0, dtype=np.uint8)
