@@ -269,7 +269,7 @@ def _load(
         ignored[0] = n
 
     held: pa.Table | None = None  # plain rows wait one block, so a short last block joins them
-    for block in read_blocks(log, options, notes, count_ignored, ahead):
+    for block in read_blocks(log, ahead, options, notes, count_ignored):
         if block.plain is not None and block.plain.num_rows:
             plain += block.plain.num_rows
             if held is not None and block.plain.num_rows < ROW_GROUP:

@@ -210,39 +210,20 @@ def _decoding(log: LogFile) -> Iterator[None]:
 
 
 def _jsonl_chunks(log: LogFile) -> Iterator[pa.Table]:
-    for data, first_line in _jsonl_blocks(log):
-        yield _lines_table(data, first_line)
+    for data, first_line, ends in _line_blocks(log, None, CHUNK_BYTES):
+        yield _lines_table(data, first_line, ends)
 
 
-def _jsonl_blocks(log: LogFile, block_bytes: int = CHUNK_BYTES) -> Iterator[tuple[bytes, int]]:
-    """The file's bytes in blocks of whole lines, each ending with a newline, and its first line's number."""
-    next_line = 1
-    carry = b""
-    with open_binary(log) as fh:
-        first = True
-        while True:
-            block = fh.read(block_bytes)
-            data = carry + block
-            if first and data.startswith(b"\xef\xbb\xbf"):
-                data = data[3:]
-            first = False
-            if not block:
-                if data:
-                    yield data + b"\n", next_line
-                return
-            cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
-            if cut:
-                yield data[:cut], next_line
-                next_line += data.count(b"\n", 0, cut)
+def _line_blocks(
+    log: LogFile, lines: int | None, read_bytes: int
+) -> Iterator[tuple[np.ndarray, int, np.ndarray]]:
+    """The file's bytes in blocks of whole lines, each ending with a newline, with its first
+    line's number and where its lines end.
 
-
-def _line_blocks(log: LogFile, lines: int, read_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
-    """The file's bytes in blocks of ``lines`` whole lines (the last may have fewer), each ending
-    with a newline, and its first line's number; lines too long for that are cut at ``read_bytes``.
-
-    The file is read into numpy buffers (numpy asks the kernel for huge pages) and the blocks are
-    views of them: no copy but the few lines carried from one read to the next.
+    With ``lines``, each block but the last has exactly that many lines, unless they would take
+    more than ``read_bytes``; without it, each read's whole lines make a block. The file is read
+    into numpy buffers (numpy asks the kernel for huge pages) and the blocks are views of them:
+    no copy but the few lines carried from one read to the next.
     """
     next_line = 1
     carry = np.empty(0, dtype=np.uint8)
@@ -259,18 +240,21 @@ def _line_blocks(log: LogFile, lines: int, read_bytes: int) -> Iterator[tuple[np
             first = False
             if not got:
                 if len(data):
-                    yield (data if data[-1] == 10 else np.append(data, np.uint8(10))), next_line
+                    if data[-1] != 10:
+                        data = np.append(data, np.uint8(10))
+                        carry_ends = np.append(carry_ends, len(data) - 1)
+                    yield data, next_line, carry_ends
                 return
             ends = np.concatenate([carry_ends, np.flatnonzero(data[len(carry):] == 10) + len(carry)])
             start, used = 0, 0
-            for last in range(lines - 1, len(ends), lines):
+            for last in range(lines - 1, len(ends), lines) if lines else ():
                 stop = int(ends[last]) + 1
-                yield data[start:stop], next_line
-                next_line += lines
+                yield data[start:stop], next_line, ends[used : last + 1] - start
+                next_line += last + 1 - used
                 start, used = stop, last + 1
-            if used < len(ends) and len(data) - start > read_bytes:  # long lines: cut by size
-                stop = int(ends[-1]) + 1
-                yield data[start:stop], next_line
+            if used < len(ends) and (lines is None or len(data) - start > read_bytes):
+                stop = int(ends[-1]) + 1  # (with ``lines``: lines too long for a read, cut by size)
+                yield data[start:stop], next_line, ends[used:] - start
                 next_line += len(ends) - used
                 start, used = stop, len(ends)
             carry = data[start:]
@@ -288,9 +272,11 @@ def _read_into(fh: IO[bytes], out: np.ndarray) -> int:
     return got
 
 
-def _line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each newline-terminated line of ``buf`` starts and stops, its "\\r\\n" or "\\n" left out."""
-    ends = np.flatnonzero(buf == 10)
+def _line_bounds(buf: np.ndarray, ends: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Where each newline-terminated line of ``buf`` starts and stops, its "\\r\\n" or "\\n" left out;
+    ``ends``, where the reader found the newlines."""
+    if ends is None:
+        ends = np.flatnonzero(buf == 10)
     starts = np.empty_like(ends)
     starts[0:1] = 0
     starts[1:] = ends[:-1] + 1
@@ -300,10 +286,10 @@ def _line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends - cr
 
 
-def _lines_table(data: bytes, first_line: int) -> pa.Table:
+def _lines_table(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = None) -> pa.Table:
     """Every newline-terminated line of ``data``, numbered from ``first_line``."""
     buf = np.frombuffer(data, dtype=np.uint8)
-    starts, stops = _line_bounds(buf)
+    starts, stops = _line_bounds(buf, ends)
     return _lines_of(data, np.arange(len(starts)), starts, stops, first_line)
 
 
@@ -349,24 +335,18 @@ def fast_path(log: LogFile) -> bool:
 
 def read_blocks(
     log: LogFile,
+    ahead: ReadAhead,
     options: adapters.Options | None = None,
     notes: adapters.Notes | None = None,
     on_ignored: Callable[[int], None] | None = None,
-    ahead: ReadAhead | None = None,
 ) -> Iterator[Block]:
-    """The file's records a block at a time; canonical JSON Lines take the fast path where plain.
-
-    ``ahead`` is the ingest's reader of its fast-path files, of which this is the next; without
-    it, the file gets a reader of its own.
-    """
-    if not fast_path(log):
-        for chunk in read_chunks(log, options, notes, on_ignored):
-            yield Block(None, chunk, int(chunk["raw"].nbytes))
-    elif ahead is not None:
+    """The file's records a block at a time; canonical JSON Lines take the fast path where plain,
+    read by ``ahead``, the ingest's reader of its fast-path files (this is the next of them)."""
+    if fast_path(log):
         yield from ahead.blocks(log)
     else:
-        with ReadAhead([log]) as own:
-            yield from own.blocks(log)
+        for chunk in read_chunks(log, options, notes, on_ignored):
+            yield Block(None, chunk, int(chunk["raw"].nbytes))
 
 
 class ReadAhead:
@@ -401,7 +381,7 @@ class ReadAhead:
     def _read(self) -> None:
         for index, (log, out) in enumerate(zip(self._logs, self._queues, strict=True)):
             try:
-                for data, first_line in _line_blocks(log, PLAIN_BLOCK_LINES, PLAIN_READ_BYTES):
+                for data, first_line, ends in _line_blocks(log, PLAIN_BLOCK_LINES, PLAIN_READ_BYTES):
                     while not self._slots.acquire(timeout=0.1):
                         if self._stop.is_set():
                             return
@@ -410,7 +390,7 @@ class ReadAhead:
                     if index in self._passed:
                         self._slots.release()
                         break
-                    out.put(self._pool.submit(_split, data, first_line))
+                    out.put(self._pool.submit(_split, data, first_line, ends))
             except BaseException as exc:  # handed to the loader, which says what the file is
                 out.put(exc)
             out.put(self._END)
@@ -446,12 +426,12 @@ class ReadAhead:
         self._pool.shutdown(cancel_futures=True)
 
 
-def _split(data: bytes | np.ndarray, first_line: int) -> Block:
-    """A block's plain lines, typed, and its other lines."""
+def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = None) -> Block:
+    """A block's plain lines, typed, and its other lines (``ends``: where its lines end, if known)."""
     from forensics import fastlines
 
-    buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
-    starts, stops = _line_bounds(buf)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    starts, stops = _line_bounds(buf, ends)
     if len(data) >= 2**31:  # the fast path keeps offsets in int32
         return Block(None, _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data))
     plain, cols = fastlines.plain_columns(buf, starts, stops)

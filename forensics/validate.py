@@ -392,16 +392,16 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
     shape) or ``ts_int``, ``page_ranges`` with ``max_hi`` where ``pages`` parses, and ``rules_ok``
     (the line keeps every rule but the time's).
     The checks are the same chain over typed fields; the canonical JSON comes built.
-    ``rules_kept``: every line of ``source`` keeps the rules, so only the time is checked (the
-    statement is then a fraction of the size, and DuckDB plans it in a fraction of the time).
+    ``rules_kept``: every line of ``source`` keeps the rules (``rules_ok``, fastlines.RULES), so it
+    can only fail on its time, and only that is checked (the statement is then a fraction of the
+    size, and DuckDB plans it in a fraction of the time); otherwise every check is made.
     """
-    time_only = _Chain()
-    time_only.add(*_BAD_TS)
-    # a line that keeps every other rule (``rules_ok``, fastlines.RULES) can only fail on its time
     if rules_kept:
+        time_only = _Chain()
+        time_only.add(*_BAD_TS)
         check = time_only.sql()
     else:
-        check = f"CASE WHEN rules_ok THEN {time_only.sql()} ELSE {_checks(_TYPED_FIELDS).sql()} END"
+        check = _checks(_TYPED_FIELDS).sql()
     return f"""
 WITH f AS (
   SELECT line_no, part, raw, NULL::VARCHAR AS doc, canon, page_ranges, max_hi, event_s, op_s, rules_ok,

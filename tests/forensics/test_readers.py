@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 from conftest import write_jsonl
 from hypothesis import given, settings
@@ -33,11 +34,14 @@ def log_of(path: Path) -> LogFile:
     return log
 
 
-def blocks_of(content: bytes, read_bytes: int, lines: int) -> list[tuple[bytes, int]]:
+def blocks_of(content: bytes, read_bytes: int, lines: int | None) -> list[tuple[bytes, int]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "a.jsonl"
         path.write_bytes(content)
-        return [(bytes(data), first) for data, first in readers._line_blocks(log_of(path), lines, read_bytes)]
+        blocks = list(readers._line_blocks(log_of(path), lines, read_bytes))
+    for data, _, ends in blocks:  # the line ends handed on are the block's newlines
+        assert np.array_equal(ends, np.flatnonzero(data == 10))
+    return [(bytes(data), first) for data, first, _ in blocks]
 
 
 def assert_whole_lines(blocks: list[tuple[bytes, int]], content: bytes) -> None:
@@ -75,6 +79,17 @@ def test_long_lines_cut_blocks_by_size(lengths: list[int], per_block: int, read_
     # a block with fewer lines than asked is the last, or what is read ran past a read's size
     assert all(data.count(b"\n") == per_block or len(data) > read_bytes - 301 for data, _ in blocks[:-1])
     assert all(len(data) <= 2 * read_bytes + 301 for data, _ in blocks)  # what a block may hold is bounded
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=30), st.integers(4, 600), st.booleans())
+def test_without_a_line_count_each_read_gives_its_whole_lines(
+    lengths: list[int], read_bytes: int, last_newline: bool
+) -> None:
+    content = b"\n".join(b"x" * n for n in lengths) + (b"\n" if last_newline else b"")
+    blocks = blocks_of(content, read_bytes, None)  # how the SQL path reads JSON Lines
+    assert_whole_lines(blocks, content)
+    assert all(len(data) <= read_bytes + 301 for data, _ in blocks)
 
 
 def test_read_ahead_gives_each_file_its_blocks_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
