@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
+from forensics import rechash
 from forensics.schema import DISCRIMINATOR, FIELD_ORDER, FIELDS, KINDS, VARIANTS, FieldType, fields_of, own_fields
 from forensics.validate import PLAIN_SOURCE
 
@@ -648,6 +649,8 @@ def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tup
     cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
     cols["max_hi"] = _ints(top, valid)
     # lines that are not plain wrote no canonical JSON, so each plain line's ends where the next begins
-    cols["canon"] = _text(np.append(canon_at[rows], canon_at[-1]), canon)
+    canon_offsets = np.append(canon_at[rows], canon_at[-1])
+    cols["canon"] = _text(canon_offsets, canon)
+    cols["hash_hi"], cols["hash_lo"] = (pa.array(words) for words in rechash.hashes(canon, canon_offsets))
     cols["rules_ok"] = pa.array(rules(buf, rows, kinds, vstart, vstop, *RULES))
     return plain, cols

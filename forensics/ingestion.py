@@ -36,7 +36,7 @@ from forensics.errors import KvfError, UnreadableFile
 from forensics.readers import LINES_SCHEMA, ROW_GROUP, LogFile, ReadAhead, discover, fast_path, read_blocks
 from forensics.schema import Reason
 from forensics.store import connect, one
-from forensics.validate import MACROS, PLAIN_SOURCE, plain_stage_sql, stage_sql
+from forensics.validate import PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 
 #: The columns of a record besides where it was read (file, line, part): typed fields and provenance.
 RECORD_COLUMNS = (
@@ -146,7 +146,7 @@ def ingest(
     logs, skipped = discover([Path(p) for p in paths], format)
     con = connect(db)
     try:
-        con.execute(MACROS)
+        prepare(con)
         with _registered(con, LINES_SCHEMA.empty_table()):
             con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
         with ThreadPoolExecutor(max_workers=1) as pool, ReadAhead(logs) as ahead:

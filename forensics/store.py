@@ -10,7 +10,9 @@ import duckdb
 
 from forensics.errors import CaseError, CaseLocked
 
-SCHEMA_VERSION = "2"
+#: The case format. 3: rec_hash is MurmurHash3 of the canonical JSON (was MD5), so a case of
+#: schema 2 cannot be extended: its files are ingested into a new case.
+SCHEMA_VERSION = "3"
 
 
 def sql_text(name: str) -> str:
@@ -52,7 +54,11 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
     version = one(con, "SELECT value FROM case_meta WHERE key = 'schema_version'")
     if version is None or version[0] != SCHEMA_VERSION:
         con.close()
-        raise CaseError(f"{target}: case schema {version} is not {SCHEMA_VERSION}")
+        found = "none" if version is None else version[0]
+        raise CaseError(
+            f"{target}: case schema {found}, this kvforensics reads schema {SCHEMA_VERSION} "
+            "(ingest the case's files into a new case)"
+        )
     return con
 
 

@@ -12,6 +12,9 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import duckdb
+
+from forensics import rechash
 from forensics.schema import (
     COMMON_OPTIONAL,
     DISCRIMINATOR,
@@ -318,6 +321,12 @@ CREATE OR REPLACE TEMP MACRO pages_ok(p) AS
 """
 
 
+def prepare(con: duckdb.DuckDBPyConnection) -> None:
+    """Give ``con`` what the validator's SQL calls: the page-list macros and ``rec_hash``."""
+    con.execute(MACROS)
+    rechash.register(con)
+
+
 def stage_sql(source: str, *, with_canon: bool = False) -> str:
     """A SELECT over ``source(line_no, part, raw, doc)``: every record's verdict and typed fields.
 
@@ -368,7 +377,7 @@ WITH a AS (
 SELECT
   line_no, part, raw, doc,
   verdict.reason AS q_reason, verdict.detail AS q_detail,
-  md5_number(canon) AS rec_hash,{canon_col}
+  rec_hash(canon) AS rec_hash,{canon_col}
   regexp_matches(t, {_q(LENIENT_SUSPECT)}) AND is_json AS suspect,
   {', '.join(n for n in FIELD_ORDER if n not in ('event', 'op', 'boot'))},
   coalesce(boot, 0) AS boot,
@@ -387,11 +396,12 @@ PLAIN_TYPED = tuple(n for n in FIELD_ORDER if n not in ("ts", "event", "op"))
 def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
     """The rows :func:`stage_sql` gives, for lines the fast path read (:mod:`forensics.fastlines`).
 
-    ``source`` has ``line_no, part, raw, canon``, the typed fields :data:`PLAIN_TYPED`,
+    ``source`` has ``line_no, part, raw``, the hash of the canonical JSON as ``hash_hi, hash_lo``
+    (:mod:`forensics.rechash`), the typed fields :data:`PLAIN_TYPED`,
     ``event_s``, ``op_s``, the ts as ``ts_text`` (with ``ts_shape``, whether it has the RFC 3339
     shape) or ``ts_int``, ``page_ranges`` with ``max_hi`` where ``pages`` parses, and ``rules_ok``
     (the line keeps every rule but the time's).
-    The checks are the same chain over typed fields; the canonical JSON comes built.
+    The checks are the same chain over typed fields; the canonical JSON comes built and hashed.
     ``rules_kept``: every line of ``source`` keeps the rules (``rules_ok``, fastlines.RULES), so it
     can only fail on its time, and only that is checked (the statement is then a fraction of the
     size, and DuckDB plans it in a fraction of the time); otherwise every check is made.
@@ -404,7 +414,7 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
         check = _checks(_TYPED_FIELDS).sql()
     return f"""
 WITH f AS (
-  SELECT line_no, part, raw, NULL::VARCHAR AS doc, canon, page_ranges, max_hi, event_s, op_s, rules_ok,
+  SELECT line_no, part, raw, NULL::VARCHAR AS doc, hash_hi, hash_lo, page_ranges, max_hi, event_s, op_s, rules_ok,
     {', '.join(PLAIN_TYPED)},
     CASE WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN TRY_CAST(ts_text AS TIMESTAMPTZ) END
          WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts,
@@ -418,7 +428,7 @@ WITH f AS (
 SELECT
   line_no, part, raw, doc,
   verdict.reason AS q_reason, verdict.detail AS q_detail,
-  CASE WHEN verdict IS NULL THEN md5_number(canon) END AS rec_hash,
+  CASE WHEN verdict IS NULL THEN (hash_hi::UHUGEINT << 64) | hash_lo::UHUGEINT END AS rec_hash,
   FALSE AS suspect,
   {', '.join(n for n in FIELD_ORDER if n not in ('event', 'op', 'boot'))},
   coalesce(boot, 0) AS boot,

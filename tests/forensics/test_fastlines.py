@@ -18,7 +18,7 @@ from forensics import fastlines
 from forensics.ingestion import _strict_json_ok, plain_stages
 from forensics.readers import _line_bounds, _lines_table, _split
 from forensics.schema import FIELDS, VARIANTS, FieldType, fields_of
-from forensics.validate import MACROS, plain_stage_sql, stage_sql
+from forensics.validate import plain_stage_sql, prepare, stage_sql
 
 STAGE_ORDER = "ORDER BY line_no"
 
@@ -28,7 +28,7 @@ def both_ways(lines: list[str]) -> tuple[list[Any], list[Any], int]:
     data = "".join(line + "\n" for line in lines).encode("utf-8", "surrogatepass")
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
-    con.execute(MACROS)
+    prepare(con)
     con.register("every", _lines_table(data, 1))
     block = _split(data, 1)
     plain = block.plain

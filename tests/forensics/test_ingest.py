@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import forensics
-from forensics.errors import CaseLocked, InputNotFound, UnrecognisedFile
+from forensics.errors import CaseError, CaseLocked, InputNotFound, UnrecognisedFile
 
 TS = "2026-08-27T10:00:00.000000Z"
 CONFIG = {
@@ -435,3 +435,17 @@ def test_clear_errors(tmp_path: Path) -> None:
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def test_a_case_of_another_schema_is_refused_not_extended(tmp_path: Path) -> None:
+    """A case whose records were hashed another way (schema 2: MD5) would miss repeats if extended."""
+    db = tmp_path / "old.duckdb"
+    forensics.ingest([write_jsonl(tmp_path / "a.jsonl", [kv(1)])], db)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE case_meta SET value = '2' WHERE key = 'schema_version'")
+    con.close()
+    with pytest.raises(CaseError, match="case schema 2, this kvforensics reads schema 3"):
+        forensics.ingest([write_jsonl(tmp_path / "b.jsonl", [kv(2)])], db)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM records").fetchone() == (1,)
+    con.close()

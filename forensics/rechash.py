@@ -1,0 +1,128 @@
+"""A record's identity: the 128-bit MurmurHash3 (x64, seed 0) of its canonical JSON.
+
+Two lines are the same record when their canonical JSON is the same (log-schema.md section 4),
+and ``rec_hash`` is how the case finds them. Both ingest paths compute it here: the compiled
+fast path over the canonical JSON it builds, and the SQL validator through the DuckDB function
+:func:`register` adds (``rec_hash(canon)``), so a record gets the same hash whichever path
+read its line. MurmurHash3 is about five times cheaper than the MD5 it replaced (case schema 3),
+and a test holds it to the ``mmh3`` library.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from duckdb import func
+from numba import njit
+
+_C1 = np.uint64(0x87C37B91114253D5)
+_C2 = np.uint64(0x4CF5AD432745937F)
+
+
+@njit(cache=True, inline="always")
+def _rotl(x: np.uint64, r: int) -> np.uint64:
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+@njit(cache=True, inline="always")
+def _fmix(k: np.uint64) -> np.uint64:
+    k ^= k >> np.uint64(33)
+    k *= np.uint64(0xFF51AFD7ED558CCD)
+    k ^= k >> np.uint64(33)
+    k *= np.uint64(0xC4CEB9FE1A85EC53)
+    k ^= k >> np.uint64(33)
+    return k
+
+
+@njit(cache=True, inline="always")
+def _u64(buf: np.ndarray, at: int) -> np.uint64:
+    """The little-endian 64-bit word at ``buf[at]`` (LLVM makes this one load)."""
+    return (
+        np.uint64(buf[at]) | (np.uint64(buf[at + 1]) << np.uint64(8))
+        | (np.uint64(buf[at + 2]) << np.uint64(16)) | (np.uint64(buf[at + 3]) << np.uint64(24))
+        | (np.uint64(buf[at + 4]) << np.uint64(32)) | (np.uint64(buf[at + 5]) << np.uint64(40))
+        | (np.uint64(buf[at + 6]) << np.uint64(48)) | (np.uint64(buf[at + 7]) << np.uint64(56))
+    )
+
+
+@njit(cache=True, nogil=True)
+def murmur3_128(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> None:
+    """MurmurHash3_x64_128 (seed 0) of each ``buf[starts[r]:stops[r]]``: its high and low 64 bits
+    (``h2`` and ``h1`` of the reference code) into ``hi[r]`` and ``lo[r]``."""
+    for r in range(len(starts)):
+        a, n = starts[r], stops[r] - starts[r]
+        h1 = np.uint64(0)
+        h2 = np.uint64(0)
+        end = a + (n // 16) * 16
+        for at in range(a, end, 16):
+            k1 = _u64(buf, at) * _C1
+            k1 = _rotl(k1, 31) * _C2
+            h1 ^= k1
+            h1 = (_rotl(h1, 27) + h2) * np.uint64(5) + np.uint64(0x52DCE729)
+            k2 = _u64(buf, at + 8) * _C2
+            k2 = _rotl(k2, 33) * _C1
+            h2 ^= k2
+            h2 = (_rotl(h2, 31) + h1) * np.uint64(5) + np.uint64(0x38495AB5)
+        tail = n & 15
+        k1 = np.uint64(0)
+        k2 = np.uint64(0)
+        for i in range(tail - 1, 7, -1):
+            k2 ^= np.uint64(buf[end + i]) << np.uint64((i - 8) * 8)
+        if tail > 8:
+            k2 = _rotl(k2 * _C2, 33) * _C1
+            h2 ^= k2
+        for i in range(min(tail, 8) - 1, -1, -1):
+            k1 ^= np.uint64(buf[end + i]) << np.uint64(i * 8)
+        if tail > 0:
+            k1 = _rotl(k1 * _C1, 31) * _C2
+            h1 ^= k1
+        h1 ^= np.uint64(n)
+        h2 ^= np.uint64(n)
+        h1 += h2
+        h2 += h1
+        h1 = _fmix(h1)
+        h2 = _fmix(h2)
+        h1 += h2
+        h2 += h1
+        hi[r] = h2
+        lo[r] = h1
+
+
+def hashes(buf: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The hash of each text ``buf[offsets[i]:offsets[i + 1]]``, as high and low 64-bit words."""
+    n = len(offsets) - 1
+    hi, lo = np.empty(n, np.uint64), np.empty(n, np.uint64)
+    murmur3_128(buf, offsets[:-1], offsets[1:], hi, lo)
+    return hi, lo
+
+
+_WORDS = pa.struct([("hi", pa.uint64()), ("lo", pa.uint64())])
+
+
+def _hash_words(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The DuckDB function ``kvf_hash_words``: each text's hash as ``{hi, lo}`` (NULL for NULL)."""
+    arr = pc.cast(texts, pa.large_string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    hi, lo = hashes(data, offsets)
+    mask = arr.is_null() if arr.null_count else None
+    return pa.StructArray.from_arrays([pa.array(hi), pa.array(lo)], fields=list(_WORDS), mask=mask)
+
+
+def register(con: duckdb.DuckDBPyConnection) -> None:
+    """Give ``con`` the SQL function ``rec_hash(text) -> UHUGEINT``: the hash of each text."""
+    con.create_function(
+        "kvf_hash_words", _hash_words, [duckdb.sqltype("VARCHAR")],
+        duckdb.sqltype("STRUCT(hi UBIGINT, lo UBIGINT)"),
+        type=func.PythonUDFType.ARROW, null_handling=func.FunctionNullHandling.SPECIAL,
+    )
+    # DuckDB computes the repeated call once (common subexpressions)
+    con.execute(
+        "CREATE OR REPLACE TEMP MACRO rec_hash(t) AS "
+        "(kvf_hash_words(t).hi::UHUGEINT << 64) | kvf_hash_words(t).lo::UHUGEINT"
+    )
