@@ -115,14 +115,15 @@ def _hash_words(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def register(con: duckdb.DuckDBPyConnection) -> None:
-    """Give ``con`` the SQL function ``rec_hash(text) -> UHUGEINT``: the hash of each text."""
+    """Give ``con`` the SQL functions ``rec_hash(text)``, the hash of each text, and
+    ``rec_hash_of(hi, lo)``, the hash from its two words (as :func:`hashes` gives them): UHUGEINT."""
     con.create_function(
         "kvf_hash_words", _hash_words, [duckdb.sqltype("VARCHAR")],
         duckdb.sqltype("STRUCT(hi UBIGINT, lo UBIGINT)"),
         type=func.PythonUDFType.ARROW, null_handling=func.FunctionNullHandling.SPECIAL,
     )
+    con.execute("CREATE OR REPLACE TEMP MACRO rec_hash_of(hi, lo) AS (hi::UHUGEINT << 64) | lo::UHUGEINT")
     # DuckDB computes the repeated call once (common subexpressions)
     con.execute(
-        "CREATE OR REPLACE TEMP MACRO rec_hash(t) AS "
-        "(kvf_hash_words(t).hi::UHUGEINT << 64) | kvf_hash_words(t).lo::UHUGEINT"
+        "CREATE OR REPLACE TEMP MACRO rec_hash(t) AS rec_hash_of(kvf_hash_words(t).hi, kvf_hash_words(t).lo)"
     )

@@ -428,7 +428,7 @@ WITH f AS (
 SELECT
   line_no, part, raw, doc,
   verdict.reason AS q_reason, verdict.detail AS q_detail,
-  CASE WHEN verdict IS NULL THEN (hash_hi::UHUGEINT << 64) | hash_lo::UHUGEINT END AS rec_hash,
+  CASE WHEN verdict IS NULL THEN rec_hash_of(hash_hi, hash_lo) END AS rec_hash,
   FALSE AS suspect,
   {', '.join(n for n in FIELD_ORDER if n not in ('event', 'op', 'boot'))},
   coalesce(boot, 0) AS boot,
