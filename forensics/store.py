@@ -45,21 +45,31 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
         con.execute("SET enable_progress_bar = false")
     except duckdb.InvalidInputException:
         pass  # in Jupyter without ipywidgets DuckDB refuses to touch the setting; there is no bar to hide
+    # the version is read before the schema is applied, so a case of another version is left untouched
+    version = _schema_version(con)
+    if version != SCHEMA_VERSION and (version is not None or read_only):
+        con.close()
+        if version is None:
+            raise CaseError(f"{target}: not a kvforensics case (it has no case schema)")
+        raise CaseError(
+            f"{target}: case schema {version}, this kvforensics reads schema {SCHEMA_VERSION} "
+            "(ingest the case's files into a new case)"
+        )
     if not read_only:
         con.execute(sql_text("schema.sql"))
         con.execute(
             "INSERT INTO case_meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
             [SCHEMA_VERSION],
         )
-    version = one(con, "SELECT value FROM case_meta WHERE key = 'schema_version'")
-    if version is None or version[0] != SCHEMA_VERSION:
-        con.close()
-        found = "none" if version is None else version[0]
-        raise CaseError(
-            f"{target}: case schema {found}, this kvforensics reads schema {SCHEMA_VERSION} "
-            "(ingest the case's files into a new case)"
-        )
     return con
+
+
+def _schema_version(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The case schema the file holds; None where it holds no case yet."""
+    if not has_table(con, "case_meta"):
+        return None
+    row = one(con, "SELECT value FROM case_meta WHERE key = 'schema_version'")
+    return None if row is None else str(row[0])
 
 
 def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:

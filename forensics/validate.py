@@ -399,12 +399,12 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
     ``source`` has ``line_no, part, raw``, the hash of the canonical JSON as ``hash_hi, hash_lo``
     (:mod:`forensics.rechash`), the typed fields :data:`PLAIN_TYPED`,
     ``event_s``, ``op_s``, the ts as ``ts_text`` (with ``ts_shape``, whether it has the RFC 3339
-    shape) or ``ts_int``, ``page_ranges`` with ``max_hi`` where ``pages`` parses, and ``rules_ok``
-    (the line keeps every rule but the time's).
+    shape) or ``ts_int``, and ``page_ranges`` with ``max_hi`` where ``pages`` parses.
     The checks are the same chain over typed fields; the canonical JSON comes built and hashed.
-    ``rules_kept``: every line of ``source`` keeps the rules (``rules_ok``, fastlines.RULES), so it
-    can only fail on its time, and only that is checked (the statement is then a fraction of the
-    size, and DuckDB plans it in a fraction of the time); otherwise every check is made.
+    ``rules_kept``: every line of ``source`` keeps the rules but the time's (the fast path's
+    ``rules_ok``, fastlines.RULES), so it can only fail on its time, and only that is checked (the
+    statement is then a fraction of the size, and DuckDB plans it in a fraction of the time);
+    otherwise every check is made.
     """
     if rules_kept:
         time_only = _Chain()
@@ -414,7 +414,7 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
         check = _checks(_TYPED_FIELDS).sql()
     return f"""
 WITH f AS (
-  SELECT line_no, part, raw, NULL::VARCHAR AS doc, hash_hi, hash_lo, page_ranges, max_hi, event_s, op_s, rules_ok,
+  SELECT line_no, part, raw, NULL::VARCHAR AS doc, hash_hi, hash_lo, page_ranges, max_hi, event_s, op_s,
     {', '.join(PLAIN_TYPED)},
     CASE WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN TRY_CAST(ts_text AS TIMESTAMPTZ) END
          WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts,

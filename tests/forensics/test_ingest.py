@@ -443,9 +443,18 @@ def test_a_case_of_another_schema_is_refused_not_extended(tmp_path: Path) -> Non
     forensics.ingest([write_jsonl(tmp_path / "a.jsonl", [kv(1)])], db)
     con = duckdb.connect(str(db))
     con.execute("UPDATE case_meta SET value = '2' WHERE key = 'schema_version'")
+    con.execute("DROP VIEW kv_ops")  # what applying this version's schema would put back
     con.close()
     with pytest.raises(CaseError, match="case schema 2, this kvforensics reads schema 3"):
         forensics.ingest([write_jsonl(tmp_path / "b.jsonl", [kv(2)])], db)
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM records").fetchone() == (1,)
+    assert con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'kv_ops'").fetchone() == (0,)
     con.close()
+
+
+def test_a_duckdb_file_that_is_no_case_is_refused_read_only(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.duckdb"
+    duckdb.connect(str(plain)).close()
+    with pytest.raises(CaseError, match="not a kvforensics case"):
+        forensics.Case(plain, read_only=True)
