@@ -461,13 +461,15 @@ def rules(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
           pool: np.ndarray, pool_at: np.ndarray, kind_text: np.ndarray, kind_disc: np.ndarray,
           var_kind: np.ndarray, var_text: np.ndarray, req_at: np.ndarray, req: np.ndarray,
           own_at: np.ndarray, own: np.ndarray, choice_at: np.ndarray, choice_text: np.ndarray,
-          mins: np.ndarray, is_pages: np.ndarray, common: np.ndarray) -> np.ndarray:
-    """Whether each row meets every rule of the schema but the time's (see :data:`RULES`).
+          mins: np.ndarray, is_pages: np.ndarray, common: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each row meets every rule of the schema but the time's (see :data:`RULES`), and
+    its kind: an index of ``schema.KINDS``, or ``len(KINDS)`` for a kind that is none of them.
 
     ``common`` holds the indices of kind, seq and boot.
     """
     f_kind, f_seq, f_boot = common[0], common[1], common[2]
     ok = np.zeros(len(rows), np.bool_)
+    codes = np.full(len(rows), len(kind_text), np.int8)
     for k in range(len(rows)):
         i = rows[k]
         if kinds[f_kind, i] != STRING:
@@ -479,6 +481,7 @@ def rules(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
                 break
         if kind < 0:
             continue
+        codes[k] = kind
         if kinds[f_seq, i] != ABSENT and _integer(buf, vstart[f_seq, i], vstop[f_seq, i]) < 0:
             continue
         if kinds[f_boot, i] != ABSENT and _integer(buf, vstart[f_boot, i], vstop[f_boot, i]) < 0:
@@ -515,7 +518,7 @@ def rules(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
             elif mins[f] != NO_MIN:
                 good = _integer(buf, a, b) >= mins[f]
         ok[k] = good
-    return ok
+    return ok, codes
 
 
 # --- the two tables of a block ------------------------------------------------------------------
@@ -613,15 +616,29 @@ def _ints(values: np.ndarray, valid: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid), pa.py_buffer(values)], int(n - valid.sum()))
 
 
-def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, dict[str, pa.Array]]:
-    """Which lines are plain, and the plain lines' columns for :func:`validate.plain_stage_sql`.
+def plain_columns(
+    buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, with_canon: bool = False,
+) -> tuple[np.ndarray, np.ndarray, dict[str, pa.Array]]:
+    """Which lines are plain, and the plain lines' columns for :func:`validate.plain_stage_sql`,
+    grouped by kind.
 
-    ``starts``/``stops`` delimit each line in ``buf`` (without its terminator); ``raw``,
-    ``line_no`` and ``part`` are the caller's to add.
+    ``starts``/``stops`` delimit each line in ``buf`` (without its terminator). The plain lines
+    come in the order of ``schema.KINDS`` (lines of a kind that is none of them last), in file
+    order within a kind: the second value is how many lines each kind has, so that each kind's
+    rows are one slice of the columns. ``cols["rows"]`` is each row's line index in the block.
+    ``with_canon`` adds the canonical JSON (``canon``), which only tests read.
     """
     plain, kinds, vstart, vstop, canon_at, canon = scan(buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET,
                                                         _SHAPES, _KEY_BYTES, _KEY_AT)
     rows = np.flatnonzero(plain)
+    # the hash, in file order: lines that are not plain wrote no canonical JSON, so each plain
+    # line's ends where the next begins
+    canon_offsets = np.append(canon_at[rows], canon_at[-1])
+    hash_hi, hash_lo = rechash.hashes(canon, canon_offsets)
+    rules_ok, codes = rules(buf, rows, kinds, vstart, vstop, *RULES)
+    order = np.argsort(codes, kind="stable")
+    rows = rows[order]
+    counts = np.bincount(codes, minlength=len(KINDS) + 1)
     # a field no plain line has gets one shared column of nulls: most kinds have few of the fields
     present = written(rows, kinds)
     no_text, no_int = pa.nulls(len(rows), pa.string_view()), pa.nulls(len(rows), pa.int64())
@@ -632,7 +649,7 @@ def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tup
     def ints(f: int) -> pa.Array:
         return _ints(*integers(buf, rows, kinds, vstart, vstop, f)) if present[f] else no_int
 
-    cols: dict[str, pa.Array] = {}
+    cols: dict[str, pa.Array] = {"rows": pa.array(rows)}
     for name in FIELD_ORDER:
         f = _INDEX[name]
         ftype = FIELDS[name].type
@@ -648,9 +665,8 @@ def plain_columns(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tup
     ranges = pa.StructArray.from_arrays([pa.array(lo), pa.array(hi)], fields=list(PAGE_RANGE))
     cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
     cols["max_hi"] = _ints(top, valid)
-    # lines that are not plain wrote no canonical JSON, so each plain line's ends where the next begins
-    canon_offsets = np.append(canon_at[rows], canon_at[-1])
-    cols["canon"] = _text(canon_offsets, canon)
-    cols["hash_hi"], cols["hash_lo"] = (pa.array(words) for words in rechash.hashes(canon, canon_offsets))
-    cols["rules_ok"] = pa.array(rules(buf, rows, kinds, vstart, vstop, *RULES))
-    return plain, cols
+    if with_canon:
+        cols["canon"] = _text(canon_offsets, canon).take(pa.array(order))
+    cols["hash_hi"], cols["hash_lo"] = pa.array(hash_hi[order]), pa.array(hash_lo[order])
+    cols["rules_ok"] = pa.array(rules_ok[order])
+    return plain, counts, cols

@@ -34,19 +34,30 @@ from forensics import __version__, adapters
 from forensics.adapters import Notes, Options
 from forensics.errors import KvfError, UnreadableFile
 from forensics.readers import LINES_SCHEMA, ROW_GROUP, LogFile, ReadAhead, discover, fast_path, read_blocks
-from forensics.schema import Reason
+from forensics.schema import KINDS, Reason
 from forensics.store import connect, one
 from forensics.validate import PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 
-#: The columns of a record besides where it was read (file, line, part): typed fields and provenance.
-RECORD_COLUMNS = (
-    "kind", "ts", "node", "boot", "seq", "request_id", "event", "op", "pages", "page_ranges",
-    "max_page", "source", "tenant_id", "prompt_tokens", "max_new_tokens", "prefill_node",
-    "decode_node", "reason", "limit_tokens", "status", "finish_reason", "output_tokens",
-    "transfer_id", "src_node", "dst_node", "src_pages", "dst_pages", "tokens", "bytes", "role",
-    "engine", "engine_version", "model", "context_length", "page_size", "pool_pages",
-    "kv_bytes_per_token", "rec_hash", "raw", "doc",
-)
+#: The table of valid records of each kind (forensics/sql/schema.sql); ``records`` is a view of them.
+RECORD_TABLES = {kind: f"{kind}_records" for kind in KINDS}
+#: Where a record was read: the first columns of every record table, which the loader fills.
+_WHERE_READ = ("file_id", "line_no", "part")
+
+
+def record_columns(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, ...]]:
+    """Per kind, the columns of its record table besides where the record was read."""
+    rows = con.execute(
+        "SELECT table_name, column_name FROM duckdb_columns() "
+        "WHERE schema_name = 'main' AND list_contains(?, table_name) ORDER BY table_name, column_index",
+        [list(RECORD_TABLES.values())],
+    ).fetchall()
+    tables = {table: kind for kind, table in RECORD_TABLES.items()}
+    columns: dict[str, list[str]] = {kind: [] for kind in KINDS}
+    for table, column in rows:
+        if column not in _WHERE_READ:
+            columns[tables[table]].append(column)
+    return {kind: tuple(cols) for kind, cols in columns.items()}
+
 
 Progress = Callable[[Path, int, int], None]
 
@@ -147,6 +158,9 @@ def ingest(
     con = connect(db)
     try:
         prepare(con)
+        # each file leaves each kind's table a part of a row group; DuckDB would merge those with
+        # the groups around them at every commit's checkpoint, rewriting them (0.35 s a file)
+        con.execute("SET max_vacuum_tasks = 0")
         with _registered(con, LINES_SCHEMA.empty_table()):
             con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
         with ThreadPoolExecutor(max_workers=1) as pool, ReadAhead(logs) as ahead:
@@ -259,58 +273,83 @@ def _load(
     con: duckdb.DuckDBPyConnection, file_id: int, log: LogFile, progress: Progress | None, size: int,
     options: Options, notes: Notes, ignored: list[int], ahead: ReadAhead,
 ) -> int:
-    """Read the file: plain lines straight into ``records`` (or quarantine), the others validated
-    into the temp table ``stage``. The number of records read."""
+    """Read the file: plain lines straight into their kind's table (or quarantine), the others
+    validated into the temp table ``stage``. The number of records read.
+
+    A kind's plain rows go in whole DuckDB row groups, which DuckDB writes straight to the case
+    file: each kind's rows wait until they fill two groups. The last groups of each kind wait on
+    until the file's end and go in with the rest of its rows, in one statement: rows left short
+    of a group by a statement of their own would go through the write-ahead log at commit.
+    """
     con.execute("CREATE TEMP TABLE stage AS FROM stage_columns")
+    columns = record_columns(con)
     done = 0
     plain = 0
 
     def count_ignored(n: int) -> None:
         ignored[0] = n
 
-    held: pa.Table | None = None  # plain rows wait one block, so a short last block joins them
+    waiting: dict[str, list[pa.Table]] = {kind: [] for kind in KINDS}  # short of two groups
+    held: dict[str, pa.Table] = {}  # whole groups, held back in case the file ends after them
     for block in read_blocks(log, ahead, options, notes, count_ignored):
-        if block.plain is not None and block.plain.num_rows:
-            plain += block.plain.num_rows
-            if held is not None and block.plain.num_rows < ROW_GROUP:
-                held = pa.concat_tables([held, block.plain])
-            else:
-                if held is not None:
-                    _load_plain(con, file_id, held)
-                held = block.plain
+        for kind, rows in block.by_kind():
+            plain += rows.num_rows
+            if kind is None:  # no known kind: every line breaks a rule, so none waits for a row group
+                _load_plain(con, file_id, None, rows, ())
+                continue
+            queue = waiting[kind]
+            queue.append(rows)
+            if sum(t.num_rows for t in queue) >= 2 * ROW_GROUP:
+                whole = pa.concat_tables(queue)
+                n = whole.num_rows // ROW_GROUP * ROW_GROUP
+                if kind in held:
+                    _load_plain(con, file_id, kind, held[kind], columns[kind])
+                held[kind] = whole.slice(0, n)
+                waiting[kind] = [whole.slice(n)] if n < whole.num_rows else []
         if block.lines.num_rows:
             with _registered(con, block.lines):
                 con.execute(f"INSERT INTO stage BY NAME {LINES_STAGE}")
         done += block.nbytes
         if progress is not None:
             progress(log.path, min(done, size), size)
-    if held is not None:
-        _load_plain(con, file_id, held)
+    for kind, queue in waiting.items():
+        last = ([held[kind]] if kind in held else []) + queue
+        if last:
+            _load_plain(con, file_id, kind, pa.concat_tables(last), columns[kind])
     return plain + _count(con, "stage")
 
 
-def _load_plain(con: duckdb.DuckDBPyConnection, file_id: int, chunk: pa.Table) -> None:
-    """Plain lines' records into ``records``; the few a check refuses, into quarantine.
+def _load_plain(
+    con: duckdb.DuckDBPyConnection, file_id: int, kind: str | None, chunk: pa.Table, columns: Sequence[str],
+) -> None:
+    """Plain lines of one kind into its table (``columns``); the few a check refuses, into quarantine.
 
+    ``kind`` None: lines whose kind the schema does not know, all of them for quarantine.
     Lines that keep the schema's rules (nearly all) are checked for their time only; the others
     take the whole chain of checks, a statement DuckDB takes about 50 ms to plan.
     Columns no record of the chunk has are left to their default (NULL): writing them costs
     as much as writing data.
     """
-    cols = ", ".join(c for c in RECORD_COLUMNS if _has_values(chunk, c))
+    chunk = pa.Table.from_batches(chunk.to_batches(max_chunksize=ROW_GROUP), schema=chunk.schema)
+    cols = ", ".join(c for c in columns if _has_values(chunk, c))
     with _registered(con, chunk):
         for stage, lines in plain_stages(chunk):
-            row = one(
-                con,
-                f"INSERT INTO records (file_id, line_no, part, {cols}) "
-                f"SELECT {file_id}, line_no, part, {cols} FROM ({stage}) WHERE q_reason IS NULL",
-            )
-            assert row is not None
-            if int(row[0]) < lines:  # the checks run again only where some line failed them
-                con.execute(
-                    f"INSERT INTO quarantine SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL "
-                    f"FROM ({stage}) WHERE q_reason IS NOT NULL"
+            kept = 0
+            if kind is not None:
+                row = one(
+                    con,
+                    f"INSERT INTO {RECORD_TABLES[kind]} (file_id, line_no, part, {cols}) "
+                    f"SELECT {file_id}, line_no, part, {cols} FROM ({stage}) WHERE q_reason IS NULL",
                 )
+                assert row is not None
+                kept = int(row[0])
+            if kept < lines:  # the checks run again only where some line failed them
+                row = one(
+                    con,
+                    f"INSERT INTO quarantine SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL "
+                    f"FROM ({stage}) WHERE q_reason IS NOT NULL",
+                )
+                assert row is not None and kept + int(row[0]) == lines, "a plain line neither kept nor quarantined"
 
 
 def plain_stages(chunk: pa.Table) -> list[tuple[str, int]]:
@@ -379,11 +418,15 @@ def _settle(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
             SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL FROM stage WHERE q_reason IS NOT NULL
             """
         )
-        cols = ", ".join(RECORD_COLUMNS)
-        con.execute(
-            f"INSERT INTO records (file_id, line_no, part, {cols}) "
-            f"SELECT {file_id}, line_no, part, {cols} FROM stage WHERE q_reason IS NULL"
-        )
+        columns = record_columns(con)
+        kinds = con.execute("SELECT DISTINCT kind FROM stage WHERE q_reason IS NULL ORDER BY kind").fetchall()
+        for (kind,) in kinds:
+            cols = ", ".join(columns[kind])
+            con.execute(
+                f"INSERT INTO {RECORD_TABLES[kind]} (file_id, line_no, part, {cols}) "
+                f"SELECT {file_id}, line_no, part, {cols} FROM stage WHERE q_reason IS NULL AND kind = ?",
+                [kind],
+            )
     keys_unique = _keys_unique(con, file_id)
     _move_repeats(con, file_id, only_without_seq=keys_unique)
     if not keys_unique:
@@ -448,10 +491,11 @@ def _move_repeats(con: duckdb.DuckDBPyConnection, file_id: int, *, only_without_
             FROM records SEMI JOIN repeats USING (line_no, part) WHERE file_id = {file_id}
             """
         )
-        con.execute(
-            f"DELETE FROM records r USING repeats x "
-            f"WHERE r.file_id = {file_id} AND r.line_no = x.line_no AND r.part = x.part"
-        )
+        for table in RECORD_TABLES.values():
+            con.execute(
+                f"DELETE FROM {table} r USING repeats x "
+                f"WHERE r.file_id = {file_id} AND r.line_no = x.line_no AND r.part = x.part"
+            )
     con.execute("DROP TABLE repeats")
 
 
@@ -506,7 +550,8 @@ def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
         FROM duplicates d JOIN losers l ON l.rec_hash = d.rec_hash
         """
     )
-    con.execute("DELETE FROM records WHERE rec_hash IN (SELECT rec_hash FROM losers)")
+    for table in RECORD_TABLES.values():
+        con.execute(f"DELETE FROM {table} WHERE rec_hash IN (SELECT rec_hash FROM losers)")
     con.execute("DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM losers)")
     con.execute("DROP TABLE contested; DROP TABLE rival_lines; DROP TABLE contenders; DROP TABLE losers")
 
@@ -532,12 +577,11 @@ def _check_page_range(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
         WITH cfg AS (
           SELECT node, (boot::HUGEINT << 64) + coalesce(seq, -1) AS ord, pool_pages,
                  file_id AS c_file, line_no AS c_line
-          FROM records WHERE kind = 'config'
+          FROM config_records
         ), kv AS (
           SELECT file_id, line_no, node, (boot::HUGEINT << 64) + seq AS ord, max_page, rec_hash
-          FROM records
-          WHERE kind = 'kv' AND (file_id = {file_id} OR node IN (
-            SELECT node FROM records WHERE kind = 'config' AND file_id = {file_id}))
+          FROM kv_records
+          WHERE file_id = {file_id} OR node IN (SELECT node FROM config_records WHERE file_id = {file_id})
         )
         SELECT kv.file_id, kv.line_no, kv.rec_hash,
                'page ' || kv.max_page || ' is beyond pool_pages ' || cfg.pool_pages
@@ -554,13 +598,13 @@ def _check_page_range(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
         f"""
         INSERT INTO quarantine
         SELECT r.file_id, r.line_no, '{reason}', b.detail, r.raw, r.rec_hash
-        FROM records r JOIN beyond b USING (rec_hash)
+        FROM kv_records r JOIN beyond b USING (rec_hash)
         UNION ALL
         SELECT d.file_id, d.line_no, '{reason}', b.detail, d.raw, d.rec_hash
         FROM duplicates d JOIN beyond b ON d.rec_hash = b.rec_hash
         """
     )
-    con.execute("DELETE FROM records WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
+    con.execute(f"DELETE FROM {RECORD_TABLES['kv']} WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
     con.execute("DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
     con.execute("DROP TABLE beyond")
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from forensics import adapters
 from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
-from forensics.schema import integer_fields
+from forensics.schema import KINDS, integer_fields
 
 CHUNK_BYTES = 32 << 20
 #: DuckDB's row group. Rows inserted in whole groups are written straight to the case file; an
@@ -326,6 +326,19 @@ class Block:
     plain: pa.Table | None  # for validate.plain_stage_sql; None where there is no fast path
     lines: pa.Table  # LINES_SCHEMA, for validate.stage_sql
     nbytes: int  # how much of the file (decompressed) the block covers
+    #: how many of the plain rows each kind has, in the order of schema.KINDS and then lines of
+    #: a kind that is none of them: ``plain`` holds them in that order, each kind one slice
+    kind_rows: tuple[int, ...] = ()
+
+    def by_kind(self) -> Iterator[tuple[str | None, pa.Table]]:
+        """The plain rows of each kind the block has (None: a kind the schema does not know)."""
+        if self.plain is None:
+            return
+        at = 0
+        for kind, n in zip((*KINDS, None), self.kind_rows, strict=True):
+            if n:
+                yield kind, self.plain.slice(at, n)
+            at += n
 
 
 def fast_path(log: LogFile) -> bool:
@@ -435,8 +448,8 @@ def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = 
     starts, stops = _line_bounds(buf, ends)
     if len(data) >= 2**31:  # the fast path keeps offsets in int32
         return Block(None, _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data))
-    plain, cols = fastlines.plain_columns(buf, starts, stops)
-    rows = np.flatnonzero(plain)
+    plain, kind_rows, cols = fastlines.plain_columns(buf, starts, stops)
+    rows = cols.pop("rows").to_numpy()
     every = np.ones(len(starts), dtype=np.int8)
     table = pa.table({
         "line_no": rows + first_line,
@@ -445,7 +458,7 @@ def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = 
         **cols,
     })
     others = _lines_of(data, np.flatnonzero(~plain), starts, stops, first_line)
-    return Block(_batched(table, ROW_GROUP), others, len(data))
+    return Block(table, others, len(data), tuple(int(n) for n in kind_rows))
 
 
 def _decode_lossless(data: bytes | np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:

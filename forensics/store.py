@@ -10,9 +10,10 @@ import duckdb
 
 from forensics.errors import CaseError, CaseLocked
 
-#: The case format. 3: rec_hash is MurmurHash3 of the canonical JSON (was MD5), so a case of
-#: schema 2 cannot be extended: its files are ingested into a new case.
-SCHEMA_VERSION = "3"
+#: The case format. 3: rec_hash is MurmurHash3 of the canonical JSON (was MD5). 4: one table of
+#: records per kind, ``records`` a view of them. A case of another schema cannot be extended:
+#: its files are ingested into a new case.
+SCHEMA_VERSION = "4"
 
 
 def sql_text(name: str) -> str:

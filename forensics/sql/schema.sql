@@ -21,40 +21,18 @@ CREATE TABLE IF NOT EXISTS files (
   lines_ignored BIGINT NOT NULL  -- adapted files: lines that are no event (other log output)
 );
 
--- Valid records, one typed column per schema field (NULL where a kind lacks it).
-CREATE TABLE IF NOT EXISTS records (
+-- Valid records, one table per kind, each with its kind's fields (records is the four as one).
+-- Every table starts with where the record was read and its common fields, and ends with its
+-- hash and verbatim line. A field of another kind that a record carries is kept in its line
+-- (raw), not in a column.
+CREATE TABLE IF NOT EXISTS config_records (
   file_id INTEGER NOT NULL,
   line_no BIGINT NOT NULL,
   part SMALLINT NOT NULL,  -- which of the records an adapter made of that line (0 for canonical)
-  kind VARCHAR NOT NULL,
   ts TIMESTAMPTZ NOT NULL,
   node VARCHAR NOT NULL,
   boot BIGINT NOT NULL,
   seq BIGINT,
-  request_id VARCHAR,
-  event VARCHAR,
-  op VARCHAR,
-  pages VARCHAR,
-  page_ranges STRUCT(lo BIGINT, hi BIGINT)[],
-  max_page BIGINT,
-  source VARCHAR,
-  tenant_id VARCHAR,
-  prompt_tokens BIGINT,
-  max_new_tokens BIGINT,
-  prefill_node VARCHAR,
-  decode_node VARCHAR,
-  reason VARCHAR,
-  limit_tokens BIGINT,
-  status BIGINT,
-  finish_reason VARCHAR,
-  output_tokens BIGINT,
-  transfer_id VARCHAR,
-  src_node VARCHAR,
-  dst_node VARCHAR,
-  src_pages VARCHAR,
-  dst_pages VARCHAR,
-  tokens BIGINT,
-  bytes BIGINT,
   role VARCHAR,
   engine VARCHAR,
   engine_version VARCHAR,
@@ -65,7 +43,88 @@ CREATE TABLE IF NOT EXISTS records (
   kv_bytes_per_token BIGINT,
   rec_hash UHUGEINT NOT NULL,
   raw VARCHAR NOT NULL USING COMPRESSION zstd,  -- the verbatim line: read rarely, so zstd (the default costs more at ingest)
+  doc VARCHAR  -- an adapted record: its canonical record as JSON (raw is the engine's line)
+);
+
+CREATE TABLE IF NOT EXISTS request_records (
+  file_id INTEGER NOT NULL,
+  line_no BIGINT NOT NULL,
+  part SMALLINT NOT NULL,
+  ts TIMESTAMPTZ NOT NULL,
+  node VARCHAR NOT NULL,
+  boot BIGINT NOT NULL,
+  seq BIGINT,
+  request_id VARCHAR,
+  event VARCHAR,
+  tenant_id VARCHAR,
+  prompt_tokens BIGINT,
+  max_new_tokens BIGINT,
+  prefill_node VARCHAR,
+  decode_node VARCHAR,
+  reason VARCHAR,
+  limit_tokens BIGINT,
+  status BIGINT,
+  finish_reason VARCHAR,
+  output_tokens BIGINT,
+  rec_hash UHUGEINT NOT NULL,
+  raw VARCHAR NOT NULL USING COMPRESSION zstd,
   doc VARCHAR
+);
+
+CREATE TABLE IF NOT EXISTS kv_records (
+  file_id INTEGER NOT NULL,
+  line_no BIGINT NOT NULL,
+  part SMALLINT NOT NULL,
+  ts TIMESTAMPTZ NOT NULL,
+  node VARCHAR NOT NULL,
+  boot BIGINT NOT NULL,
+  seq BIGINT,
+  request_id VARCHAR,
+  op VARCHAR,
+  pages VARCHAR,
+  page_ranges STRUCT(lo BIGINT, hi BIGINT)[],  -- pages as ranges, for analyses that never list pages
+  max_page BIGINT,
+  source VARCHAR,
+  rec_hash UHUGEINT NOT NULL,
+  raw VARCHAR NOT NULL USING COMPRESSION zstd,
+  doc VARCHAR
+);
+
+CREATE TABLE IF NOT EXISTS transfer_records (
+  file_id INTEGER NOT NULL,
+  line_no BIGINT NOT NULL,
+  part SMALLINT NOT NULL,
+  ts TIMESTAMPTZ NOT NULL,
+  node VARCHAR NOT NULL,
+  boot BIGINT NOT NULL,
+  seq BIGINT,
+  transfer_id VARCHAR,
+  request_id VARCHAR,
+  event VARCHAR,
+  src_node VARCHAR,
+  dst_node VARCHAR,
+  src_pages VARCHAR,
+  dst_pages VARCHAR,
+  tokens BIGINT,
+  bytes BIGINT,
+  rec_hash UHUGEINT NOT NULL,
+  raw VARCHAR NOT NULL USING COMPRESSION zstd,
+  doc VARCHAR
+);
+
+-- Every valid record, one column per schema field (NULL where a kind lacks it). A filter on
+-- kind reads only that kind's table.
+CREATE OR REPLACE VIEW records AS
+SELECT file_id, line_no, part, kind, ts, node, boot, seq, request_id, event, op, pages, page_ranges,
+       max_page, source, tenant_id, prompt_tokens, max_new_tokens, prefill_node, decode_node, reason,
+       limit_tokens, status, finish_reason, output_tokens, transfer_id, src_node, dst_node, src_pages,
+       dst_pages, tokens, bytes, role, engine, engine_version, model, context_length, page_size,
+       pool_pages, kv_bytes_per_token, rec_hash, raw, doc
+FROM (
+  SELECT 'config' AS kind, * FROM config_records
+  UNION ALL BY NAME SELECT 'request' AS kind, * FROM request_records
+  UNION ALL BY NAME SELECT 'kv' AS kind, * FROM kv_records
+  UNION ALL BY NAME SELECT 'transfer' AS kind, * FROM transfer_records
 );
 
 -- Records kept verbatim with the reason they were not ingested.
@@ -104,28 +163,28 @@ SELECT node, boot, seq, ts, role, engine, engine_version, model, context_length,
        (pool_pages - 1) * page_size AS pool_tokens,
        least(context_length - 1, (pool_pages - 1) * page_size - 1) - 5 AS max_req_input_len,
        role = 'prefill' AND (pool_pages - 1) * page_size < context_length AS context_exceeds_pool
-FROM records WHERE kind = 'config';
+FROM config_records;
 
 CREATE OR REPLACE VIEW request_events AS
 SELECT request_id, event, node, boot, seq, ts, tenant_id, prompt_tokens, max_new_tokens,
        prefill_node, decode_node, reason, limit_tokens, status, finish_reason, output_tokens,
        file_id, line_no
-FROM records WHERE kind = 'request';
+FROM request_records;
 
 CREATE OR REPLACE VIEW kv_ops AS
 SELECT node, boot, seq, ts, request_id, op, pages, page_ranges, source, file_id, line_no
-FROM records WHERE kind = 'kv';
+FROM kv_records;
 
 -- tokens_sent: the record's own tokens, or where it has none (a receiving side that does not
 -- say, as SGLang's decode time stats), the sending side's completed record of the same transfer.
 CREATE OR REPLACE VIEW transfers AS
 SELECT transfer_id, request_id, event, node, boot, seq, ts, src_node, dst_node, src_pages,
        dst_pages, tokens, bytes, file_id, line_no,
-       coalesce(tokens, (SELECT min(s.tokens) FROM records s
-                         WHERE s.kind = 'transfer' AND s.transfer_id = t.transfer_id
+       coalesce(tokens, (SELECT min(s.tokens) FROM transfer_records s
+                         WHERE s.transfer_id = t.transfer_id
                            AND s.request_id = t.request_id AND s.event = 'completed'
                            AND s.node = s.src_node)) AS tokens_sent
-FROM records t WHERE kind = 'transfer';
+FROM transfer_records t;
 
 -- Replays of the case through the reference engine (kvforensics replay), latest per what-if.
 CREATE TABLE IF NOT EXISTS replays (

@@ -194,7 +194,7 @@ def test_canonical_json_matches_duckdbs_minified_form() -> None:
     data = (json.dumps(rec) + "\n").encode()
     buf = np.frombuffer(data, np.uint8)
     starts, stops = _line_bounds(buf)
-    plain, cols = fastlines.plain_columns(buf, starts, stops)
+    plain, _, cols = fastlines.plain_columns(buf, starts, stops, with_canon=True)
     assert plain.tolist() == [True]
     con = duckdb.connect()
     expected = con.execute(

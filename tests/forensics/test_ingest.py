@@ -24,6 +24,9 @@ from hypothesis import strategies as st
 
 import forensics
 from forensics.errors import CaseError, CaseLocked, InputNotFound, UnrecognisedFile
+from forensics.ingestion import record_columns
+from forensics.schema import FIELDS, KIND_FIELDS, KINDS, VARIANTS
+from forensics.store import connect
 
 TS = "2026-08-27T10:00:00.000000Z"
 CONFIG = {
@@ -438,14 +441,15 @@ def test_clear_errors(tmp_path: Path) -> None:
 
 
 def test_a_case_of_another_schema_is_refused_not_extended(tmp_path: Path) -> None:
-    """A case whose records were hashed another way (schema 2: MD5) would miss repeats if extended."""
+    """A case of another layout (schema 3: one records table) or whose records were hashed another
+    way (schema 2: MD5) is not extended: it would be read wrong, or miss repeats."""
     db = tmp_path / "old.duckdb"
     forensics.ingest([write_jsonl(tmp_path / "a.jsonl", [kv(1)])], db)
     con = duckdb.connect(str(db))
-    con.execute("UPDATE case_meta SET value = '2' WHERE key = 'schema_version'")
+    con.execute("UPDATE case_meta SET value = '3' WHERE key = 'schema_version'")
     con.execute("DROP VIEW kv_ops")  # what applying this version's schema would put back
     con.close()
-    with pytest.raises(CaseError, match="case schema 2, this kvforensics reads schema 3"):
+    with pytest.raises(CaseError, match="case schema 3, this kvforensics reads schema 4"):
         forensics.ingest([write_jsonl(tmp_path / "b.jsonl", [kv(2)])], db)
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM records").fetchone() == (1,)
@@ -458,3 +462,35 @@ def test_a_duckdb_file_that_is_no_case_is_refused_read_only(tmp_path: Path) -> N
     duckdb.connect(str(plain)).close()
     with pytest.raises(CaseError, match="not a kvforensics case"):
         forensics.Case(plain, read_only=True)
+
+
+def test_each_kind_has_a_table_of_its_fields_and_records_has_them_all(tmp_path: Path) -> None:
+    """The case's tables (sql/schema.sql) follow the schema's declaration (forensics/schema.py)."""
+    con = connect(tmp_path / "case.duckdb")
+    try:
+        columns = record_columns(con)
+        for kind in KINDS:
+            fields = {*KIND_FIELDS[kind].required, *KIND_FIELDS[kind].optional}
+            for variant in VARIANTS[kind].values():
+                fields |= {*variant.required, *variant.optional}
+            ranges = {"page_ranges", "max_page"} if kind == "kv" else set()
+            assert set(columns[kind]) == {"ts", "node", "boot", "seq", "rec_hash", "raw", "doc"} | fields | ranges
+        view = {c for (c,) in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'records'").fetchall()}
+        assert view == set(FIELDS) | {"file_id", "line_no", "part", "page_ranges", "max_page", "rec_hash", "raw", "doc"}
+    finally:
+        con.close()
+
+
+def test_a_kind_filter_on_records_reads_only_that_kinds_table(tmp_path: Path) -> None:
+    db = tmp_path / "case.duckdb"
+    forensics.ingest([write_jsonl(tmp_path / "a.jsonl", [kv(1), kv(2)])], db)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        explain = con.execute("EXPLAIN SELECT count(*) FROM records WHERE kind = 'kv'").fetchall()
+        plan = "\n".join(row[1] for row in explain)
+        assert "kv_records" in plan
+        assert not any(t in plan for t in ("config_records", "request_records", "transfer_records"))
+        assert con.execute("SELECT kind, count(*) FROM records GROUP BY ALL").fetchall() == [("kv", 2)]
+    finally:
+        con.close()

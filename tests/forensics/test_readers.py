@@ -111,9 +111,43 @@ def test_read_ahead_gives_each_file_its_blocks_in_order(tmp_path: Path, monkeypa
     assert not [t for t in threading.enumerate() if t.name.startswith("kvf-")]
 
 
+def mixed(node: str, seq: int) -> dict[str, object]:
+    """A record of the kind seq picks: mostly page records, with requests, transfers, a config at
+    seq 0, and now and then a kind the schema does not know."""
+    common = {"ts": TS, "node": node, "seq": seq}
+    if seq == 0:
+        return {"kind": "config", **common, "role": "decode", "engine": "e", "engine_version": "1",
+                "model": "m", "context_length": 4096, "page_size": 16, "pool_pages": 64}
+    if seq % 5 == 1:
+        return {"kind": "request", **common, "request_id": f"r{seq % 7}", "event": "admitted"}
+    if seq % 11 == 2:
+        return {"kind": "transfer", **common, "transfer_id": f"t{seq}", "request_id": f"r{seq % 7}",
+                "event": "started", "src_node": "p0", "dst_node": node}
+    if seq % 37 == 3:
+        return {"kind": "kvv", **common, "request_id": "r0", "op": "alloc", "pages": "1-2"}
+    return kv(node, seq)
+
+
+def test_by_kind_gives_each_kinds_rows_in_file_order() -> None:
+    """The fast path groups a block's plain rows by kind: each kind is one slice, in file order."""
+    records = [mixed("d0", s) for s in range(120)]
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    block = readers._split(data, 1)
+    assert block.plain is not None and sum(block.kind_rows) == block.plain.num_rows == len(records)
+    seen = []
+    for kind, rows in block.by_kind():
+        lines = rows["line_no"].to_pylist()
+        assert lines == sorted(lines)
+        assert {records[n - 1]["kind"] for n in lines} == {kind if kind is not None else "kvv"}
+        seen += lines
+    assert sorted(seen) == list(range(1, len(records) + 1))
+    assert [k for k, _ in block.by_kind()] == ["config", "request", "kv", "transfer", None]
+
+
 def test_small_blocks_give_the_same_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Row-group blocks, a short last block joined to the one before: the same records, in file order."""
-    lines = [json.dumps(kv("d0", s)) for s in range(300)]
+    """Row groups of 16 rows and blocks of 32 lines: each kind's rows wait for whole groups, across
+    blocks, and the last go in at the file's end. The same records, each kind in file order."""
+    lines = [json.dumps(mixed("d0", s)) for s in range(300)]
     lines[40] = lines[40].replace('"op": "alloc"', '"op": "al\\u006coc"')  # not plain: the SQL path
     lines[41] = ""
     lines[77] = '{"kind": "kv", "ts": '
@@ -140,9 +174,15 @@ def test_small_blocks_give_the_same_case(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 8192)
     small = case(tmp_path / "small.duckdb")
     assert small == whole
-    plain = [r[0] for r in small[0] if r[0] != 41]  # line 41 is validated by SQL and settled after
-    assert plain == sorted(plain) and len(plain) == 296
-    assert small[1] == [(78, "not_json"), (151, "duplicate")]
+    kinds = {r[2] for r in small[0]}
+    assert kinds == {"config", "request", "kv", "transfer"}
+    for kind in kinds:  # line 41 is validated by SQL and settled after the plain lines
+        plain = [r[0] for r in small[0] if r[2] == kind and r[0] != 41]
+        assert plain == sorted(plain)
+    unknown = [(s + 1, "unknown_kind") for s in range(300) if mixed("d0", s)["kind"] == "kvv" and s != 77]
+    assert len(unknown) == 6
+    assert len(small[0]) == 300 - 3 - len(unknown)  # a blank line, one not JSON, a repeat
+    assert small[1] == sorted([(78, "not_json"), (151, "duplicate"), *unknown])
 
 
 def test_a_file_that_fails_mid_way_stops_the_ingest_and_keeps_the_files_before(
