@@ -618,55 +618,63 @@ def _ints(values: np.ndarray, valid: np.ndarray) -> pa.Array:
 
 def plain_columns(
     buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, with_canon: bool = False,
-) -> tuple[np.ndarray, np.ndarray, dict[str, pa.Array]]:
+) -> tuple[np.ndarray, list[tuple[str | None, dict[str, pa.Array]]]]:
     """Which lines are plain, and the plain lines' columns for :func:`validate.plain_stage_sql`,
-    grouped by kind.
+    one set per kind.
 
-    ``starts``/``stops`` delimit each line in ``buf`` (without its terminator). The plain lines
-    come in the order of ``schema.KINDS`` (lines of a kind that is none of them last), in file
-    order within a kind: the second value is how many lines each kind has, so that each kind's
-    rows are one slice of the columns. ``cols["rows"]`` is each row's line index in the block.
-    ``with_canon`` adds the canonical JSON (``canon``), which only tests read.
+    ``starts``/``stops`` delimit each line in ``buf`` (without its terminator). The kinds come
+    in the order of ``schema.KINDS``, then None for lines of a kind that is none of them; each
+    kind's rows in file order, with ``rows`` (each row's line index in the block) and ``raw``
+    (its text). A kind's columns are built from its own rows, so a field no line of the kind
+    has costs nothing. ``with_canon`` adds the canonical JSON (``canon``), which only tests read.
     """
     plain, kinds, vstart, vstop, canon_at, canon = scan(buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET,
                                                         _SHAPES, _KEY_BYTES, _KEY_AT)
-    rows = np.flatnonzero(plain)
-    # the hash, in file order: lines that are not plain wrote no canonical JSON, so each plain
-    # line's ends where the next begins
-    canon_offsets = np.append(canon_at[rows], canon_at[-1])
+    every_row = np.flatnonzero(plain)
+    # lines that are not plain wrote no canonical JSON, so each plain line's ends where the next begins
+    canon_offsets = np.append(canon_at[every_row], canon_at[-1])
     hash_hi, hash_lo = rechash.hashes(canon, canon_offsets)
-    rules_ok, codes = rules(buf, rows, kinds, vstart, vstop, *RULES)
-    order = np.argsort(codes, kind="stable")
-    rows = rows[order]
-    counts = np.bincount(codes, minlength=len(KINDS) + 1)
-    # a field no plain line has gets one shared column of nulls: most kinds have few of the fields
-    present = written(rows, kinds)
-    no_text, no_int = pa.nulls(len(rows), pa.string_view()), pa.nulls(len(rows), pa.int64())
+    rules_ok, codes = rules(buf, every_row, kinds, vstart, vstop, *RULES)
+    every_line = np.ones(len(starts), dtype=np.int8)
+    out: list[tuple[str | None, dict[str, pa.Array]]] = []
+    for code, kind in enumerate((*KINDS, None)):
+        pick = np.flatnonzero(codes == code)
+        if not len(pick):
+            continue
+        rows = every_row[pick]
+        # a field no line of the kind has gets one shared column of nulls
+        present = written(rows, kinds)
+        no_text, no_int = pa.nulls(len(rows), pa.string_view()), pa.nulls(len(rows), pa.int64())
 
-    def text(f: int) -> pa.Array:
-        return text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING)) if present[f] else no_text
+        def text(f: int, rows: np.ndarray = rows, present: np.ndarray = present, no_text: pa.Array = no_text,
+                 ) -> pa.Array:
+            return text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING)) if present[f] else no_text
 
-    def ints(f: int) -> pa.Array:
-        return _ints(*integers(buf, rows, kinds, vstart, vstop, f)) if present[f] else no_int
+        def ints(f: int, rows: np.ndarray = rows, present: np.ndarray = present, no_int: pa.Array = no_int,
+                 ) -> pa.Array:
+            return _ints(*integers(buf, rows, kinds, vstart, vstop, f)) if present[f] else no_int
 
-    cols: dict[str, pa.Array] = {"rows": pa.array(rows)}
-    for name in FIELD_ORDER:
-        f = _INDEX[name]
-        ftype = FIELDS[name].type
-        if ftype is FieldType.INT:
-            cols[name] = ints(f)
-        elif ftype is FieldType.TS:
-            cols["ts_text"] = text(f)
-            cols["ts_shape"] = pa.array(rfc3339(buf, rows, kinds, vstart, vstop, f))
-            cols["ts_int"] = ints(f)
-        else:
-            cols[PLAIN_SOURCE.get(name, name)] = text(f)
-    offsets, lo, hi, valid, top = page_ranges(buf, rows, kinds, vstart, vstop, _INDEX["pages"])
-    ranges = pa.StructArray.from_arrays([pa.array(lo), pa.array(hi)], fields=list(PAGE_RANGE))
-    cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
-    cols["max_hi"] = _ints(top, valid)
-    if with_canon:
-        cols["canon"] = _text(canon_offsets, canon).take(pa.array(order))
-    cols["hash_hi"], cols["hash_lo"] = pa.array(hash_hi[order]), pa.array(hash_lo[order])
-    cols["rules_ok"] = pa.array(rules_ok[order])
-    return plain, counts, cols
+        cols: dict[str, pa.Array] = {
+            "rows": pa.array(rows), "raw": text_views(buf, views(buf, rows, starts, stops, every_line, 1)),
+        }
+        for name in FIELD_ORDER:
+            f = _INDEX[name]
+            ftype = FIELDS[name].type
+            if ftype is FieldType.INT:
+                cols[name] = ints(f)
+            elif ftype is FieldType.TS:
+                cols["ts_text"] = text(f)
+                cols["ts_shape"] = pa.array(rfc3339(buf, rows, kinds, vstart, vstop, f))
+                cols["ts_int"] = ints(f)
+            else:
+                cols[PLAIN_SOURCE.get(name, name)] = text(f)
+        offsets, lo, hi, valid, top = page_ranges(buf, rows, kinds, vstart, vstop, _INDEX["pages"])
+        ranges = pa.StructArray.from_arrays([pa.array(lo), pa.array(hi)], fields=list(PAGE_RANGE))
+        cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
+        cols["max_hi"] = _ints(top, valid)
+        if with_canon:
+            cols["canon"] = _text(canon_offsets, canon).take(pa.array(pick))
+        cols["hash_hi"], cols["hash_lo"] = pa.array(hash_hi[pick]), pa.array(hash_lo[pick])
+        cols["rules_ok"] = pa.array(rules_ok[pick])
+        out.append((kind, cols))
+    return plain, out

@@ -292,7 +292,7 @@ def _load(
     waiting: dict[str, list[pa.Table]] = {kind: [] for kind in KINDS}  # short of two groups
     held: dict[str, pa.Table] = {}  # whole groups, held back in case the file ends after them
     for block in read_blocks(log, ahead, options, notes, count_ignored):
-        for kind, rows in block.by_kind():
+        for kind, rows in block.kinds:
             plain += rows.num_rows
             if kind is None:  # no known kind: every line breaks a rule, so none waits for a row group
                 _load_plain(con, file_id, None, rows, ())

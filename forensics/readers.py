@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from forensics import adapters
 from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
-from forensics.schema import KINDS, integer_fields
+from forensics.schema import integer_fields
 
 CHUNK_BYTES = 32 << 20
 #: DuckDB's row group. Rows inserted in whole groups are written straight to the case file; an
@@ -323,22 +323,16 @@ def _batched(table: pa.Table, rows: int = 32_768) -> pa.Table:
 class Block:
     """Part of a file's records: plain lines read typed by the fast path, the others as lines."""
 
-    plain: pa.Table | None  # for validate.plain_stage_sql; None where there is no fast path
+    #: the plain lines of each kind, for validate.plain_stage_sql: in the order of schema.KINDS,
+    #: then None for a kind the schema does not know; each kind's rows in file order
+    kinds: tuple[tuple[str | None, pa.Table], ...]
     lines: pa.Table  # LINES_SCHEMA, for validate.stage_sql
     nbytes: int  # how much of the file (decompressed) the block covers
-    #: how many of the plain rows each kind has, in the order of schema.KINDS and then lines of
-    #: a kind that is none of them: ``plain`` holds them in that order, each kind one slice
-    kind_rows: tuple[int, ...] = ()
 
-    def by_kind(self) -> Iterator[tuple[str | None, pa.Table]]:
-        """The plain rows of each kind the block has (None: a kind the schema does not know)."""
-        if self.plain is None:
-            return
-        at = 0
-        for kind, n in zip((*KINDS, None), self.kind_rows, strict=True):
-            if n:
-                yield kind, self.plain.slice(at, n)
-            at += n
+    @property
+    def plain(self) -> pa.Table | None:
+        """Every plain line, kind after kind; None where none is."""
+        return pa.concat_tables([t for _, t in self.kinds]) if self.kinds else None
 
 
 def fast_path(log: LogFile) -> bool:
@@ -359,7 +353,7 @@ def read_blocks(
         yield from ahead.blocks(log)
     else:
         for chunk in read_chunks(log, options, notes, on_ignored):
-            yield Block(None, chunk, int(chunk["raw"].nbytes))
+            yield Block((), chunk, int(chunk["raw"].nbytes))
 
 
 class ReadAhead:
@@ -447,18 +441,15 @@ def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = 
     buf = np.frombuffer(data, dtype=np.uint8)
     starts, stops = _line_bounds(buf, ends)
     if len(data) >= 2**31:  # the fast path keeps offsets in int32
-        return Block(None, _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data))
-    plain, kind_rows, cols = fastlines.plain_columns(buf, starts, stops)
-    rows = cols.pop("rows").to_numpy()
-    every = np.ones(len(starts), dtype=np.int8)
-    table = pa.table({
-        "line_no": rows + first_line,
-        "part": np.zeros(len(rows), dtype=np.int16),
-        "raw": fastlines.text_views(buf, fastlines.views(buf, rows, starts, stops, every, 1)),
-        **cols,
-    })
+        return Block((), _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data))
+    plain, kinds = fastlines.plain_columns(buf, starts, stops)
+    parts = []
+    for kind, cols in kinds:
+        rows = cols.pop("rows").to_numpy()
+        parts.append((kind, pa.table(
+            {"line_no": rows + first_line, "part": np.zeros(len(rows), dtype=np.int16), **cols})))
     others = _lines_of(data, np.flatnonzero(~plain), starts, stops, first_line)
-    return Block(table, others, len(data), tuple(int(n) for n in kind_rows))
+    return Block(tuple(parts), others, len(data))
 
 
 def _decode_lossless(data: bytes | np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:

@@ -31,29 +31,31 @@ def both_ways(lines: list[str]) -> tuple[list[Any], list[Any], int]:
     prepare(con)
     con.register("every", _lines_table(data, 1))
     block = _split(data, 1)
-    plain = block.plain
-    assert plain is not None
-    con.register("plain", plain)
     con.register("others", block.lines)
     # ``suspect`` only picks lines for the strict re-check, which a plain line passes by construction
     names = [c for c in con.sql(f"SELECT * FROM ({stage_sql('others')})").columns if c != "suspect"]
     columns = ", ".join(f'"{c}"' for c in names)
-    assert all(_strict_json_ok(raw) for raw in plain.column("raw").to_pylist())
     reference = con.sql(f"SELECT {columns} FROM ({stage_sql('every')}) {STAGE_ORDER}").fetchall()
     line = names.index("line_no")
-    # as ingest loads them: lines that keep the rules checked for their time, the others in full
     parted = []
-    con.register("chunk", plain)
-    for stage, n in plain_stages(plain):
-        rows = con.sql(f"SELECT {columns} FROM ({stage})").fetchall()
-        assert len(rows) == n
-        parted += rows
-    whole_chain = con.sql(f"SELECT {columns} FROM ({plain_stage_sql('plain')})").fetchall()
-    assert sorted(parted, key=lambda r: r[line]) == sorted(whole_chain, key=lambda r: r[line])
+    for kind, plain in block.kinds:
+        assert all(_strict_json_ok(raw) for raw in plain.column("raw").to_pylist())
+        # as ingest loads them: lines that keep the rules checked for their time, the others in full
+        con.register("chunk", plain)
+        kind_rows = []
+        for stage, n in plain_stages(plain):
+            rows = con.sql(f"SELECT {columns} FROM ({stage})").fetchall()
+            assert len(rows) == n
+            kind_rows += rows
+        con.register("plain", plain)
+        whole_chain = con.sql(f"SELECT {columns} FROM ({plain_stage_sql('plain')})").fetchall()
+        assert sorted(kind_rows, key=lambda r: r[line]) == sorted(whole_chain, key=lambda r: r[line])
+        assert all(r[names.index("kind")] == kind for r in kind_rows) or kind is None
+        parted += kind_rows
     fast = sorted(parted + con.sql(f"SELECT {columns} FROM ({stage_sql('others')})").fetchall(),
                   key=lambda r: r[line])
     con.close()
-    return reference, fast, plain.num_rows
+    return reference, fast, sum(t.num_rows for _, t in block.kinds)
 
 
 # --- random lines: records of every variant, their values and their writing varied ---------------
@@ -194,8 +196,10 @@ def test_canonical_json_matches_duckdbs_minified_form() -> None:
     data = (json.dumps(rec) + "\n").encode()
     buf = np.frombuffer(data, np.uint8)
     starts, stops = _line_bounds(buf)
-    plain, _, cols = fastlines.plain_columns(buf, starts, stops, with_canon=True)
+    plain, kinds = fastlines.plain_columns(buf, starts, stops, with_canon=True)
     assert plain.tolist() == [True]
+    [(kind, cols)] = kinds
+    assert kind == "kv"
     con = duckdb.connect()
     expected = con.execute(
         "SELECT '{' || array_to_string(list_transform(list_sort(json_keys(j)), "

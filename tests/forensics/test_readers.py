@@ -128,20 +128,21 @@ def mixed(node: str, seq: int) -> dict[str, object]:
     return kv(node, seq)
 
 
-def test_by_kind_gives_each_kinds_rows_in_file_order() -> None:
-    """The fast path groups a block's plain rows by kind: each kind is one slice, in file order."""
+def test_a_blocks_plain_rows_come_by_kind_in_file_order() -> None:
+    """The fast path gives a block's plain rows kind by kind, each kind's in file order."""
     records = [mixed("d0", s) for s in range(120)]
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
     block = readers._split(data, 1)
-    assert block.plain is not None and sum(block.kind_rows) == block.plain.num_rows == len(records)
+    assert block.plain is not None and block.plain.num_rows == len(records)
     seen = []
-    for kind, rows in block.by_kind():
+    for kind, rows in block.kinds:
         lines = rows["line_no"].to_pylist()
         assert lines == sorted(lines)
         assert {records[n - 1]["kind"] for n in lines} == {kind if kind is not None else "kvv"}
+        assert rows["raw"].to_pylist() == [json.dumps(records[n - 1]) for n in lines]
         seen += lines
     assert sorted(seen) == list(range(1, len(records) + 1))
-    assert [k for k, _ in block.by_kind()] == ["config", "request", "kv", "transfer", None]
+    assert [k for k, _ in block.kinds] == ["config", "request", "kv", "transfer", None]
 
 
 def test_small_blocks_give_the_same_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
