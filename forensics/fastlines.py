@@ -145,13 +145,17 @@ def _scan_line(buf: np.ndarray, p: int, end: int, names: np.ndarray, name_at: np
 
 @njit(cache=True, nogil=True)
 def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarray, name_at: np.ndarray,
-         bucket: np.ndarray, shapes: np.ndarray, keys: np.ndarray,
-         key_at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+         bucket: np.ndarray, shapes: np.ndarray, keys: np.ndarray, key_at: np.ndarray, longest: int,
+         keep: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                              np.ndarray]:
     """Every line's fields: ``plain`` per line; per (field, line) how the value is written and
-    where; and each plain line's canonical JSON, end to end (``keys`` holds ``"name":`` per field).
+    where; and the hash of each plain line's canonical JSON (``keys`` holds ``"name":`` per field).
 
-    Columns of lines that are not plain are left partly filled and must not be read; their
-    canonical JSON is empty. Returns (plain, kinds, vstart, vstop, canon offsets, canon).
+    Each canonical JSON is built in a scratch buffer of ``longest`` bytes (the longest line: a
+    plain line's canonical JSON is never longer) and hashed there; ``keep`` keeps them all, end
+    to end, with their offsets (tests read them). Columns of lines that are not plain are left
+    partly filled and must not be read. Returns (plain, kinds, vstart, vstop, hash high words,
+    hash low words, canon offsets, canon).
     """
     n = len(starts)
     width = len(shapes)
@@ -159,9 +163,11 @@ def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarr
     kinds = np.zeros((width, n), np.int8)
     vstart = np.empty((width, n), np.int32)
     vstop = np.empty((width, n), np.int32)
+    hash_hi = np.zeros(n, np.uint64)
+    hash_lo = np.zeros(n, np.uint64)
     order = np.empty(width, np.int64)
-    canon = np.empty(len(buf), np.uint8)  # a plain line's canonical JSON is never longer than the line
-    canon_at = np.empty(n + 1, np.int64)
+    canon = np.empty(len(buf) if keep else longest, np.uint8)
+    canon_at = np.zeros(n + 1, np.int64)
     c = 0
     for i in range(n):
         canon_at[i] = c
@@ -169,9 +175,12 @@ def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarr
                            order)
         if count > 0:
             plain[i] = True
-            c = _canonical(canon, c, buf, keys, key_at, order, count, kinds, vstart, vstop, i)
+            end = _canonical(canon, c, buf, keys, key_at, order, count, kinds, vstart, vstop, i)
+            hash_hi[i], hash_lo[i] = rechash.murmur3_one(canon, c, end - c)
+            if keep:
+                c = end
     canon_at[n] = c
-    return plain, kinds, vstart, vstop, canon_at, canon
+    return plain, kinds, vstart, vstop, hash_hi, hash_lo, canon_at, canon
 
 
 @njit(cache=True, nogil=True)
@@ -628,12 +637,11 @@ def plain_columns(
     (its text). A kind's columns are built from its own rows, so a field no line of the kind
     has costs nothing. ``with_canon`` adds the canonical JSON (``canon``), which only tests read.
     """
-    plain, kinds, vstart, vstop, canon_at, canon = scan(buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET,
-                                                        _SHAPES, _KEY_BYTES, _KEY_AT)
+    longest = int((stops - starts).max()) if len(starts) else 0
+    plain, kinds, vstart, vstop, hash_hi, hash_lo, canon_at, canon = scan(
+        buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET, _SHAPES, _KEY_BYTES, _KEY_AT, longest, with_canon)
     every_row = np.flatnonzero(plain)
-    # lines that are not plain wrote no canonical JSON, so each plain line's ends where the next begins
-    canon_offsets = np.append(canon_at[every_row], canon_at[-1])
-    hash_hi, hash_lo = rechash.hashes(canon, canon_offsets)
+    hash_hi, hash_lo = hash_hi[every_row], hash_lo[every_row]
     rules_ok, codes = rules(buf, every_row, kinds, vstart, vstop, *RULES)
     every_line = np.ones(len(starts), dtype=np.int8)
     out: list[tuple[str | None, dict[str, pa.Array]]] = []
@@ -673,6 +681,8 @@ def plain_columns(
         cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
         cols["max_hi"] = _ints(top, valid)
         if with_canon:
+            # lines that are not plain wrote no canonical JSON, so each plain line's ends where the next begins
+            canon_offsets = np.append(canon_at[every_row], canon_at[-1])
             cols["canon"] = _text(canon_offsets, canon).take(pa.array(pick))
         cols["hash_hi"], cols["hash_lo"] = pa.array(hash_hi[pick]), pa.array(hash_lo[pick])
         cols["rules_ok"] = pa.array(rules_ok[pick])

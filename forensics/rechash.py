@@ -47,47 +47,51 @@ def _u64(buf: np.ndarray, at: int) -> np.uint64:
     )
 
 
+@njit(cache=True, inline="always")
+def murmur3_one(buf: np.ndarray, a: int, n: int) -> tuple[np.uint64, np.uint64]:
+    """MurmurHash3_x64_128 (seed 0) of ``buf[a:a + n]``: its high and low 64 bits (``h2`` and
+    ``h1`` of the reference code)."""
+    h1 = np.uint64(0)
+    h2 = np.uint64(0)
+    end = a + (n // 16) * 16
+    for at in range(a, end, 16):
+        k1 = _u64(buf, at) * _C1
+        k1 = _rotl(k1, 31) * _C2
+        h1 ^= k1
+        h1 = (_rotl(h1, 27) + h2) * np.uint64(5) + np.uint64(0x52DCE729)
+        k2 = _u64(buf, at + 8) * _C2
+        k2 = _rotl(k2, 33) * _C1
+        h2 ^= k2
+        h2 = (_rotl(h2, 31) + h1) * np.uint64(5) + np.uint64(0x38495AB5)
+    tail = n & 15
+    k1 = np.uint64(0)
+    k2 = np.uint64(0)
+    for i in range(tail - 1, 7, -1):
+        k2 ^= np.uint64(buf[end + i]) << np.uint64((i - 8) * 8)
+    if tail > 8:
+        k2 = _rotl(k2 * _C2, 33) * _C1
+        h2 ^= k2
+    for i in range(min(tail, 8) - 1, -1, -1):
+        k1 ^= np.uint64(buf[end + i]) << np.uint64(i * 8)
+    if tail > 0:
+        k1 = _rotl(k1 * _C1, 31) * _C2
+        h1 ^= k1
+    h1 ^= np.uint64(n)
+    h2 ^= np.uint64(n)
+    h1 += h2
+    h2 += h1
+    h1 = _fmix(h1)
+    h2 = _fmix(h2)
+    h1 += h2
+    h2 += h1
+    return h2, h1
+
+
 @njit(cache=True, nogil=True)
 def murmur3_128(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> None:
-    """MurmurHash3_x64_128 (seed 0) of each ``buf[starts[r]:stops[r]]``: its high and low 64 bits
-    (``h2`` and ``h1`` of the reference code) into ``hi[r]`` and ``lo[r]``."""
+    """:func:`murmur3_one` of each ``buf[starts[r]:stops[r]]`` into ``hi[r]`` and ``lo[r]``."""
     for r in range(len(starts)):
-        a, n = starts[r], stops[r] - starts[r]
-        h1 = np.uint64(0)
-        h2 = np.uint64(0)
-        end = a + (n // 16) * 16
-        for at in range(a, end, 16):
-            k1 = _u64(buf, at) * _C1
-            k1 = _rotl(k1, 31) * _C2
-            h1 ^= k1
-            h1 = (_rotl(h1, 27) + h2) * np.uint64(5) + np.uint64(0x52DCE729)
-            k2 = _u64(buf, at + 8) * _C2
-            k2 = _rotl(k2, 33) * _C1
-            h2 ^= k2
-            h2 = (_rotl(h2, 31) + h1) * np.uint64(5) + np.uint64(0x38495AB5)
-        tail = n & 15
-        k1 = np.uint64(0)
-        k2 = np.uint64(0)
-        for i in range(tail - 1, 7, -1):
-            k2 ^= np.uint64(buf[end + i]) << np.uint64((i - 8) * 8)
-        if tail > 8:
-            k2 = _rotl(k2 * _C2, 33) * _C1
-            h2 ^= k2
-        for i in range(min(tail, 8) - 1, -1, -1):
-            k1 ^= np.uint64(buf[end + i]) << np.uint64(i * 8)
-        if tail > 0:
-            k1 = _rotl(k1 * _C1, 31) * _C2
-            h1 ^= k1
-        h1 ^= np.uint64(n)
-        h2 ^= np.uint64(n)
-        h1 += h2
-        h2 += h1
-        h1 = _fmix(h1)
-        h2 = _fmix(h2)
-        h1 += h2
-        h2 += h1
-        hi[r] = h2
-        lo[r] = h1
+        hi[r], lo[r] = murmur3_one(buf, starts[r], stops[r] - starts[r])
 
 
 def hashes(buf: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
