@@ -264,6 +264,9 @@ def _next_file_id(con: duckdb.DuckDBPyConnection) -> int:
     return int(row[0])
 
 
+#: At most this many row groups of a kind wait for the next block before they go in.
+STATEMENT_GROUPS = 6
+
 LINES_STAGE = stage_sql("chunk")
 PLAIN_KEPT_STAGE = plain_stage_sql("(FROM chunk WHERE rules_ok)", rules_kept=True)
 PLAIN_BROKEN_STAGE = plain_stage_sql("(FROM chunk WHERE NOT rules_ok)")
@@ -289,17 +292,21 @@ def _load(
     def count_ignored(n: int) -> None:
         ignored[0] = n
 
-    waiting: dict[str, list[pa.Table]] = {kind: [] for kind in KINDS}  # short of two groups
+    waiting: dict[str, list[pa.Table]] = {kind: [] for kind in KINDS}  # not yet in a statement
     held: dict[str, pa.Table] = {}  # whole groups, held back in case the file ends after them
     for block in read_blocks(log, ahead, options, notes, count_ignored):
         for kind, rows in block.kinds:
             plain += rows.num_rows
             if kind is None:  # no known kind: every line breaks a rule, so none waits for a row group
                 _load_plain(con, file_id, None, rows, ())
-                continue
-            queue = waiting[kind]
-            queue.append(rows)
-            if sum(t.num_rows for t in queue) >= 2 * ROW_GROUP:
+            else:
+                waiting[kind].append(rows)
+        # where the next block is split already, its rows join the statement: DuckDB inserts
+        # larger statements on more cores (bench/README.md)
+        more = fast_path(log) and ahead.next_ready()
+        for kind, queue in waiting.items():
+            rows_waiting = sum(t.num_rows for t in queue)
+            if rows_waiting >= 2 * ROW_GROUP and (not more or rows_waiting >= STATEMENT_GROUPS * ROW_GROUP):
                 whole = pa.concat_tables(queue)
                 n = whole.num_rows // ROW_GROUP * ROW_GROUP
                 if kind in held:

@@ -418,6 +418,18 @@ class ReadAhead:
                 self._slots.release()
                 yield item.result()
 
+    def next_ready(self) -> bool:
+        """Whether the file being taken (with :meth:`blocks`) has its next block split already, or
+        no block left: what the loader would wait for is there."""
+        if not self._taken:
+            return False
+        out = self._queues[self._taken - 1]
+        with out.mutex:
+            if not out.queue:
+                return False
+            item = out.queue[0]
+        return item is self._END or isinstance(item, BaseException) or item.done()
+
     def skip(self, log: LogFile) -> None:
         """Pass over the next file (already in the case): the reader stops reading it."""
         self._passed.add(self._taken)

@@ -145,9 +145,13 @@ def test_a_blocks_plain_rows_come_by_kind_in_file_order() -> None:
     assert [k for k, _ in block.kinds] == ["config", "request", "kv", "transfer", None]
 
 
-def test_small_blocks_give_the_same_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("ready", [None, False, True])
+def test_small_blocks_give_the_same_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ready: bool | None
+) -> None:
     """Row groups of 16 rows and blocks of 32 lines: each kind's rows wait for whole groups, across
-    blocks, and the last go in at the file's end. The same records, each kind in file order."""
+    blocks, and the last go in at the file's end. The same records, each kind in file order,
+    whether the loader finds the next block split already (``ready``; None: as it happens)."""
     lines = [json.dumps(mixed("d0", s)) for s in range(300)]
     lines[40] = lines[40].replace('"op": "alloc"', '"op": "al\\u006coc"')  # not plain: the SQL path
     lines[41] = ""
@@ -173,6 +177,8 @@ def test_small_blocks_give_the_same_case(tmp_path: Path, monkeypatch: pytest.Mon
         monkeypatch.setattr(module, "ROW_GROUP", 16)
     monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 32)
     monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 8192)
+    if ready is not None:
+        monkeypatch.setattr(ReadAhead, "next_ready", lambda self: ready)
     small = case(tmp_path / "small.duckdb")
     assert small == whole
     kinds = {r[2] for r in small[0]}
