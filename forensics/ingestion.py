@@ -280,9 +280,11 @@ def _load(
     validated into the temp table ``stage``. The number of records read.
 
     A kind's plain rows go in whole DuckDB row groups, which DuckDB writes straight to the case
-    file: each kind's rows wait until they fill two groups. The last groups of each kind wait on
-    until the file's end and go in with the rest of its rows, in one statement: rows left short
-    of a group by a statement of their own would go through the write-ahead log at commit.
+    file: each kind's rows wait until they fill two groups, and where the next block is split
+    already, for it too (up to :data:`STATEMENT_GROUPS`; larger statements run on more cores).
+    The last groups of each kind wait on until the file's end and go in with the rest of its
+    rows, in one statement: rows left short of a group by a statement of their own would go
+    through the write-ahead log at commit.
     """
     con.execute("CREATE TEMP TABLE stage AS FROM stage_columns")
     columns = record_columns(con)
