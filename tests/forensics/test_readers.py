@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -190,6 +192,20 @@ def test_small_blocks_give_the_same_case(
     assert len(unknown) == 6
     assert len(small[0]) == 300 - 3 - len(unknown)  # a blank line, one not JSON, a repeat
     assert small[1] == sorted([(78, "not_json"), (151, "duplicate"), *unknown])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="nice is per thread on Linux only; elsewhere it is left alone")
+def test_the_reader_and_splitters_run_below_the_loaders_priority(tmp_path: Path) -> None:
+    log = log_of(write_jsonl(tmp_path / "a.jsonl", [kv("n", s) for s in range(50)]))
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with ReadAhead([log]) as ahead:
+        assert sum(t.num_rows for b in ahead.blocks(log) for _, t in b.kinds) == 50
+        workers = [t for t in threading.enumerate() if t.name.startswith("kvf-split")]
+        assert workers
+        for t in workers:
+            assert t.native_id is not None
+            assert os.getpriority(os.PRIO_PROCESS, t.native_id) == min(19, mine + readers.BACKGROUND_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
 
 
 def test_a_file_that_fails_mid_way_stops_the_ingest_and_keeps_the_files_before(
