@@ -625,17 +625,49 @@ def _ints(values: np.ndarray, valid: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid), pa.py_buffer(values)], int(n - valid.sum()))
 
 
+def _field_columns(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray,
+                   vstop: np.ndarray) -> dict[str, pa.Array]:
+    """The typed field columns of ``rows`` (page lists also as ranges); a field none of them has
+    gets one shared column of nulls."""
+    present = written(rows, kinds)
+    no_text, no_int = pa.nulls(len(rows), pa.string_view()), pa.nulls(len(rows), pa.int64())
+
+    def text(f: int) -> pa.Array:
+        return text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING)) if present[f] else no_text
+
+    def ints(f: int) -> pa.Array:
+        return _ints(*integers(buf, rows, kinds, vstart, vstop, f)) if present[f] else no_int
+
+    cols: dict[str, pa.Array] = {}
+    for name in FIELD_ORDER:
+        f = _INDEX[name]
+        ftype = FIELDS[name].type
+        if ftype is FieldType.INT:
+            cols[name] = ints(f)
+        elif ftype is FieldType.TS:
+            cols["ts_text"] = text(f)
+            cols["ts_shape"] = pa.array(rfc3339(buf, rows, kinds, vstart, vstop, f))
+            cols["ts_int"] = ints(f)
+        else:
+            cols[PLAIN_SOURCE.get(name, name)] = text(f)
+    offsets, lo, hi, valid, top = page_ranges(buf, rows, kinds, vstart, vstop, _INDEX["pages"])
+    ranges = pa.StructArray.from_arrays([pa.array(lo), pa.array(hi)], fields=list(PAGE_RANGE))
+    cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
+    cols["max_hi"] = _ints(top, valid)
+    return cols
+
+
 def plain_columns(
     buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, with_canon: bool = False,
-) -> tuple[np.ndarray, list[tuple[str | None, dict[str, pa.Array]]]]:
-    """Which lines are plain, and the plain lines' columns for :func:`validate.plain_stage_sql`,
-    one set per kind.
+) -> tuple[np.ndarray, list[tuple[str | None, np.ndarray, dict[str, pa.Array]]]]:
+    """Which lines are plain, and per kind the plain lines' indices in the block and their
+    columns for :func:`validate.plain_stage_sql` (``raw``, their text, included).
 
     ``starts``/``stops`` delimit each line in ``buf`` (without its terminator). The kinds come
     in the order of ``schema.KINDS``, then None for lines of a kind that is none of them; each
-    kind's rows in file order, with ``rows`` (each row's line index in the block) and ``raw``
-    (its text). A kind's columns are built from its own rows, so a field no line of the kind
-    has costs nothing. ``with_canon`` adds the canonical JSON (``canon``), which only tests read.
+    kind's rows in file order. A kind's columns are built from its own rows, so a field no line
+    of the kind has costs nothing. ``with_canon`` adds the canonical JSON (``canon``), which only
+    tests read.
     """
     longest = int((stops - starts).max()) if len(starts) else 0
     plain, kinds, vstart, vstop, hash_hi, hash_lo, canon_at, canon = scan(
@@ -644,47 +676,19 @@ def plain_columns(
     hash_hi, hash_lo = hash_hi[every_row], hash_lo[every_row]
     rules_ok, codes = rules(buf, every_row, kinds, vstart, vstop, *RULES)
     every_line = np.ones(len(starts), dtype=np.int8)
-    out: list[tuple[str | None, dict[str, pa.Array]]] = []
+    # lines that are not plain wrote no canonical JSON, so each plain line's ends where the next begins
+    canons = _text(np.append(canon_at[every_row], canon_at[-1]), canon) if with_canon else None
+    out: list[tuple[str | None, np.ndarray, dict[str, pa.Array]]] = []
     for code, kind in enumerate((*KINDS, None)):
         pick = np.flatnonzero(codes == code)
         if not len(pick):
             continue
         rows = every_row[pick]
-        # a field no line of the kind has gets one shared column of nulls
-        present = written(rows, kinds)
-        no_text, no_int = pa.nulls(len(rows), pa.string_view()), pa.nulls(len(rows), pa.int64())
-
-        def text(f: int, rows: np.ndarray = rows, present: np.ndarray = present, no_text: pa.Array = no_text,
-                 ) -> pa.Array:
-            return text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING)) if present[f] else no_text
-
-        def ints(f: int, rows: np.ndarray = rows, present: np.ndarray = present, no_int: pa.Array = no_int,
-                 ) -> pa.Array:
-            return _ints(*integers(buf, rows, kinds, vstart, vstop, f)) if present[f] else no_int
-
-        cols: dict[str, pa.Array] = {
-            "rows": pa.array(rows), "raw": text_views(buf, views(buf, rows, starts, stops, every_line, 1)),
-        }
-        for name in FIELD_ORDER:
-            f = _INDEX[name]
-            ftype = FIELDS[name].type
-            if ftype is FieldType.INT:
-                cols[name] = ints(f)
-            elif ftype is FieldType.TS:
-                cols["ts_text"] = text(f)
-                cols["ts_shape"] = pa.array(rfc3339(buf, rows, kinds, vstart, vstop, f))
-                cols["ts_int"] = ints(f)
-            else:
-                cols[PLAIN_SOURCE.get(name, name)] = text(f)
-        offsets, lo, hi, valid, top = page_ranges(buf, rows, kinds, vstart, vstop, _INDEX["pages"])
-        ranges = pa.StructArray.from_arrays([pa.array(lo), pa.array(hi)], fields=list(PAGE_RANGE))
-        cols["page_ranges"] = pa.ListArray.from_arrays(pa.array(offsets), ranges, mask=pa.array(~valid))
-        cols["max_hi"] = _ints(top, valid)
-        if with_canon:
-            # lines that are not plain wrote no canonical JSON, so each plain line's ends where the next begins
-            canon_offsets = np.append(canon_at[every_row], canon_at[-1])
-            cols["canon"] = _text(canon_offsets, canon).take(pa.array(pick))
+        cols = {"raw": text_views(buf, views(buf, rows, starts, stops, every_line, 1)),
+                **_field_columns(buf, rows, kinds, vstart, vstop)}
+        if canons is not None:
+            cols["canon"] = canons.take(pa.array(pick))
         cols["hash_hi"], cols["hash_lo"] = pa.array(hash_hi[pick]), pa.array(hash_lo[pick])
         cols["rules_ok"] = pa.array(rules_ok[pick])
-        out.append((kind, cols))
+        out.append((kind, rows, cols))
     return plain, out

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from forensics import __version__, adapters
 from forensics.adapters import Notes, Options
 from forensics.errors import KvfError, UnreadableFile
-from forensics.readers import LINES_SCHEMA, ROW_GROUP, LogFile, ReadAhead, discover, fast_path, read_blocks
+from forensics.readers import LINES_SCHEMA, ROW_GROUP, LogFile, ReadAhead, batched, discover, fast_path, read_blocks
 from forensics.schema import KINDS, Reason
 from forensics.store import connect, one
 from forensics.validate import PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
@@ -163,12 +163,13 @@ def ingest(
         con.execute("SET max_vacuum_tasks = 0")
         with _registered(con, LINES_SCHEMA.empty_table()):
             con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
+        columns = record_columns(con)
         with ThreadPoolExecutor(max_workers=1) as pool, ReadAhead(logs) as ahead:
             # the next file is hashed while this one loads
             hashes = [pool.submit(sha256_of, log.path) for log in logs]
             try:
                 results = [
-                    _ingest_file(con, log, digest.result(), progress, options or Options(), ahead)
+                    _ingest_file(con, log, digest.result(), progress, options or Options(), ahead, columns)
                     for log, digest in zip(logs, hashes, strict=True)
                 ]
             finally:
@@ -224,7 +225,7 @@ def sha256_of(path: Path) -> tuple[str, int]:
 
 def _ingest_file(
     con: duckdb.DuckDBPyConnection, log: LogFile, digest: tuple[str, int], progress: Progress | None,
-    options: Options, ahead: ReadAhead,
+    options: Options, ahead: ReadAhead, columns: dict[str, tuple[str, ...]],
 ) -> FileResult:
     sha, size = digest
     known = one(con, "SELECT lines_ignored FROM files WHERE sha256 = ?", [sha])
@@ -241,9 +242,9 @@ def _ingest_file(
     con.execute("BEGIN TRANSACTION")
     try:
         file_id = _next_file_id(con)
-        read = _load(con, file_id, log, progress, size, options, notes, ignored, ahead)
+        read = _load(con, file_id, log, progress, size, options, notes, ignored, ahead, columns)
         _check_strict_json(con)
-        _settle(con, file_id)
+        _settle(con, file_id, columns)
         con.execute(
             "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [file_id, str(log.path), size, sha, log.format, log.compression,
@@ -274,10 +275,11 @@ PLAIN_BROKEN_STAGE = plain_stage_sql("(FROM chunk WHERE NOT rules_ok)")
 
 def _load(
     con: duckdb.DuckDBPyConnection, file_id: int, log: LogFile, progress: Progress | None, size: int,
-    options: Options, notes: Notes, ignored: list[int], ahead: ReadAhead,
+    options: Options, notes: Notes, ignored: list[int], ahead: ReadAhead, columns: dict[str, tuple[str, ...]],
 ) -> int:
     """Read the file: plain lines straight into their kind's table (or quarantine), the others
-    validated into the temp table ``stage``. The number of records read.
+    validated into the temp table ``stage``. The number of records read. ``columns``: each
+    kind's table's columns (:func:`record_columns`).
 
     A kind's plain rows go in whole DuckDB row groups, which DuckDB writes straight to the case
     file: each kind's rows wait until they fill two groups, and where the next block is split
@@ -287,7 +289,6 @@ def _load(
     through the write-ahead log at commit.
     """
     con.execute("CREATE TEMP TABLE stage AS FROM stage_columns")
-    columns = record_columns(con)
     done = 0
     plain = 0
 
@@ -339,7 +340,7 @@ def _load_plain(
     Columns no record of the chunk has are left to their default (NULL): writing them costs
     as much as writing data.
     """
-    chunk = pa.Table.from_batches(chunk.to_batches(max_chunksize=ROW_GROUP), schema=chunk.schema)
+    chunk = batched(chunk, ROW_GROUP)
     cols = ", ".join(c for c in columns if _has_values(chunk, c))
     with _registered(con, chunk):
         for stage, lines in plain_stages(chunk):
@@ -415,7 +416,7 @@ def _check_strict_json(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
-def _settle(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+def _settle(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tuple[str, ...]]) -> None:
     """Give every record of the file its end: the staged lines join the plain ones in records or
     quarantine; then repeats move to duplicates, conflicts and pages beyond the pool to quarantine."""
     if _count(con, "stage"):
@@ -427,7 +428,6 @@ def _settle(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
             SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL FROM stage WHERE q_reason IS NOT NULL
             """
         )
-        columns = record_columns(con)
         kinds = con.execute("SELECT DISTINCT kind FROM stage WHERE q_reason IS NULL ORDER BY kind").fetchall()
         for (kind,) in kinds:
             cols = ", ".join(columns[kind])

@@ -313,10 +313,10 @@ def _lines_of(
          "doc": pa.nulls(len(rows), pa.large_string())},
         schema=LINES_SCHEMA,
     )
-    return _batched(table)
+    return batched(table)
 
 
-def _batched(table: pa.Table, rows: int = 32_768) -> pa.Table:
+def batched(table: pa.Table, rows: int = 32_768) -> pa.Table:
     """The table in batches small enough that DuckDB scans it on every core."""
     return pa.Table.from_batches(table.to_batches(max_chunksize=rows), schema=table.schema)
 
@@ -330,11 +330,6 @@ class Block:
     kinds: tuple[tuple[str | None, pa.Table], ...]
     lines: pa.Table  # LINES_SCHEMA, for validate.stage_sql
     nbytes: int  # how much of the file (decompressed) the block covers
-
-    @property
-    def plain(self) -> pa.Table | None:
-        """Every plain line, kind after kind; None where none is."""
-        return pa.concat_tables([t for _, t in self.kinds]) if self.kinds else None
 
 
 def fast_path(log: LogFile) -> bool:
@@ -362,15 +357,17 @@ def read_blocks(
 BACKGROUND_NICE = 10
 
 
-def background_nice() -> int:
-    """The nice value :data:`BACKGROUND_NICE` below the calling thread's priority."""
+def background_nice() -> int | None:
+    """The nice value :data:`BACKGROUND_NICE` below the calling thread's priority; None where
+    nice is not per thread (it is on Linux; elsewhere it would be the whole process's)."""
+    if sys.platform != "linux":
+        return None
     return min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + BACKGROUND_NICE)
 
 
-def in_background(nice: int) -> None:
-    """Run the calling thread at nice value ``nice`` (on Linux, where nice is per thread;
-    elsewhere it would be the whole process's, so nothing is done)."""
-    if sys.platform != "linux":
+def in_background(nice: int | None) -> None:
+    """Run the calling thread at nice value ``nice`` (:func:`background_nice`; None: as it is)."""
+    if nice is None:
         return
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
@@ -402,7 +399,7 @@ class ReadAhead:
         self._passed: set[int] = set()  # files to pass over: the reader stops reading them
         self._slots = threading.Semaphore(depth)
         self._stop = threading.Event()
-        self._nice = background_nice() if sys.platform == "linux" else 0
+        self._nice = background_nice()
         self._pool = ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="kvf-split", initializer=in_background, initargs=(self._nice,))
         self._reader = threading.Thread(target=self._read, name="kvf-read", daemon=True)
@@ -484,13 +481,12 @@ def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = 
     if len(data) >= 2**31:  # the fast path keeps offsets in int32
         return Block((), _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data))
     plain, kinds = fastlines.plain_columns(buf, starts, stops)
-    parts = []
-    for kind, cols in kinds:
-        rows = cols.pop("rows").to_numpy()
-        parts.append((kind, pa.table(
-            {"line_no": rows + first_line, "part": np.zeros(len(rows), dtype=np.int16), **cols})))
+    parts = tuple(
+        (kind, pa.table({"line_no": rows + first_line, "part": np.zeros(len(rows), dtype=np.int16), **cols}))
+        for kind, rows, cols in kinds
+    )
     others = _lines_of(data, np.flatnonzero(~plain), starts, stops, first_line)
-    return Block(tuple(parts), others, len(data))
+    return Block(parts, others, len(data))
 
 
 def _decode_lossless(data: bytes | np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:

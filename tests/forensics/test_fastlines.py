@@ -198,8 +198,8 @@ def test_canonical_json_matches_duckdbs_minified_form() -> None:
     starts, stops = _line_bounds(buf)
     plain, kinds = fastlines.plain_columns(buf, starts, stops, with_canon=True)
     assert plain.tolist() == [True]
-    [(kind, cols)] = kinds
-    assert kind == "kv"
+    [(kind, rows, cols)] = kinds
+    assert kind == "kv" and rows.tolist() == [0]
     con = duckdb.connect()
     expected = con.execute(
         "SELECT '{' || array_to_string(list_transform(list_sort(json_keys(j)), "
@@ -212,7 +212,7 @@ def test_canonical_json_matches_duckdbs_minified_form() -> None:
 def test_lines_that_are_not_utf8_are_kept_escaped(tmp_path: Path) -> None:
     data = b'{"kind": "kv", "node": "\xff"}\n' + json.dumps({"kind": "config"}).encode() + b"\n"
     block = _split(data, 1)
-    assert block.plain is not None and block.plain.num_rows == 1
+    assert [(kind, t.num_rows) for kind, t in block.kinds] == [("config", 1)]  # the second line
     raw = block.lines.column("raw").to_pylist()
     assert raw == ['\x00{"kind": "kv", "node": "\\xff"}']
     assert pa.compute.all(block.lines.column("line_no").is_valid()).as_py()

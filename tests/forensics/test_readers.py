@@ -107,8 +107,8 @@ def test_read_ahead_gives_each_file_its_blocks_in_order(tmp_path: Path, monkeypa
                 ahead.skip(log)
                 continue
             blocks = list(ahead.blocks(log))
-            assert all(b.plain is not None and b.plain.num_rows == 5 for b in blocks[:-1])
-            got.append([n for b in blocks if b.plain is not None for n in b.plain["line_no"].to_pylist()])
+            assert all(sum(t.num_rows for _, t in b.kinds) == 5 for b in blocks[:-1])
+            got.append([n for b in blocks for _, t in b.kinds for n in t["line_no"].to_pylist()])
     assert got == [list(range(1, n + 1)) for n in (sizes[0], sizes[2], sizes[3])]
     assert not [t for t in threading.enumerate() if t.name.startswith("kvf-")]
 
@@ -135,7 +135,7 @@ def test_a_blocks_plain_rows_come_by_kind_in_file_order() -> None:
     records = [mixed("d0", s) for s in range(120)]
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
     block = readers._split(data, 1)
-    assert block.plain is not None and block.plain.num_rows == len(records)
+    assert sum(t.num_rows for _, t in block.kinds) == len(records)
     seen = []
     for kind, rows in block.kinds:
         lines = rows["line_no"].to_pylist()
@@ -192,6 +192,13 @@ def test_small_blocks_give_the_same_case(
     assert len(unknown) == 6
     assert len(small[0]) == 300 - 3 - len(unknown)  # a blank line, one not JSON, a repeat
     assert small[1] == sorted([(78, "not_json"), (151, "duplicate"), *unknown])
+
+
+def test_background_priority_is_only_set_where_nice_is_per_thread() -> None:
+    """Elsewhere than Linux, setpriority on a thread id would name a process: nothing is set."""
+    nice = readers.background_nice()
+    assert (nice is None) == (sys.platform != "linux")
+    readers.in_background(None)  # leaves the thread as it is, on any platform
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="nice is per thread on Linux only; elsewhere it is left alone")
