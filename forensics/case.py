@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
+from forensics import source
 from forensics.analysis import analyse, summary
 from forensics.errors import CaseError, QueryError
 from forensics.findings import Findings, findings
@@ -138,6 +141,32 @@ class Case:
             [request_id],
         )
         return RequestReport(request_id, lifecycle, pages, saw, seen_by, uninitialized)
+
+    def verbatim(self, rows: pl.DataFrame | Sequence[tuple[int, int]]) -> pl.DataFrame:
+        """The text of the lines at ``rows`` as read: the evidence behind records, duplicates and
+        quarantined lines.
+
+        ``rows``: ``(file_id, line_no)`` pairs, or a frame with those columns (any query of
+        ``records``). Returns ``file_id, line_no, path, text`` in file and line order. A CSV row
+        that goes on over more lines comes whole; a Parquet row, as the JSON made of it. The text
+        may hold user content: nothing is printed.
+        """
+        if isinstance(rows, pl.DataFrame):
+            keys = rows.select(pl.col("file_id").cast(pl.Int32), pl.col("line_no").cast(pl.Int64)).to_arrow()
+        else:
+            keys = pa.table({"file_id": pa.array([r[0] for r in rows], pa.int32()),
+                             "line_no": pa.array([r[1] for r in rows], pa.int64())})
+        self._con.register("wanted_lines", keys)
+        try:
+            self._con.register("wanted_texts", source.texts(self._con, "wanted_lines"))
+            return self._frame(sql_text("verbatim.sql"))
+        finally:
+            self._con.unregister("wanted_lines")
+            self._con.unregister("wanted_texts")
+
+    def request_lines(self, request_id: str) -> pl.DataFrame:
+        """The log lines of a request's records, as read (:meth:`verbatim`), in file and line order."""
+        return self.verbatim(self._frame("SELECT file_id, line_no FROM records WHERE request_id = ?", [request_id]))
 
     def page_timeline(self, node: str, page: int, *, boot: int | None = None) -> pl.DataFrame:
         """Every page operation on ``page`` of ``node`` in (boot, seq) order, with inferred reads."""

@@ -30,10 +30,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from forensics import __version__, adapters
+from forensics import __version__, adapters, source
 from forensics.adapters import Notes, Options
 from forensics.errors import KvfError, UnreadableFile
-from forensics.readers import LINES_SCHEMA, ROW_GROUP, LogFile, ReadAhead, batched, discover, fast_path, read_blocks
+from forensics.readers import (
+    LINES_SCHEMA,
+    ROW_GROUP,
+    LogFile,
+    ReadAhead,
+    batched,
+    discover,
+    fast_path,
+    read_blocks,
+    source_pieces,
+)
 from forensics.schema import KINDS, Reason
 from forensics.store import connect, one
 from forensics.validate import PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
@@ -244,12 +254,13 @@ def _ingest_file(
         file_id = _next_file_id(con)
         read = _load(con, file_id, log, progress, size, options, notes, ignored, ahead, columns)
         _check_strict_json(con)
-        _settle(con, file_id, columns)
+        # the file's row goes in before its records settle: its lines are read back by its format
         con.execute(
             "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [file_id, str(log.path), size, sha, log.format, log.compression,
              dt.datetime.now(dt.UTC), __version__, read, log.adapter, ignored[0]],
         )
+        _settle(con, file_id, columns)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -297,7 +308,9 @@ def _load(
 
     waiting: dict[str, list[pa.Table]] = {kind: [] for kind in KINDS}  # not yet in a statement
     held: dict[str, pa.Table] = {}  # whole groups, held back in case the file ends after them
+    text: list[source.Piece] = []
     for block in read_blocks(log, ahead, options, notes, count_ignored):
+        text.extend(block.text)
         for kind, rows in block.kinds:
             plain += rows.num_rows
             if kind is None:  # no known kind: every line breaks a rule, so none waits for a row group
@@ -326,6 +339,7 @@ def _load(
         last = ([held[kind]] if kind in held else []) + queue
         if last:
             _load_plain(con, file_id, kind, pa.concat_tables(last), columns[kind])
+    source.store(con, file_id, text if fast_path(log) else list(source_pieces(log)))
     return plain + _count(con, "stage")
 
 
@@ -372,13 +386,21 @@ def plain_stages(chunk: pa.Table) -> list[tuple[str, int]]:
 
 
 @contextmanager
-def _registered(con: duckdb.DuckDBPyConnection, table: pa.Table) -> Iterator[None]:
-    """``table`` visible to the queries as ``chunk`` (what LINES_STAGE and the plain stages read)."""
-    con.register("chunk", table)
+def _registered(con: duckdb.DuckDBPyConnection, table: pa.Table, name: str = "chunk") -> Iterator[None]:
+    """``table`` visible to the queries as ``name`` (``chunk``: what LINES_STAGE and the plain stages read)."""
+    con.register(name, table)
     try:
         yield
     finally:
-        con.unregister("chunk")
+        con.unregister(name)
+
+
+@contextmanager
+def _texts(con: duckdb.DuckDBPyConnection, keys: str) -> Iterator[None]:
+    """The verbatim text of the records at ``keys`` (``file_id, line_no``) visible as ``texts``
+    (``file_id, line_no, text``; no row for a Parquet row, whose text is its ``doc``)."""
+    with _registered(con, source.texts(con, keys), "texts"):
+        yield
 
 
 def _has_values(chunk: pa.Table, column: str) -> bool:
@@ -496,7 +518,7 @@ def _move_repeats(con: duckdb.DuckDBPyConnection, file_id: int, *, only_without_
     if _count(con, "repeats"):
         con.execute(
             f"""
-            INSERT INTO duplicates SELECT file_id, line_no, rec_hash, raw, doc
+            INSERT INTO duplicates SELECT file_id, line_no, rec_hash, doc
             FROM records SEMI JOIN repeats USING (line_no, part) WHERE file_id = {file_id}
             """
         )
@@ -527,12 +549,20 @@ def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     # every contender on a contested key, with its canonical JSON recomputed from its line
     con.execute(
         """
-        CREATE OR REPLACE TEMP TABLE rival_lines AS
-        SELECT row_number() OVER () AS line_no, 0 AS part, r.raw, r.doc, r.file_id AS c_file,
-               r.line_no AS c_line, r.rec_hash AS c_hash
+        CREATE OR REPLACE TEMP TABLE rivals AS
+        SELECT r.file_id, r.line_no, r.doc, r.rec_hash
         FROM records r SEMI JOIN contested c ON r.node = c.node AND r.boot = c.boot AND r.seq = c.seq
         """
     )
+    with _texts(con, "rivals"):
+        con.execute(
+            """
+            CREATE OR REPLACE TEMP TABLE rival_lines AS
+            SELECT row_number() OVER () AS line_no, 0 AS part, coalesce(t.text, r.doc) AS raw, r.doc,
+                   r.file_id AS c_file, r.line_no AS c_line, r.rec_hash AS c_hash
+            FROM rivals r LEFT JOIN texts t USING (file_id, line_no)
+            """
+        )
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE contenders AS
@@ -549,20 +579,36 @@ def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
         WHERE c.canon <> w.canon
         """
     )
-    con.execute(
-        f"""
-        INSERT INTO quarantine
-        SELECT r.file_id, r.line_no, '{Reason.CONFLICT.value}', {_conflict_detail('l')}, r.raw, r.rec_hash
-        FROM records r JOIN losers l ON l.rec_hash = r.rec_hash
-        UNION ALL
-        SELECT d.file_id, d.line_no, '{Reason.CONFLICT.value}', {_conflict_detail('l')}, d.raw, d.rec_hash
-        FROM duplicates d JOIN losers l ON l.rec_hash = d.rec_hash
-        """
-    )
+    _quarantine_lines(con, "losers", Reason.CONFLICT, _conflict_detail("l"), "records")
     for table in RECORD_TABLES.values():
         con.execute(f"DELETE FROM {table} WHERE rec_hash IN (SELECT rec_hash FROM losers)")
     con.execute("DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM losers)")
-    con.execute("DROP TABLE contested; DROP TABLE rival_lines; DROP TABLE contenders; DROP TABLE losers")
+    for table in ("contested", "rivals", "rival_lines", "contenders", "losers"):
+        con.execute(f"DROP TABLE {table}")
+
+
+def _quarantine_lines(con: duckdb.DuckDBPyConnection, found: str, reason: Reason, detail: str, table: str) -> None:
+    """Into quarantine, with their verbatim text: the lines in ``table`` and duplicates of the
+    records in ``found`` (by ``rec_hash``; ``detail``, SQL over ``found`` as ``l``)."""
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE moving AS
+        SELECT r.file_id, r.line_no, r.rec_hash, r.doc, {detail} AS detail
+        FROM {table} r JOIN {found} l USING (rec_hash)
+        UNION ALL
+        SELECT d.file_id, d.line_no, d.rec_hash, d.doc, {detail} AS detail
+        FROM duplicates d JOIN {found} l USING (rec_hash)
+        """
+    )
+    with _texts(con, "moving"):
+        con.execute(
+            f"""
+            INSERT INTO quarantine
+            SELECT m.file_id, m.line_no, '{reason.value}', m.detail, coalesce(t.text, m.doc), m.rec_hash
+            FROM moving m LEFT JOIN texts t USING (file_id, line_no)
+            """
+        )
+    con.execute("DROP TABLE moving")
 
 
 def _conflict_detail(alias: str) -> str:
@@ -602,17 +648,7 @@ def _check_page_range(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     if not _count(con, "beyond"):
         con.execute("DROP TABLE beyond")
         return
-    reason = Reason.PAGE_OUT_OF_RANGE.value
-    con.execute(
-        f"""
-        INSERT INTO quarantine
-        SELECT r.file_id, r.line_no, '{reason}', b.detail, r.raw, r.rec_hash
-        FROM kv_records r JOIN beyond b USING (rec_hash)
-        UNION ALL
-        SELECT d.file_id, d.line_no, '{reason}', b.detail, d.raw, d.rec_hash
-        FROM duplicates d JOIN beyond b ON d.rec_hash = b.rec_hash
-        """
-    )
+    _quarantine_lines(con, "beyond", Reason.PAGE_OUT_OF_RANGE, "l.detail", RECORD_TABLES["kv"])
     con.execute(f"DELETE FROM {RECORD_TABLES['kv']} WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
     con.execute("DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
     con.execute("DROP TABLE beyond")

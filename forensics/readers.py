@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forensics import adapters
+from forensics import adapters, source
 from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
 from forensics.schema import integer_fields
 
@@ -161,6 +161,21 @@ def text_lines(log: LogFile) -> adapters.Lines:
                     yield line_no, line
 
     return lines
+
+
+def source_pieces(log: LogFile) -> Iterator[source.Piece]:
+    """A file's text for ``source_lines``, read apart from its records: for files off the fast path
+    (whose blocks bring their text). Lines are numbered as the file's reader numbers them. A
+    Parquet file has no lines."""
+    if log.format == "parquet":
+        return
+    with _decoding(log):
+        if log.adapter == "canonical" and log.format == "jsonl":
+            for data, first_line, ends in _line_blocks(log, None, CHUNK_BYTES):
+                yield from source.pieces(data, first_line, ends)
+        else:  # CSV and engine logs are read as text, which ends lines at "\r" too
+            with io.TextIOWrapper(open_binary(log), encoding="utf-8-sig", errors="surrogateescape", newline="") as text:
+                yield from source.text_pieces(text)
 
 
 def open_binary(log: LogFile) -> IO[bytes]:
@@ -330,6 +345,7 @@ class Block:
     kinds: tuple[tuple[str | None, pa.Table], ...]
     lines: pa.Table  # LINES_SCHEMA, for validate.stage_sql
     nbytes: int  # how much of the file (decompressed) the block covers
+    text: tuple[source.Piece, ...] = ()  # the fast path: the block's lines for ``source_lines``
 
 
 def fast_path(log: LogFile) -> bool:
@@ -477,16 +493,19 @@ def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = 
     from forensics import fastlines
 
     buf = np.frombuffer(data, dtype=np.uint8)
+    if ends is None:
+        ends = np.flatnonzero(buf == 10)
     starts, stops = _line_bounds(buf, ends)
+    text = tuple(source.pieces(buf, first_line, ends))
     if len(data) >= 2**31:  # the fast path keeps offsets in int32
-        return Block((), _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data))
+        return Block((), _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data), text)
     plain, kinds = fastlines.plain_columns(buf, starts, stops)
     parts = tuple(
         (kind, pa.table({"line_no": rows + first_line, "part": np.zeros(len(rows), dtype=np.int16), **cols}))
         for kind, rows, cols in kinds
     )
     others = _lines_of(data, np.flatnonzero(~plain), starts, stops, first_line)
-    return Block(parts, others, len(data))
+    return Block(parts, others, len(data), text)
 
 
 def _decode_lossless(data: bytes | np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:

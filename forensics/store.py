@@ -11,9 +11,10 @@ import duckdb
 from forensics.errors import CaseError, CaseLocked
 
 #: The case format. 3: rec_hash is MurmurHash3 of the canonical JSON (was MD5). 4: one table of
-#: records per kind, ``records`` a view of them. A case of another schema cannot be extended:
-#: its files are ingested into a new case.
-SCHEMA_VERSION = "4"
+#: records per kind, ``records`` a view of them. 5: the verbatim lines in ``source_lines``, not a
+#: ``raw`` column of records and duplicates. A case of another schema cannot be extended: its
+#: files are ingested into a new case.
+SCHEMA_VERSION = "5"
 
 
 def sql_text(name: str) -> str:

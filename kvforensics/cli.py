@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from enum import StrEnum
@@ -281,25 +282,44 @@ def exposures(
 
 @app.command()
 def request(
-    request_id: Annotated[str, typer.Argument(help="The request id.")], db: DbOption
+    request_id: Annotated[str, typer.Argument(help="The request id.")],
+    db: DbOption,
+    show_content: Annotated[
+        bool, typer.Option("--show-content", help="Also print its records' log lines as read (may hold user data).")
+    ] = False,
 ) -> None:
     """One request: its lifecycle, its pages, whose content it saw, who saw its content."""
 
-    def query() -> forensics.RequestReport:
+    def query() -> tuple[forensics.RequestReport, pl.DataFrame | None]:
         with forensics.Case(db) as case:
-            return case.request(request_id)
+            report = case.request(request_id)
+            return report, case.request_lines(request_id) if show_content else None
 
-    report = _run(query)
-    for title, frame in (
+    report, lines = _run(query)
+    sections = [
         ("lifecycle", report.lifecycle),
         ("page records", report.pages),
         ("content of other requests it read", report.saw),
         ("requests that read its content", report.seen_by),
         ("uninitialized pages it read", report.uninitialized),
-    ):
+    ]
+    for title, frame in sections:
         typer.echo(f"\n{title} ({frame.height})")
         if frame.height:
             _emit(frame, Format.table)
+    if lines is not None:
+        typer.echo(f"\nlog lines ({lines.height})")
+        for path, line_no, text in lines.select("path", "line_no", "text").iter_rows():
+            typer.echo(f"{path}:{line_no}: {_printable(text)}")
+
+
+def _printable(text: str) -> str:
+    """A log line for the terminal: control characters (an escape sequence in a log would act on
+    the terminal) shown as escapes."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 @app.command()

@@ -23,8 +23,8 @@ CREATE TABLE IF NOT EXISTS files (
 
 -- Valid records, one table per kind, each with its kind's fields (records is the four as one).
 -- Every table starts with where the record was read and its common fields, and ends with its
--- hash and verbatim line. A field of another kind that a record carries is kept in its line
--- (raw), not in a column.
+-- hash. Its verbatim line is in source_lines. A field of another kind that a record carries is
+-- kept in its line, not in a column.
 CREATE TABLE IF NOT EXISTS config_records (
   file_id INTEGER NOT NULL,
   line_no BIGINT NOT NULL,
@@ -42,8 +42,7 @@ CREATE TABLE IF NOT EXISTS config_records (
   pool_pages BIGINT,
   kv_bytes_per_token BIGINT,
   rec_hash UHUGEINT NOT NULL,
-  raw VARCHAR NOT NULL USING COMPRESSION zstd,  -- the verbatim line: read rarely, so zstd (the default costs more at ingest)
-  doc VARCHAR  -- an adapted record: its canonical record as JSON (raw is the engine's line)
+  doc VARCHAR  -- an adapted record: its canonical record as JSON (its line is the engine's); Parquet: the row as JSON
 );
 
 CREATE TABLE IF NOT EXISTS request_records (
@@ -67,7 +66,6 @@ CREATE TABLE IF NOT EXISTS request_records (
   finish_reason VARCHAR,
   output_tokens BIGINT,
   rec_hash UHUGEINT NOT NULL,
-  raw VARCHAR NOT NULL USING COMPRESSION zstd,
   doc VARCHAR
 );
 
@@ -86,7 +84,6 @@ CREATE TABLE IF NOT EXISTS kv_records (
   max_page BIGINT,
   source VARCHAR,
   rec_hash UHUGEINT NOT NULL,
-  raw VARCHAR NOT NULL USING COMPRESSION zstd,
   doc VARCHAR
 );
 
@@ -108,7 +105,6 @@ CREATE TABLE IF NOT EXISTS transfer_records (
   tokens BIGINT,
   bytes BIGINT,
   rec_hash UHUGEINT NOT NULL,
-  raw VARCHAR NOT NULL USING COMPRESSION zstd,
   doc VARCHAR
 );
 
@@ -119,7 +115,7 @@ SELECT file_id, line_no, part, kind, ts, node, boot, seq, request_id, event, op,
        max_page, source, tenant_id, prompt_tokens, max_new_tokens, prefill_node, decode_node, reason,
        limit_tokens, status, finish_reason, output_tokens, transfer_id, src_node, dst_node, src_pages,
        dst_pages, tokens, bytes, role, engine, engine_version, model, context_length, page_size,
-       pool_pages, kv_bytes_per_token, rec_hash, raw, doc
+       pool_pages, kv_bytes_per_token, rec_hash, doc
 FROM (
   SELECT 'config' AS kind, * FROM config_records
   UNION ALL BY NAME SELECT 'request' AS kind, * FROM request_records
@@ -142,8 +138,18 @@ CREATE TABLE IF NOT EXISTS duplicates (
   file_id INTEGER NOT NULL,
   line_no BIGINT NOT NULL,
   rec_hash UHUGEINT NOT NULL,
-  raw VARCHAR NOT NULL USING COMPRESSION zstd,  -- the verbatim line: read rarely, so zstd (the default costs more at ingest)
   doc VARCHAR
+);
+
+-- Every text input file's lines as read (line ends and all; a leading BOM left out), in pieces
+-- of about a MiB, each a zstd frame: the verbatim line of every record, duplicate and quarantined
+-- line, without a string per record (forensics/source.py reads them back; Case.verbatim).
+-- JSON Lines number their lines at newlines; CSV and engine logs, read as text, at "\r" too.
+CREATE TABLE IF NOT EXISTS source_lines (
+  file_id INTEGER NOT NULL,
+  first_line BIGINT NOT NULL,
+  line_count INTEGER NOT NULL,
+  text BLOB NOT NULL
 );
 
 CREATE OR REPLACE VIEW file_counts AS

@@ -30,7 +30,7 @@ SMALL = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_poo
 def _records(db: Path) -> list[dict[str, Any]]:
     con = duckdb.connect(str(db), read_only=True)
     try:
-        rel = con.sql("SELECT f.path, r.* EXCLUDE (raw, doc, rec_hash, page_ranges, max_page) "
+        rel = con.sql("SELECT f.path, r.* EXCLUDE (doc, rec_hash, page_ranges, max_page) "
                       "FROM records r JOIN files f USING (file_id) ORDER BY f.path, line_no, part")
         cols = rel.columns
         return [{k: v for k, v in zip(cols, row, strict=True) if v is not None} for row in rel.fetchall()]

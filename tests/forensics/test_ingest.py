@@ -441,15 +441,16 @@ def test_clear_errors(tmp_path: Path) -> None:
 
 
 def test_a_case_of_another_schema_is_refused_not_extended(tmp_path: Path) -> None:
-    """A case of another layout (schema 3: one records table) or whose records were hashed another
-    way (schema 2: MD5) is not extended: it would be read wrong, or miss repeats."""
+    """A case of another layout (schema 4: a verbatim line per record; 3: one records table) or whose
+    records were hashed another way (schema 2: MD5) is not extended: it would be read wrong, or
+    miss repeats."""
     db = tmp_path / "old.duckdb"
     forensics.ingest([write_jsonl(tmp_path / "a.jsonl", [kv(1)])], db)
     con = duckdb.connect(str(db))
-    con.execute("UPDATE case_meta SET value = '3' WHERE key = 'schema_version'")
+    con.execute("UPDATE case_meta SET value = '4' WHERE key = 'schema_version'")
     con.execute("DROP VIEW kv_ops")  # what applying this version's schema would put back
     con.close()
-    with pytest.raises(CaseError, match="case schema 3, this kvforensics reads schema 4"):
+    with pytest.raises(CaseError, match="case schema 4, this kvforensics reads schema 5"):
         forensics.ingest([write_jsonl(tmp_path / "b.jsonl", [kv(2)])], db)
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM records").fetchone() == (1,)
@@ -474,10 +475,10 @@ def test_each_kind_has_a_table_of_its_fields_and_records_has_them_all(tmp_path: 
             for variant in VARIANTS[kind].values():
                 fields |= {*variant.required, *variant.optional}
             ranges = {"page_ranges", "max_page"} if kind == "kv" else set()
-            assert set(columns[kind]) == {"ts", "node", "boot", "seq", "rec_hash", "raw", "doc"} | fields | ranges
+            assert set(columns[kind]) == {"ts", "node", "boot", "seq", "rec_hash", "doc"} | fields | ranges
         view = {c for (c,) in con.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = 'records'").fetchall()}
-        assert view == set(FIELDS) | {"file_id", "line_no", "part", "page_ranges", "max_page", "rec_hash", "raw", "doc"}
+        assert view == set(FIELDS) | {"file_id", "line_no", "part", "page_ranges", "max_page", "rec_hash", "doc"}
     finally:
         con.close()
 

@@ -107,3 +107,22 @@ def test_engine_log_options_reach_the_adapters(tmp_path: Path) -> None:
     bad = RUNNER.invoke(app, ["ingest", str(tmp_path / "sglang"), "--db", str(tmp_path / "b.duckdb"),
                               "--role", "router"])
     assert bad.exit_code != 0 and "--role must be one of" in bad.output and "Traceback" not in bad.output
+
+
+def test_request_prints_its_log_lines_only_when_asked_and_defused(tmp_path: Path) -> None:
+    """The lines may hold user content: shown with --show-content only; a terminal escape
+    sequence in them is printed as text, not sent to the terminal."""
+    head = "kind,ts,node,seq,request_id,op,pages,note\n"
+    row = "kv,2026-08-27T10:00:00Z,decode-0,{seq},{rid},alloc,1,{note}\n"
+    path = tmp_path / "a.csv"
+    path.write_text(head + row.format(seq=1, rid="a", note="\x1b[2Jsecret")
+                    + row.format(seq=2, rid="b", note="bystander"), encoding="utf-8")
+    db = tmp_path / "case.duckdb"
+    forensics.ingest([path], db)
+    plain = RUNNER.invoke(app, ["request", "a", "--db", str(db)])
+    assert plain.exit_code == 0, plain.output
+    assert "secret" not in plain.output and "log lines" not in plain.output
+    shown = RUNNER.invoke(app, ["request", "a", "--db", str(db), "--show-content"])
+    assert shown.exit_code == 0, shown.output
+    assert f"{path}:2: kv,2026-08-27T10:00:00Z,decode-0,1,a,alloc,1,\\x1b[2Jsecret" in shown.output
+    assert "\x1b" not in shown.output and "bystander" not in shown.output
