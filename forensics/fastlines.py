@@ -364,6 +364,93 @@ def rfc3339(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.nda
 
 
 @njit(cache=True, nogil=True)
+def _number(buf: np.ndarray, p: int, n: int) -> int:
+    """The value of the ``n`` digits at ``buf[p]``."""
+    v = 0
+    for q in range(p, p + n):
+        v = v * 10 + (buf[q] - 48)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _days_since_epoch(year: int, month: int, day: int) -> int:
+    """Days from 1970-01-01 to a date of the proleptic Gregorian calendar (H. Hinnant's days_from_civil)."""
+    y = year - 1 if month <= 2 else year
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (month - 3 if month > 2 else month + 9) + 2) // 5 + day - 1
+    return era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+
+
+@njit(cache=True, nogil=True)
+def _month_days(year: int, month: int) -> int:
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month == 4 or month == 6 or month == 9 or month == 11 else 31
+
+
+@njit(cache=True, nogil=True)
+def utc_micros(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
+               f: int) -> tuple[np.ndarray, np.ndarray]:
+    """Field ``f`` of ``rows`` as microseconds since the epoch, UTC, where it is written in the
+    forms logs use: integer nanoseconds >= 0, or ``YYYY-MM-DDThh:mm:ss`` (``T`` or a space) with
+    up to 6 fraction digits and ``Z`` or ``+hh:mm``/``-hh:mm``, every part in range. (values, valid)
+
+    Any other time (lowercase, a leap second, nanoseconds, a date that does not exist) is left
+    invalid, for SQL to cast as the validator does: this gives only what that cast gives.
+    """
+    m = len(rows)
+    values = np.zeros(m, np.int64)
+    valid = np.zeros(m, np.bool_)
+    for k in range(m):
+        i = rows[k]
+        p = vstart[f, i]
+        end = vstop[f, i]
+        if kinds[f, i] == INTEGER:
+            v = _integer(buf, p, end)
+            if v >= 0:
+                values[k] = v // 1000
+                valid[k] = True
+            continue
+        if kinds[f, i] != STRING or end - p < 20:
+            continue
+        if not (_digits(buf, p, 4) and buf[p + 4] == 45 and _digits(buf, p + 5, 2) and buf[p + 7] == 45
+                and _digits(buf, p + 8, 2) and (buf[p + 10] == 84 or buf[p + 10] == 32)
+                and _digits(buf, p + 11, 2) and buf[p + 13] == 58 and _digits(buf, p + 14, 2)
+                and buf[p + 16] == 58 and _digits(buf, p + 17, 2)):
+            continue
+        year, month, day = _number(buf, p, 4), _number(buf, p + 5, 2), _number(buf, p + 8, 2)
+        hour, minute, second = _number(buf, p + 11, 2), _number(buf, p + 14, 2), _number(buf, p + 17, 2)
+        if (year < 1 or month < 1 or month > 12 or day < 1 or day > _month_days(year, month) or hour > 23
+                or minute > 59 or second > 59):
+            continue
+        q = p + 19
+        micros = 0
+        if q < end and buf[q] == 46:
+            r = q + 1
+            while r < end and 48 <= buf[r] <= 57:
+                r += 1
+            digits = r - q - 1
+            if digits < 1 or digits > 6:
+                continue
+            micros = _number(buf, q + 1, digits) * 10 ** (6 - digits)
+            q = r
+        if end - q == 1 and buf[q] == 90:
+            offset = 0
+        elif (end - q == 6 and (buf[q] == 43 or buf[q] == 45) and _digits(buf, q + 1, 2) and buf[q + 3] == 58
+              and _digits(buf, q + 4, 2) and _number(buf, q + 1, 2) <= 23 and _number(buf, q + 4, 2) <= 59):
+            offset = _number(buf, q + 1, 2) * 3600 + _number(buf, q + 4, 2) * 60
+            if buf[q] == 45:
+                offset = -offset
+        else:
+            continue
+        seconds = _days_since_epoch(year, month, day) * 86400 + hour * 3600 + minute * 60 + second - offset
+        values[k] = seconds * 1_000_000 + micros
+        valid[k] = True
+    return values, valid
+
+
+@njit(cache=True, nogil=True)
 def page_ranges(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
                 f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Field ``f`` (a page list) parsed as ranges where it has the shape of ``validate._PAGES``.
@@ -620,6 +707,15 @@ def _text(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
     return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
+_UTC_MICROS = pa.timestamp("us", tz="UTC")
+
+
+def _times(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """Microseconds since the epoch as an Arrow time in UTC, which DuckDB reads as TIMESTAMPTZ."""
+    n = len(values)
+    return pa.Array.from_buffers(_UTC_MICROS, n, [_bitmap(valid), pa.py_buffer(values)], int(n - valid.sum()))
+
+
 def _ints(values: np.ndarray, valid: np.ndarray) -> pa.Array:
     n = len(values)
     return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid), pa.py_buffer(values)], int(n - valid.sum()))
@@ -631,6 +727,7 @@ def _field_columns(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart:
     gets one shared column of nulls."""
     present = written(rows, kinds)
     no_text, no_int = pa.nulls(len(rows), pa.string_view()), pa.nulls(len(rows), pa.int64())
+    no_time = pa.nulls(len(rows), _UTC_MICROS)
 
     def text(f: int) -> pa.Array:
         return text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING)) if present[f] else no_text
@@ -648,6 +745,7 @@ def _field_columns(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart:
             cols["ts_text"] = text(f)
             cols["ts_shape"] = pa.array(rfc3339(buf, rows, kinds, vstart, vstop, f))
             cols["ts_int"] = ints(f)
+            cols["ts_us"] = _times(*utc_micros(buf, rows, kinds, vstart, vstop, f)) if present[f] else no_time
         else:
             cols[PLAIN_SOURCE.get(name, name)] = text(f)
     offsets, lo, hi, valid, top = page_ranges(buf, rows, kinds, vstart, vstop, _INDEX["pages"])

@@ -399,7 +399,9 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
     ``source`` has ``line_no, part, raw``, the hash of the canonical JSON as ``hash_hi, hash_lo``
     (:mod:`forensics.rechash`), the typed fields :data:`PLAIN_TYPED`,
     ``event_s``, ``op_s``, the ts as ``ts_text`` (with ``ts_shape``, whether it has the RFC 3339
-    shape) or ``ts_int``, and ``page_ranges`` with ``max_hi`` where ``pages`` parses.
+    shape) or ``ts_int``, and already as a time where the fast path could read it (``ts_us``;
+    casting 2 M texts cost DuckDB 0.15 s of CPU), and ``page_ranges`` with ``max_hi`` where
+    ``pages`` parses.
     The checks are the same chain over typed fields; the canonical JSON comes built and hashed.
     ``rules_kept``: every line of ``source`` keeps the rules but the time's (the fast path's
     ``rules_ok``, fastlines.RULES), so it can only fail on its time, and only that is checked (the
@@ -416,7 +418,8 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
 WITH f AS (
   SELECT line_no, part, raw, NULL::VARCHAR AS doc, hash_hi, hash_lo, page_ranges, max_hi, event_s, op_s,
     {', '.join(PLAIN_TYPED)},
-    CASE WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN TRY_CAST(ts_text AS TIMESTAMPTZ) END
+    CASE WHEN ts_us IS NOT NULL THEN ts_us
+         WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN TRY_CAST(ts_text AS TIMESTAMPTZ) END
          WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts,
     CASE WHEN ts_text IS NOT NULL THEN '"' || ts_text || '"' ELSE CAST(ts_int AS VARCHAR) END AS j_ts
   FROM {source}

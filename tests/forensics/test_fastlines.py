@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,24 @@ _INTS = st.one_of(
     st.integers(-(2**70), 2**70),
     st.sampled_from([10**17, 10**18 - 1, 10**18, 2**63 - 1, 2**63, -(2**63), 999_999_999_999]),
 )
+# times put together from parts, each sometimes out of range: the fast path reads the usual forms
+# itself and must give exactly what DuckDB's cast gives, or leave the time to it
+_TIME_PARTS = st.tuples(
+    st.sampled_from([1, 1970, 2000, 2024, 2026, 2100, 9999]) | st.integers(0, 9999), st.integers(0, 13),
+    st.integers(0, 32), st.sampled_from("T t"), st.integers(0, 24), st.integers(0, 60), st.integers(0, 61),
+    st.sampled_from(["", ".1", ".073", ".123456", ".000001", ".1234567", ".999999999", "."]),
+    st.sampled_from(["Z", "z", "+00:00", "-05:30", "+23:59", "-23:59", "+24:00", "-00:60", "+14:00", "+0200", ""]),
+)
+_TIME_TEXT = _TIME_PARTS.map(
+    lambda p: f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}{p[3]}{p[4]:02d}:{p[5]:02d}:{p[6]:02d}{p[7]}{p[8]}")
+#: The forms the fast path reads itself (fastlines.utc_micros), where DuckDB takes them.
+_USUAL_TIME = re.compile(r"(?!0000)\d{4}-\d\d-\d\d[T ]\d\d:\d\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)")
 _TS = st.one_of(
+    _TIME_TEXT,
+    st.sampled_from([
+        "2000-02-29T00:00:00Z", "2100-02-29T00:00:00Z", "2024-02-29T23:59:59.999999+23:59",
+        "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "1969-12-31T23:59:59.999999Z",
+    ]),
     st.sampled_from([
         "2026-09-14T08:00:00Z", "2026-09-14T08:00:00.073000Z", "2026-09-14t08:00:00z",
         "2026-09-14 08:00:00.1+02:00", "2026-09-14T08:00:00.123456789-05:30",
@@ -216,3 +234,26 @@ def test_lines_that_are_not_utf8_are_kept_escaped(tmp_path: Path) -> None:
     raw = block.lines.column("raw").to_pylist()
     assert raw == ['\x00{"kind": "kv", "node": "\\xff"}']
     assert pa.compute.all(block.lines.column("line_no").is_valid()).as_py()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TS, min_size=1, max_size=40))
+def test_a_time_the_fast_path_reads_is_what_duckdb_casts(times: list[Any]) -> None:
+    """The times the fast path reads itself (``ts_us``) are exactly DuckDB's cast of them, and it
+    leaves every time DuckDB refuses to the cast (which then quarantines the line)."""
+    lines = [json.dumps({"kind": "config", "ts": t, "node": "n"}) for t in times]
+    block = _split("".join(line + "\n" for line in lines).encode(), 1)
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    for _, rows in block.kinds:  # (an integer beyond int64 makes a line that is not plain)
+        con.register("rows", rows)
+        triples = con.sql(
+            "SELECT line_no, ts_us, CASE WHEN ts_text IS NOT NULL THEN TRY_CAST(ts_text AS TIMESTAMPTZ) "
+            "WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END FROM rows"
+        ).fetchall()
+        for line_no, fast, cast in triples:
+            t = times[line_no - 1]
+            assert fast is None or fast == cast, t
+            usual = (isinstance(t, int) and t >= 0) or (isinstance(t, str) and bool(_USUAL_TIME.fullmatch(t)))
+            assert fast is not None or cast is None or not usual, t  # the usual forms it reads itself
+    con.close()
