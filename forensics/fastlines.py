@@ -326,44 +326,6 @@ def _digits(buf: np.ndarray, p: int, n: int) -> bool:
 
 
 @njit(cache=True, nogil=True)
-def rfc3339(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
-            f: int) -> np.ndarray:
-    """Whether field ``f``, where a string, has the shape of an RFC 3339 time with offset.
-
-    The shape is ``validate._RFC3339``: date, ``T``/``t``/space, time, up to 9 fraction digits,
-    then ``Z``/``z`` or ``+hh:mm``/``-hh:mm``.
-    """
-    ok = np.zeros(len(rows), np.bool_)
-    for k in range(len(rows)):
-        i = rows[k]
-        if kinds[f, i] != STRING:
-            continue
-        p = vstart[f, i]
-        end = vstop[f, i]
-        if end - p < 20:
-            continue
-        if not (_digits(buf, p, 4) and buf[p + 4] == 45 and _digits(buf, p + 5, 2) and buf[p + 7] == 45
-                and _digits(buf, p + 8, 2) and (buf[p + 10] == 84 or buf[p + 10] == 116 or buf[p + 10] == 32)
-                and _digits(buf, p + 11, 2) and buf[p + 13] == 58 and _digits(buf, p + 14, 2)
-                and buf[p + 16] == 58 and _digits(buf, p + 17, 2)):
-            continue
-        q = p + 19
-        if buf[q] == 46:
-            r = q + 1
-            while r < end and 48 <= buf[r] <= 57:
-                r += 1
-            if r - q - 1 < 1 or r - q - 1 > 9:
-                continue
-            q = r
-        if end - q == 1:
-            ok[k] = buf[q] == 90 or buf[q] == 122
-        elif end - q == 6:
-            ok[k] = ((buf[q] == 43 or buf[q] == 45) and _digits(buf, q + 1, 2) and buf[q + 3] == 58
-                     and _digits(buf, q + 4, 2))
-    return ok
-
-
-@njit(cache=True, nogil=True)
 def _number(buf: np.ndarray, p: int, n: int) -> int:
     """The value of the ``n`` digits at ``buf[p]``."""
     v = 0
@@ -390,18 +352,51 @@ def _month_days(year: int, month: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def utc_micros(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
-               f: int) -> tuple[np.ndarray, np.ndarray]:
-    """Field ``f`` of ``rows`` as microseconds since the epoch, UTC, where it is written in the
-    forms logs use: integer nanoseconds >= 0, or ``YYYY-MM-DDThh:mm:ss`` (``T`` or a space) with
-    up to 6 fraction digits and ``Z`` or ``+hh:mm``/``-hh:mm``, every part in range. (values, valid)
+def _rfc3339_end(buf: np.ndarray, p: int, end: int) -> int:
+    """Where the offset of the time text ``buf[p:end]`` starts, if it has the shape of an RFC 3339
+    time with offset (``validate._RFC3339``): date, ``T``/``t``/space, time, up to 9 fraction
+    digits, then ``Z``/``z`` or ``+hh:mm``/``-hh:mm``; -1 if not."""
+    if end - p < 20:
+        return -1
+    if not (_digits(buf, p, 4) and buf[p + 4] == 45 and _digits(buf, p + 5, 2) and buf[p + 7] == 45
+            and _digits(buf, p + 8, 2) and (buf[p + 10] == 84 or buf[p + 10] == 116 or buf[p + 10] == 32)
+            and _digits(buf, p + 11, 2) and buf[p + 13] == 58 and _digits(buf, p + 14, 2)
+            and buf[p + 16] == 58 and _digits(buf, p + 17, 2)):
+        return -1
+    q = p + 19
+    if buf[q] == 46:
+        r = q + 1
+        while r < end and 48 <= buf[r] <= 57:
+            r += 1
+        if r - q - 1 < 1 or r - q - 1 > 9:
+            return -1
+        q = r
+    if end - q == 1:
+        return q if buf[q] == 90 or buf[q] == 122 else -1
+    if end - q == 6 and (buf[q] == 43 or buf[q] == 45) and _digits(buf, q + 1, 2) and buf[q + 3] == 58 \
+            and _digits(buf, q + 4, 2):
+        return q
+    return -1
 
-    Any other time (lowercase, a leap second, nanoseconds, a date that does not exist) is left
-    invalid, for SQL to cast as the validator does: this gives only what that cast gives.
+
+_SCALE = np.array([1, 100_000, 10_000, 1_000, 100, 10, 1], np.int64)  # fraction digits -> microseconds
+
+
+@njit(cache=True, nogil=True)
+def times(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
+          f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Field ``f`` of ``rows`` as a time: (microseconds since the epoch UTC, valid, RFC 3339 shape).
+
+    The microseconds are read where the time is written in the forms logs use: integer
+    nanoseconds >= 0, or ``YYYY-MM-DDThh:mm:ss`` (``T`` or a space) with up to 6 fraction digits
+    and ``Z`` or ``+hh:mm``/``-hh:mm``, every part in range. Any other time (lowercase, a leap
+    second, nanoseconds, a date that does not exist) is left invalid, for SQL to cast as the
+    validator does, where the text has the shape: this gives only what that cast gives.
     """
     m = len(rows)
     values = np.zeros(m, np.int64)
     valid = np.zeros(m, np.bool_)
+    shape = np.zeros(m, np.bool_)
     for k in range(m):
         i = rows[k]
         p = vstart[f, i]
@@ -412,42 +407,31 @@ def utc_micros(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.
                 values[k] = v // 1000
                 valid[k] = True
             continue
-        if kinds[f, i] != STRING or end - p < 20:
+        if kinds[f, i] != STRING:
             continue
-        if not (_digits(buf, p, 4) and buf[p + 4] == 45 and _digits(buf, p + 5, 2) and buf[p + 7] == 45
-                and _digits(buf, p + 8, 2) and (buf[p + 10] == 84 or buf[p + 10] == 32)
-                and _digits(buf, p + 11, 2) and buf[p + 13] == 58 and _digits(buf, p + 14, 2)
-                and buf[p + 16] == 58 and _digits(buf, p + 17, 2)):
+        q = _rfc3339_end(buf, p, end)
+        if q < 0:
             continue
+        shape[k] = True
         year, month, day = _number(buf, p, 4), _number(buf, p + 5, 2), _number(buf, p + 8, 2)
         hour, minute, second = _number(buf, p + 11, 2), _number(buf, p + 14, 2), _number(buf, p + 17, 2)
-        if (year < 1 or month < 1 or month > 12 or day < 1 or day > _month_days(year, month) or hour > 23
-                or minute > 59 or second > 59):
+        digits = q - p - 20 if q > p + 19 else 0
+        if (buf[p + 10] == 116 or year < 1 or month < 1 or month > 12 or day < 1 or day > _month_days(year, month)
+                or hour > 23 or minute > 59 or second > 59 or digits > 6):
             continue
-        q = p + 19
-        micros = 0
-        if q < end and buf[q] == 46:
-            r = q + 1
-            while r < end and 48 <= buf[r] <= 57:
-                r += 1
-            digits = r - q - 1
-            if digits < 1 or digits > 6:
-                continue
-            micros = _number(buf, q + 1, digits) * 10 ** (6 - digits)
-            q = r
-        if end - q == 1 and buf[q] == 90:
+        if buf[q] == 90:
             offset = 0
-        elif (end - q == 6 and (buf[q] == 43 or buf[q] == 45) and _digits(buf, q + 1, 2) and buf[q + 3] == 58
-              and _digits(buf, q + 4, 2) and _number(buf, q + 1, 2) <= 23 and _number(buf, q + 4, 2) <= 59):
-            offset = _number(buf, q + 1, 2) * 3600 + _number(buf, q + 4, 2) * 60
-            if buf[q] == 45:
-                offset = -offset
+        elif buf[q] == 43 or buf[q] == 45:
+            oh, om = _number(buf, q + 1, 2), _number(buf, q + 4, 2)
+            if oh > 23 or om > 59:
+                continue
+            offset = oh * 3600 + om * 60 if buf[q] == 43 else -(oh * 3600 + om * 60)
         else:
             continue
         seconds = _days_since_epoch(year, month, day) * 86400 + hour * 3600 + minute * 60 + second - offset
-        values[k] = seconds * 1_000_000 + micros
+        values[k] = seconds * 1_000_000 + (_number(buf, p + 20, digits) * _SCALE[digits] if digits else 0)
         valid[k] = True
-    return values, valid
+    return values, valid, shape
 
 
 @njit(cache=True, nogil=True)
@@ -727,7 +711,6 @@ def _field_columns(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart:
     gets one shared column of nulls."""
     present = written(rows, kinds)
     no_text, no_int = pa.nulls(len(rows), pa.string_view()), pa.nulls(len(rows), pa.int64())
-    no_time = pa.nulls(len(rows), _UTC_MICROS)
 
     def text(f: int) -> pa.Array:
         return text_views(buf, views(buf, rows, vstart[f], vstop[f], kinds[f], STRING)) if present[f] else no_text
@@ -743,9 +726,10 @@ def _field_columns(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart:
             cols[name] = ints(f)
         elif ftype is FieldType.TS:
             cols["ts_text"] = text(f)
-            cols["ts_shape"] = pa.array(rfc3339(buf, rows, kinds, vstart, vstop, f))
             cols["ts_int"] = ints(f)
-            cols["ts_us"] = _times(*utc_micros(buf, rows, kinds, vstart, vstop, f)) if present[f] else no_time
+            micros, valid, shape = times(buf, rows, kinds, vstart, vstop, f)
+            cols["ts_shape"] = pa.array(shape)
+            cols["ts_us"] = _times(micros, valid)
         else:
             cols[PLAIN_SOURCE.get(name, name)] = text(f)
     offsets, lo, hi, valid, top = page_ranges(buf, rows, kinds, vstart, vstop, _INDEX["pages"])

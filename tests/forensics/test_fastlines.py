@@ -85,7 +85,7 @@ _TIME_PARTS = st.tuples(
 )
 _TIME_TEXT = _TIME_PARTS.map(
     lambda p: f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}{p[3]}{p[4]:02d}:{p[5]:02d}:{p[6]:02d}{p[7]}{p[8]}")
-#: The forms the fast path reads itself (fastlines.utc_micros), where DuckDB takes them.
+#: The forms the fast path reads itself (fastlines.times), where DuckDB takes them.
 _USUAL_TIME = re.compile(r"(?!0000)\d{4}-\d\d-\d\d[T ]\d\d:\d\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)")
 _TS = st.one_of(
     _TIME_TEXT,
