@@ -37,13 +37,18 @@ def log_of(path: Path) -> LogFile:
 
 
 def blocks_of(content: bytes, read_bytes: int, lines: int | None) -> list[tuple[bytes, int]]:
+    """The blocks of a file of ``content``: the same whether it is mapped (plain) or read (gzip)."""
+    found = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "a.jsonl"
-        path.write_bytes(content)
-        blocks = list(readers._line_blocks(log_of(path), lines, read_bytes))
-    for data, _, ends in blocks:  # the line ends handed on are the block's newlines
-        assert np.array_equal(ends, np.flatnonzero(data == 10))
-    return [(bytes(data), first) for data, first, _ in blocks]
+        for path, data in ((Path(tmp) / "a.jsonl", content), (Path(tmp) / "a.jsonl.gz", gzip.compress(content))):
+            path.write_bytes(data)
+            blocks = list(readers._line_blocks(log_of(path), lines, read_bytes))
+            for block, _, ends in blocks:  # the line ends handed on are the block's newlines
+                assert np.array_equal(ends, np.flatnonzero(block == 10))
+            found.append([(bytes(block), first) for block, first, _ in blocks])
+    mapped, read = found
+    assert mapped == read
+    return mapped
 
 
 def assert_whole_lines(blocks: list[tuple[bytes, int]], content: bytes) -> None:
