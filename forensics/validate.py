@@ -134,7 +134,13 @@ def _typed_value(name: str) -> str:
 
 
 #: The time check: after the checks of presence and type, before all others.
-_BAD_TS = ("ts IS NULL", Reason.BAD_TS, "'bad ts ' || j_ts")
+#: A fast-path line's ts as its JSON text (``j_ts`` of the SQL path), from its typed columns.
+_PLAIN_J_TS = "CASE WHEN ts_text IS NOT NULL THEN '\"' || ts_text || '\"' ELSE CAST(ts_int AS VARCHAR) END"
+
+
+def _bad_ts(j_ts: str = "j_ts") -> tuple[str, Reason, str]:
+    """The check of the time, its message giving the time as written (``j_ts``: SQL for that)."""
+    return ("ts IS NULL", Reason.BAD_TS, f"'bad ts ' || {j_ts}")
 
 
 class _Chain:
@@ -207,7 +213,7 @@ def _checks(fields: _Fields) -> _Chain:
             Reason.WRONG_TYPE,
             lit(f"'{name}' must be {_type_word(name)}"),
         )
-    chain.add(*_BAD_TS)
+    chain.add(*_bad_ts())
     chain.add("seq < 0", Reason.NEGATIVE_SEQ, "'seq is ' || seq")
     for name in COMMON_OPTIONAL:
         chain.add(
@@ -410,18 +416,20 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
     """
     if rules_kept:
         time_only = _Chain()
-        time_only.add(*_BAD_TS)
+        # the time as written only goes into the message of a line that fails: not a column of every line
+        time_only.add(*_bad_ts(_PLAIN_J_TS))
         check = time_only.sql()
+        j_ts = ", ts_text, ts_int"
     else:
         check = _checks(_TYPED_FIELDS).sql()
+        j_ts = f",\n    {_PLAIN_J_TS} AS j_ts"
     return f"""
 WITH f AS (
   SELECT line_no, part, raw, NULL::VARCHAR AS doc, hash_hi, hash_lo, page_ranges, max_hi, event_s, op_s,
     {', '.join(PLAIN_TYPED)},
     CASE WHEN ts_us IS NOT NULL THEN ts_us
          WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN TRY_CAST(ts_text AS TIMESTAMPTZ) END
-         WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts,
-    CASE WHEN ts_text IS NOT NULL THEN '"' || ts_text || '"' ELSE CAST(ts_int AS VARCHAR) END AS j_ts
+         WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts{j_ts}
   FROM {source}
 ), g AS (
   SELECT *, {_variant_sql()} AS variant FROM f
