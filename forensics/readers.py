@@ -7,7 +7,6 @@ import datetime as dt
 import gzip
 import io
 import json
-import mmap
 import os
 import queue
 import re
@@ -15,7 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -239,20 +238,20 @@ def _line_blocks(
     line's number and where its lines end.
 
     With ``lines``, each block but the last has exactly that many lines, unless they would take
-    more than ``read_bytes``; without it, each read's whole lines make a block. The blocks are
-    views: of the file mapped into memory where it is not compressed (:func:`_mapped`), else of
-    numpy buffers it is read into (numpy asks the kernel for huge pages), with no copy but the
-    few lines carried from one read to the next.
+    more than ``read_bytes``; without it, each read's whole lines make a block. The file is read
+    into numpy buffers (numpy asks the kernel for huge pages) and the blocks are views of them:
+    no copy but the few lines carried from one read to the next.
     """
     next_line = 1
-    carry_ends = np.empty(0, dtype=np.int64)  # where the lines carried over end
-    mapped = _mapped(log)
-    with ExitStack() as stack:
-        reads = _MappedReads(mapped) if mapped is not None else _StreamReads(stack.enter_context(open_binary(log)))
-        carry = np.empty(0, dtype=np.uint8)
+    carry = np.empty(0, dtype=np.uint8)
+    carry_ends = np.empty(0, dtype=np.int64)  # where the lines in ``carry`` end
+    with open_binary(log) as fh:
         first = True
         while True:
-            data, got = reads.extend(carry, read_bytes)
+            buf = np.empty(len(carry) + read_bytes, dtype=np.uint8)
+            buf[: len(carry)] = carry
+            got = _read_into(fh, buf[len(carry):])
+            data = buf[: len(carry) + got]
             if first and bytes(data[:3]) == b"\xef\xbb\xbf":
                 data = data[3:]
             first = False
@@ -277,55 +276,6 @@ def _line_blocks(
                 start, used = stop, len(ends)
             carry = data[start:]
             carry_ends = ends[used:] - start
-
-
-def _mapped(log: LogFile) -> np.ndarray | None:
-    """An uncompressed file's bytes, mapped into memory read-only: reading them costs no copy and
-    no fresh memory (for the 2.08 M-record bench set, 0.4 s of the reader's 0.7 s of CPU went to
-    copying into and zeroing fresh buffers). None where the file is compressed, empty, or cannot
-    be mapped. A file cut short while mapped would fail the process (SIGBUS), as in other tools
-    that map what they read (ripgrep, git); evidence is not written while it is ingested."""
-    if log.compression != "none":
-        return None
-    try:
-        with log.path.open("rb") as fh:
-            if not os.fstat(fh.fileno()).st_size:
-                return None
-            view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        return None
-    if hasattr(view, "madvise"):
-        view.madvise(mmap.MADV_SEQUENTIAL)
-    return np.frombuffer(view, dtype=np.uint8)  # the array keeps the mapping open, and unmaps it when freed
-
-
-class _StreamReads:
-    """Reads from a stream, each after the bytes carried over, into a fresh buffer."""
-
-    def __init__(self, fh: IO[bytes]) -> None:
-        self._fh = fh
-
-    def extend(self, carry: np.ndarray, read_bytes: int) -> tuple[np.ndarray, int]:
-        """``carry`` and up to ``read_bytes`` more of the file, contiguous; how many more."""
-        buf = np.empty(len(carry) + read_bytes, dtype=np.uint8)
-        buf[: len(carry)] = carry
-        got = _read_into(self._fh, buf[len(carry):])
-        return buf[: len(carry) + got], got
-
-
-class _MappedReads:
-    """Reads from a mapped file: views, the bytes carried over being the view's start."""
-
-    def __init__(self, data: np.ndarray) -> None:
-        self._data = data
-        self._at = 0
-
-    def extend(self, carry: np.ndarray, read_bytes: int) -> tuple[np.ndarray, int]:
-        """``carry`` (the bytes just before the next) and up to ``read_bytes`` more; how many more."""
-        got = min(read_bytes, len(self._data) - self._at)
-        start = self._at - len(carry)
-        self._at += got
-        return self._data[start : self._at], got
 
 
 def _read_into(fh: IO[bytes], out: np.ndarray) -> int:

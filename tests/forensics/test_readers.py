@@ -37,7 +37,7 @@ def log_of(path: Path) -> LogFile:
 
 
 def blocks_of(content: bytes, read_bytes: int, lines: int | None) -> list[tuple[bytes, int]]:
-    """The blocks of a file of ``content``: the same whether it is mapped (plain) or read (gzip)."""
+    """The blocks of a file of ``content``: the same whether it is plain or compressed."""
     found = []
     with tempfile.TemporaryDirectory() as tmp:
         for path, data in ((Path(tmp) / "a.jsonl", content), (Path(tmp) / "a.jsonl.gz", gzip.compress(content))):
