@@ -228,6 +228,24 @@ def _copy(dst: np.ndarray, at: int, src: np.ndarray, start: int, stop: int) -> i
 
 
 @njit(cache=True, nogil=True)
+def newlines(buf: np.ndarray, offset: int) -> np.ndarray:
+    """Where the newlines of ``buf`` are, plus ``offset``. Counted first, then written: numpy's
+    ``flatnonzero(buf == 10)`` takes a mask the size of ``buf``, fresh memory the kernel must zero
+    (64 MB a read: 0.059 s, 0.041 s of it the kernel's; this, 0.027 s)."""
+    n = 0
+    for b in buf:
+        if b == 10:
+            n += 1
+    out = np.empty(n, np.int64)
+    k = 0
+    for i in range(len(buf)):
+        if buf[i] == 10:
+            out[k] = i + offset
+            k += 1
+    return out
+
+
+@njit(cache=True, nogil=True)
 def gather(buf: np.ndarray, rows: np.ndarray, starts: np.ndarray,
            stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The byte ranges ``starts[r]:stops[r]`` of ``rows``, end to end: (offsets, data)."""

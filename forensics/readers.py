@@ -242,6 +242,8 @@ def _line_blocks(
     into numpy buffers (numpy asks the kernel for huge pages) and the blocks are views of them:
     no copy but the few lines carried from one read to the next.
     """
+    from forensics import fastlines
+
     next_line = 1
     carry = np.empty(0, dtype=np.uint8)
     carry_ends = np.empty(0, dtype=np.int64)  # where the lines in ``carry`` end
@@ -262,7 +264,7 @@ def _line_blocks(
                         carry_ends = np.append(carry_ends, len(data) - 1)
                     yield data, next_line, carry_ends
                 return
-            ends = np.concatenate([carry_ends, np.flatnonzero(data[len(carry):] == 10) + len(carry)])
+            ends = np.concatenate([carry_ends, fastlines.newlines(data[len(carry):], len(carry))])
             start, used = 0, 0
             for last in range(lines - 1, len(ends), lines) if lines else ():
                 stop = int(ends[last]) + 1
