@@ -19,6 +19,10 @@ class UnreadableFile(KvfError):
     """A file cannot be opened or decoded."""
 
 
+class FileChanged(UnreadableFile):
+    """A file was written or truncated while it was ingested."""
+
+
 class CaseLocked(KvfError):
     """The case database is open in another process."""
 

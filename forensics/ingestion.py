@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ import pyarrow.compute as pc
 
 from forensics import __version__, adapters, source
 from forensics.adapters import Notes, Options
-from forensics.errors import KvfError, UnreadableFile
+from forensics.errors import FileChanged, KvfError, UnreadableFile
 from forensics.readers import (
     LINES_SCHEMA,
     ROW_GROUP,
@@ -219,23 +220,41 @@ def _with_counts(con: duckdb.DuckDBPyConnection, results: list[FileResult]) -> l
     return [FileResult(**{**r.__dict__, "counts": counts[r.sha256]}) for r in results]
 
 
-def sha256_of(path: Path) -> tuple[str, int]:
+@dataclass(frozen=True)
+class Hashed:
+    """A file as hashed: the SHA-256 and size of its bytes as stored, and when it was last written."""
+
+    sha256: str
+    size: int
+    mtime_ns: int
+
+    def unchanged(self, path: Path) -> bool:
+        """Whether the file is as it was hashed (same size, not written since)."""
+        try:
+            now = path.stat()
+        except OSError:
+            return False
+        return now.st_size == self.size and now.st_mtime_ns == self.mtime_ns
+
+
+def sha256_of(path: Path) -> Hashed:
     """The SHA-256 and size of a file's bytes as stored (compressed files are hashed as they are)."""
     try:
         with path.open("rb") as fh:
             # one buffer, read into again and again: a fresh 8 MB a read cost more than the copying
             digest = hashlib.file_digest(fh, "sha256")
             size = fh.tell()
+            mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
     except OSError as exc:
         raise UnreadableFile(f"{path}: cannot be read ({exc.strerror})") from exc
-    return digest.hexdigest(), size
+    return Hashed(digest.hexdigest(), size, mtime_ns)
 
 
 def _ingest_file(
-    con: duckdb.DuckDBPyConnection, log: LogFile, digest: tuple[str, int], progress: Progress | None,
+    con: duckdb.DuckDBPyConnection, log: LogFile, hashed: Hashed, progress: Progress | None,
     options: Options, ahead: ReadAhead, columns: dict[str, tuple[str, ...]],
 ) -> FileResult:
-    sha, size = digest
+    sha, size = hashed.sha256, hashed.size
     known = one(con, "SELECT lines_ignored FROM files WHERE sha256 = ?", [sha])
     base = dict(
         path=str(log.path), sha256=sha, size=size, format=log.format,
@@ -251,6 +270,10 @@ def _ingest_file(
     try:
         file_id = _next_file_id(con)
         read = _load(con, file_id, log, progress, size, options, notes, ignored, ahead, columns)
+        if not hashed.unchanged(log.path):
+            # a live log, written or truncated (logrotate's copytruncate) while it was read: what was
+            # read is not what the manifest's hash stands for
+            raise FileChanged(f"{log.path}: changed while it was read; ingest it again once nothing writes to it")
         _check_strict_json(con)
         # the file's row goes in before its records settle: its lines are read back by its format
         con.execute(

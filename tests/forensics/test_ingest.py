@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import forensics
-from forensics.errors import CaseError, CaseLocked, InputNotFound, UnrecognisedFile
+from forensics.errors import CaseError, CaseLocked, FileChanged, InputNotFound, UnrecognisedFile
 from forensics.ingestion import record_columns
 from forensics.schema import FIELDS, KIND_FIELDS, KINDS, VARIANTS
 from forensics.store import connect
@@ -438,6 +438,26 @@ def test_clear_errors(tmp_path: Path) -> None:
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def test_a_file_written_while_it_is_read_is_refused_and_left_out(tmp_path: Path) -> None:
+    """A live log appended to (or truncated) during its ingest: what was read is not what was
+    hashed, so the file is refused with a clear error and nothing of it stays in the case."""
+    log = write_jsonl(tmp_path / "a.jsonl", [kv(seq) for seq in range(1, 40)])
+    db = tmp_path / "case.duckdb"
+
+    def append(path: Path, done: int, total: int) -> None:
+        with log.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(kv(1000 + done)) + "\n")
+
+    with pytest.raises(FileChanged, match="a.jsonl: changed while it was read"):
+        forensics.ingest([log], db, progress=append)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT (SELECT count(*) FROM files), (SELECT count(*) FROM records), "
+                       "(SELECT count(*) FROM source_lines)").fetchone() == (0, 0, 0)
+    con.close()
+    again = forensics.ingest([log], db)  # once nothing writes to it, it goes in whole
+    assert again.records.ingested == len(log.read_text().splitlines()) > 39
 
 
 def test_a_case_of_another_schema_is_refused_not_extended(tmp_path: Path) -> None:
