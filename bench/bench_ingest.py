@@ -1,6 +1,6 @@
 """Ingest speed: `forensics.ingest` against a plain DuckDB load of the same files.
 
-Run: python bench/bench_ingest.py [--requests N] [--repeat R]   (default: about 2.1 million records, 3 rounds)
+Run: python bench/bench_ingest.py [--requests N] [--repeat R]   (default: about 2.1 million records, 5 rounds)
 Each round loads the files both ways, one after the other; the medians are compared.
 Prints the ratio ingest / plain load (target: at most 2x), and what the first ingest in a
 process costs on top (loading the compiled fast path and its libraries, once).
@@ -38,7 +38,7 @@ def ingest(logs: Path | list[Path], db: Path) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=260_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp) / "logs"
