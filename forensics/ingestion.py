@@ -6,7 +6,8 @@ bulk of any real log) are read by a compiled fast path (:mod:`forensics.fastline
 into ``records``; every other line is validated by SQL (:mod:`forensics.validate`), the
 reference both must agree with. The fast path's files are read and split in worker threads
 ahead of the loading (:class:`forensics.readers.ReadAhead`), in blocks of whole DuckDB row
-groups, which DuckDB writes straight to the case file.
+groups, which DuckDB writes straight to the case file. Every line read is kept, compressed, in
+``source_lines`` (:mod:`forensics.source`), not as a string per record.
 
 Each file is one transaction: a process killed mid-way leaves the case as it was before
 that file, and running the same command again finishes the job. The outcome does not
