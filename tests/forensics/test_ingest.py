@@ -440,6 +440,36 @@ def test_clear_errors(tmp_path: Path) -> None:
             holder.stdout.close()
 
 
+@pytest.mark.parametrize(
+    ("second", "unique"),
+    [
+        ([5, 6, 7], True),  # the next rotated file of the node: a range of its own
+        ([2, 4, 9], False),  # within the first file's range (and seq 2 in both): checked in full
+        ([7, 8, 7], False),  # a seq twice in the file
+        ([1000, 1001, 1002], True),
+    ],
+)
+def test_keys_are_unique_when_the_files_seqs_are_and_lie_outside_the_others(
+    second: list[int], unique: bool, tmp_path: Path
+) -> None:
+    """The shortcut past the full repeat and conflict checks: taken only when it is safe. Its
+    answer False only sends the file through the full checks, which the order tests hold."""
+    from forensics.ingestion import _keys_unique
+
+    db = tmp_path / "case.duckdb"
+    forensics.ingest([write_jsonl(tmp_path / "1.jsonl", [kv(seq) for seq in (1, 2, 3)])], db)
+    con = connect(db)
+    try:
+        con.execute("INSERT INTO files SELECT 2, 'x', size, 'other', format, compression, ingested_at, "
+                    "toolkit_version, records_read, adapter, lines_ignored FROM files")
+        for line, seq in enumerate(second, 1):
+            con.execute("INSERT INTO kv_records (file_id, line_no, part, ts, node, boot, seq, rec_hash) "
+                        "VALUES (2, ?, 0, now(), 'decode-0', 0, ?, ?)", [line, seq, 1000 + line])
+        assert _keys_unique(con, 2) is unique
+    finally:
+        con.close()
+
+
 def test_a_file_written_while_it_is_read_is_refused_and_left_out(tmp_path: Path) -> None:
     """A live log appended to (or truncated) during its ingest: what was read is not what was
     hashed, so the file is refused with a clear error and nothing of it stays in the case."""
