@@ -496,7 +496,7 @@ def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = 
 
     buf = np.frombuffer(data, dtype=np.uint8)
     if ends is None:
-        ends = np.flatnonzero(buf == 10)
+        ends = fastlines.newlines(buf, 0)
     starts, stops = _line_bounds(buf, ends)
     text = tuple(source.pieces(buf, first_line, ends))
     if len(data) >= 2**31:  # the fast path keeps offsets in int32

@@ -11,6 +11,7 @@ row (``doc``). :func:`texts` reads lines back.
 from __future__ import annotations
 
 import csv
+import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
@@ -57,20 +58,26 @@ def text_pieces(lines: Iterable[str]) -> Iterator[Piece]:
     """A text file's lines (each with its line end, as Python reads text with ``newline=""``;
     invalid UTF-8 as surrogate escapes), numbered from 1, in pieces."""
     compressor = zstandard.ZstdCompressor(level=LEVEL)
+    first = 1
+    for group in _groups(lines):
+        yield first, len(group), compressor.compress("".join(group).encode("utf-8", "surrogateescape"))
+        first += len(group)
+
+
+def _groups(lines: Iterable[str]) -> Iterator[list[str]]:
+    """The lines in groups of about :data:`PIECE_BYTES`, each line ending with its line end."""
     held: list[str] = []
     size = 0
-    first = 1
     for line in lines:
         if not line.endswith(("\n", "\r")):
             line += "\n"  # the file's last line: every line in a piece ends
         held.append(line)
         size += len(line)
         if size >= PIECE_BYTES:
-            yield first, len(held), compressor.compress("".join(held).encode("utf-8", "surrogateescape"))
-            first += len(held)
+            yield held
             held, size = [], 0
     if held:
-        yield first, len(held), compressor.compress("".join(held).encode("utf-8", "surrogateescape"))
+        yield held
 
 
 def store(con: duckdb.DuckDBPyConnection, file_id: int, kept: list[Piece]) -> None:
@@ -107,13 +114,15 @@ def texts(con: duckdb.DuckDBPyConnection, keys: str) -> pa.Table:
     out: dict[str, list[object]] = {"file_id": [], "line_no": [], "text": []}
     decompressor = zstandard.ZstdDecompressor()
     for file_id, fmt, first_line, frame, wanted in rows:
-        lines = _lines(decompressor.decompress(frame).decode("utf-8", "surrogateescape"), fmt)
+        piece = decompressor.decompress(frame).decode("utf-8", "surrogateescape")
+        # JSON Lines end at newlines only; CSV and engine logs, read as text, at "\r" too
+        lines = piece.split("\n") if fmt == "jsonl" else _TEXT_LINE.findall(piece)
         for line_no in wanted:
             at = line_no - first_line
             if fmt == "csv":
                 text = _csv_row(lines, at, partial(_more_lines, con, file_id, first_line + len(lines)))
             elif fmt == "jsonl":  # as the reader cuts a line: its newline and one carriage return
-                text = lines[at][:-1].removesuffix("\r")
+                text = lines[at].removesuffix("\r")
             else:
                 text = lines[at].rstrip("\r\n")
             out["file_id"].append(file_id)
@@ -122,26 +131,13 @@ def texts(con: duckdb.DuckDBPyConnection, keys: str) -> pa.Table:
     return pa.table(out, schema=pa.schema([("file_id", pa.int32()), ("line_no", pa.int64()), ("text", pa.string())]))
 
 
-def _lines(text: str, fmt: str) -> list[str]:
-    """A piece's lines, each with its line end: JSON Lines end at newlines only."""
-    if fmt == "jsonl":
-        return [line + "\n" for line in text.split("\n")[:-1]]
-    return _TEXT_LINE.findall(text)
-
-
 def _csv_row(lines: list[str], at: int, more: Callable[[], Iterator[str]]) -> str:
-    """The CSV row that starts at ``lines[at]``, whole: a quoted cell may hold line ends, and the
-    row then goes on over the next lines (past the piece, from ``more()``)."""
+    """The CSV row that starts at ``lines[at]`` (each with its line end), whole: a quoted cell may
+    hold line ends, and the row then goes on over the next lines (past the piece, from ``more()``)."""
     taken: list[str] = []
 
-    def feed() -> Iterator[str]:
-        yield from lines[at:]
-        yield from more()
-
-    source = feed()
-
     def counted() -> Iterator[str]:
-        for line in source:
+        for line in itertools.chain(lines[at:], more()):
             taken.append(line)
             yield line
 
@@ -158,7 +154,7 @@ def _more_lines(con: duckdb.DuckDBPyConnection, file_id: int, from_line: int) ->
         ).fetchall()
         if not row:
             return
-        lines = _lines(decompressor.decompress(row[0][1]).decode("utf-8", "surrogateescape"), "csv")
+        lines = _TEXT_LINE.findall(decompressor.decompress(row[0][1]).decode("utf-8", "surrogateescape"))
         yield from lines
         from_line += len(lines)
 
