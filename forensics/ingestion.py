@@ -521,6 +521,8 @@ def _keys_unique(con: duckdb.DuckDBPyConnection, file_id: int) -> bool:
         f"SELECT node, boot, min(seq), max(seq), count(*) FROM records "
         f"WHERE file_id = {file_id} AND seq IS NOT NULL GROUP BY ALL"
     ).fetchall()
+    if not mine:
+        return True
     others: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for node, boot, lo, hi in con.execute(
         f"""
@@ -630,25 +632,23 @@ def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
         WHERE c.canon <> w.canon
         """
     )
-    _quarantine_lines(con, "losers", Reason.CONFLICT, _conflict_detail("l"), "records")
-    for table in RECORD_TABLES.values():
-        con.execute(f"DELETE FROM {table} WHERE rec_hash IN (SELECT rec_hash FROM losers)")
-    con.execute("DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM losers)")
+    _quarantine_lines(con, "losers", Reason.CONFLICT, _conflict_detail("l"), KINDS)
     for table in ("contested", "rivals", "rival_lines", "contenders", "losers"):
         con.execute(f"DROP TABLE {table}")
 
 
-def _quarantine_lines(con: duckdb.DuckDBPyConnection, found: str, reason: Reason, detail: str, table: str) -> None:
-    """Into quarantine, with their verbatim text: the lines in ``table`` and duplicates of the
-    records in ``found`` (by ``rec_hash``; ``detail``, SQL over ``found`` as ``l``)."""
+def _quarantine_lines(
+    con: duckdb.DuckDBPyConnection, found: str, reason: Reason, detail: str, kinds: Sequence[str],
+) -> None:
+    """Move the records in ``found`` (by ``rec_hash``), of ``kinds``, and their duplicates into
+    quarantine with their verbatim text (``detail``: SQL over ``found`` as ``l``)."""
+    tables = [RECORD_TABLES[kind] for kind in kinds]
+    lines = " UNION ALL ".join(f"SELECT file_id, line_no, rec_hash, doc FROM {t}" for t in [*tables, "duplicates"])
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE moving AS
         SELECT r.file_id, r.line_no, r.rec_hash, r.doc, {detail} AS detail
-        FROM {table} r JOIN {found} l USING (rec_hash)
-        UNION ALL
-        SELECT d.file_id, d.line_no, d.rec_hash, d.doc, {detail} AS detail
-        FROM duplicates d JOIN {found} l USING (rec_hash)
+        FROM ({lines}) r JOIN {found} l USING (rec_hash)
         """
     )
     with _texts(con, "moving"):
@@ -659,6 +659,8 @@ def _quarantine_lines(con: duckdb.DuckDBPyConnection, found: str, reason: Reason
             FROM moving m LEFT JOIN texts t USING (file_id, line_no)
             """
         )
+    for table in [*tables, "duplicates"]:
+        con.execute(f"DELETE FROM {table} WHERE rec_hash IN (SELECT rec_hash FROM {found})")
     con.execute("DROP TABLE moving")
 
 
@@ -699,9 +701,7 @@ def _check_page_range(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     if not _count(con, "beyond"):
         con.execute("DROP TABLE beyond")
         return
-    _quarantine_lines(con, "beyond", Reason.PAGE_OUT_OF_RANGE, "l.detail", RECORD_TABLES["kv"])
-    con.execute(f"DELETE FROM {RECORD_TABLES['kv']} WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
-    con.execute("DELETE FROM duplicates WHERE rec_hash IN (SELECT rec_hash FROM beyond)")
+    _quarantine_lines(con, "beyond", Reason.PAGE_OUT_OF_RANGE, "l.detail", ["kv"])
     con.execute("DROP TABLE beyond")
 
 

@@ -419,17 +419,17 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
         # the time as written only goes into the message of a line that fails: not a column of every line
         time_only.add(*_bad_ts(_PLAIN_J_TS))
         check = time_only.sql()
-        j_ts = ", ts_text, ts_int"
+        ts_columns = ", ts_text, ts_int"
     else:
         check = _checks(_TYPED_FIELDS).sql()
-        j_ts = f",\n    {_PLAIN_J_TS} AS j_ts"
+        ts_columns = f",\n    {_PLAIN_J_TS} AS j_ts"
     return f"""
 WITH f AS (
   SELECT line_no, part, raw, NULL::VARCHAR AS doc, hash_hi, hash_lo, page_ranges, max_hi, event_s, op_s,
     {', '.join(PLAIN_TYPED)},
     CASE WHEN ts_us IS NOT NULL THEN ts_us
          WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN TRY_CAST(ts_text AS TIMESTAMPTZ) END
-         WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts{j_ts}
+         WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts{ts_columns}
   FROM {source}
 ), g AS (
   SELECT *, {_variant_sql()} AS variant FROM f
