@@ -304,6 +304,18 @@ def line_views(buf: np.ndarray, rows: np.ndarray, starts: np.ndarray,
     return out[0], valid[0]
 
 
+def _lines_where(buf: np.ndarray, rows: np.ndarray, where: np.ndarray, starts: np.ndarray,
+                 stops: np.ndarray) -> pa.Array:
+    """The lines of ``rows`` where ``where`` holds, the others null: a string-view array."""
+    if not where.any():  # (nearly every block: nothing to build)
+        return pa.nulls(len(rows), pa.string_view())
+    if where.all():
+        return text_views(buf, line_views(buf, rows, starts, stops))
+    out = np.zeros((len(rows), 16), np.uint8)
+    out[where] = line_views(buf, rows[where], starts, stops)[0]
+    return text_views(buf, (out, where))
+
+
 @njit(cache=True, nogil=True)
 def field_integers(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarray, vstop: np.ndarray,
                    fields: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -786,7 +798,8 @@ def plain_columns(
     buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, with_canon: bool = False,
 ) -> tuple[np.ndarray, list[tuple[str | None, np.ndarray, dict[str, pa.Array]]]]:
     """Which lines are plain, and per kind the plain lines' indices in the block and their
-    columns for :func:`validate.plain_stage_sql` (``raw``, their text, included).
+    columns for :func:`validate.plain_stage_sql` (``raw``, the text, for the lines a check may
+    quarantine).
 
     ``starts``/``stops`` delimit each line in ``buf`` (without its terminator). The kinds come
     in the order of ``schema.KINDS``, then None for lines of a kind that is none of them; each
@@ -808,8 +821,11 @@ def plain_columns(
         if not len(pick):
             continue
         rows = every_row[pick]
-        cols = {"raw": text_views(buf, line_views(buf, rows, starts, stops)),
-                **_field_columns(buf, rows, kinds, vstart, vstop)}
+        cols = _field_columns(buf, rows, kinds, vstart, vstop)
+        # the verbatim line, for the lines a check may quarantine: those that break a rule, and
+        # those whose time is left to DuckDB's cast (0.11 s of the 2.08 M-record set's split)
+        checked = ~(rules_ok[pick] & cols["ts_us"].is_valid().to_numpy(zero_copy_only=False))
+        cols = {"raw": _lines_where(buf, rows, checked, starts, stops), **cols}
         if canons is not None:
             cols["canon"] = canons.take(pa.array(pick))
         cols["hash_hi"], cols["hash_lo"] = pa.array(hash_hi[pick]), pa.array(hash_lo[pick])

@@ -46,9 +46,9 @@ def blocks_of(content: bytes, read_bytes: int, lines: int | None) -> list[tuple[
             for block, _, ends in blocks:  # the line ends handed on are the block's newlines
                 assert np.array_equal(ends, np.flatnonzero(block == 10))
             found.append([(bytes(block), first) for block, first, _ in blocks])
-    mapped, read = found
-    assert mapped == read
-    return mapped
+    plain, gzipped = found
+    assert plain == gzipped
+    return plain
 
 
 def assert_whole_lines(blocks: list[tuple[bytes, int]], content: bytes) -> None:
@@ -146,7 +146,8 @@ def test_a_blocks_plain_rows_come_by_kind_in_file_order() -> None:
         lines = rows["line_no"].to_pylist()
         assert lines == sorted(lines)
         assert {records[n - 1]["kind"] for n in lines} == {kind if kind is not None else "kvv"}
-        assert rows["raw"].to_pylist() == [json.dumps(records[n - 1]) for n in lines]
+        # the verbatim line comes only with the lines a check may quarantine: here, the unknown kind's
+        assert rows["raw"].to_pylist() == [json.dumps(records[n - 1]) if kind is None else None for n in lines]
         seen += lines
     assert sorted(seen) == list(range(1, len(records) + 1))
     assert [k for k, _ in block.kinds] == ["config", "request", "kv", "transfer", None]
