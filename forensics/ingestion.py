@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import importlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -168,21 +169,30 @@ def ingest(
     if format is not None:
         adapters.get(format)
     logs, skipped = discover([Path(p) for p in paths], format)
+    with _ordinary_pages():
+        return _ingest(db, logs, skipped, progress, options or Options())
+
+
+def _ingest(db: Path | str, logs: list[LogFile], skipped: list[Path], progress: Progress | None,
+            options: Options) -> IngestResult:
+    """:func:`ingest` of the files found."""
     con = connect(db)
     try:
-        prepare(con)
-        # each file leaves each kind's table a part of a row group; DuckDB would merge those with
-        # the groups around them at every commit's checkpoint, rewriting them (0.35 s a file)
-        con.execute("SET max_vacuum_tasks = 0")
-        with _registered(con, LINES_SCHEMA.empty_table()):
-            con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
-        columns = record_columns(con)
+        # the files are read, split and hashed while the case gets ready (the stage's statement
+        # takes 0.1 s to plan), for the split is what the loader waits for first; the next file
+        # is hashed while this one loads
         with ThreadPoolExecutor(max_workers=1) as pool, ReadAhead(logs) as ahead:
-            # the next file is hashed while this one loads
             hashes = [pool.submit(sha256_of, log.path) for log in logs]
             try:
+                prepare(con)
+                # each file leaves each kind's table a part of a row group; DuckDB would merge those
+                # with the groups around them at every commit's checkpoint, rewriting them (0.35 s a file)
+                con.execute("SET max_vacuum_tasks = 0")
+                with _registered(con, LINES_SCHEMA.empty_table()):
+                    con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
+                columns = record_columns(con)
                 results = [
-                    _ingest_file(con, log, digest, progress, options or Options(), ahead, columns)
+                    _ingest_file(con, log, digest, progress, options, ahead, columns)
                     for log, digest in zip(logs, hashes, strict=True)
                 ]
             finally:
@@ -201,6 +211,42 @@ def ingest(
         )
     finally:
         con.close()
+
+
+@contextmanager
+def _ordinary_pages() -> Iterator[None]:
+    """numpy's arrays on ordinary pages while the files go in.
+
+    numpy asks the kernel for huge pages for each array of 4 MB or more. Where the kernel has
+    none free (memory filled with page cache, as on a machine that just read the logs), the
+    thread that first touches the array waits while the kernel compacts memory to make one.
+    An ingest takes most of its memory fresh, and the reader's buffers, the scan's work arrays
+    and the columns are such arrays: the 2.08 M-record set took 4.85 to 5.96 s (median 5.43)
+    with huge pages and 4.80 to 5.44 s (median 4.97) without, 8 runs each in fresh processes,
+    interleaved (bench/README.md). numpy's setting is the process's: it is put back after.
+    """
+    toggle = huge_page_switch()
+    if toggle is None:
+        yield
+        return
+    before = toggle(False)
+    try:
+        yield
+    finally:
+        toggle(before)
+
+
+def huge_page_switch() -> Callable[[bool], bool] | None:
+    """numpy's switch for huge pages (it sets the setting and gives the one before), if it has one."""
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):  # numpy 2; numpy 1.26
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        toggle: Callable[[bool], bool] | None = getattr(module, "_set_madvise_hugepage", None)
+        if toggle is not None:
+            return toggle
+    return None
 
 
 def case_counts(con: duckdb.DuckDBPyConnection) -> Counts:
@@ -260,11 +306,12 @@ def _ingest_file(
     # Only a file of a size the case holds can be in it already; any other starts loading while it
     # is hashed (the first file's hash held the whole ingest up: 0.2 to 0.4 s).
     if one(con, "SELECT count(*) FROM files WHERE size = ?", [size]) != (0,):
-        known = one(con, "SELECT lines_ignored FROM files WHERE sha256 = ?", [hashing.result().sha256])
+        hashed = hashing.result()
+        known = one(con, "SELECT lines_ignored FROM files WHERE sha256 = ?", [hashed.sha256])
         if known:
             if fast_path(log):
                 ahead.skip(log)
-            return FileResult(status="already_in_case", ignored=int(known[0]), **_identity(log, hashing.result()))
+            return FileResult(status="already_in_case", ignored=int(known[0]), **_identity(log, hashed))
     notes = Notes()
     ignored = [0]
     con.execute("BEGIN TRANSACTION")

@@ -239,8 +239,8 @@ def _line_blocks(
 
     With ``lines``, each block but the last has exactly that many lines, unless they would take
     more than ``read_bytes``; without it, each read's whole lines make a block. The file is read
-    into numpy buffers (numpy asks the kernel for huge pages) and the blocks are views of them:
-    no copy but the few lines carried from one read to the next.
+    into numpy buffers and the blocks are views of them: no copy but the few lines carried from
+    one read to the next.
     """
     from forensics import fastlines
 

@@ -490,6 +490,44 @@ def test_a_file_written_while_it_is_read_is_refused_and_left_out(tmp_path: Path)
     assert again.records.ingested == len(log.read_text().splitlines()) > 39
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_numpys_huge_pages_are_off_while_ingesting_and_back_after(tmp_path: Path, fails: bool) -> None:
+    """Ingest keeps numpy's arrays on ordinary pages (no wait for the kernel to make huge ones), and
+    gives numpy its setting back afterwards, whether the ingest succeeds or fails."""
+    from forensics.ingestion import huge_page_switch
+
+    toggle = huge_page_switch()
+    assert toggle is not None  # numpy 1.26 and later have it
+
+    def current() -> bool:
+        before = toggle(False)
+        toggle(before)
+        return bool(before)
+
+    log = write_jsonl(tmp_path / "a.jsonl", [kv(seq) for seq in range(1, 40)])
+    seen: list[bool] = []
+    original = current()
+
+    def watch(path: Path, done: int, total: int) -> None:
+        seen.append(current())
+        if fails:
+            raise KeyboardInterrupt
+
+    for setting in (True, False):
+        toggle(setting)
+        seen.clear()
+        try:
+            if fails:
+                with pytest.raises(KeyboardInterrupt):
+                    forensics.ingest([log], tmp_path / f"{setting}.duckdb", progress=watch)
+            else:
+                forensics.ingest([log], tmp_path / f"{setting}.duckdb", progress=watch)
+            assert seen and not any(seen)
+            assert current() is setting
+        finally:
+            toggle(original)
+
+
 def test_a_case_of_another_schema_is_refused_not_extended(tmp_path: Path) -> None:
     """A case of another layout (schema 4: a verbatim line per record; 3: one records table) or whose
     records were hashed another way (schema 2: MD5) is not extended: it would be read wrong, or
