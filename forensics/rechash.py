@@ -38,12 +38,18 @@ def _fmix(k: np.uint64) -> np.uint64:
 
 @njit(cache=True, inline="always")
 def _u64(buf: np.ndarray, at: int) -> np.uint64:
-    """The little-endian 64-bit word at ``buf[at]`` (LLVM makes this one load)."""
+    """The little-endian 64-bit word at ``buf[at]``.
+
+    The index is unsigned: numba then leaves out its check for a negative index (which counts
+    from the end), and LLVM makes the eight loads one (so with the tail's bytes): MurmurHash3
+    ran at 1.7 GB/s with signed indices, 6.0 GB/s with these (the C of the ``mmh3`` library: 6.6).
+    """
+    a = np.uint64(at)
     return (
-        np.uint64(buf[at]) | (np.uint64(buf[at + 1]) << np.uint64(8))
-        | (np.uint64(buf[at + 2]) << np.uint64(16)) | (np.uint64(buf[at + 3]) << np.uint64(24))
-        | (np.uint64(buf[at + 4]) << np.uint64(32)) | (np.uint64(buf[at + 5]) << np.uint64(40))
-        | (np.uint64(buf[at + 6]) << np.uint64(48)) | (np.uint64(buf[at + 7]) << np.uint64(56))
+        np.uint64(buf[a]) | (np.uint64(buf[a + np.uint64(1)]) << np.uint64(8))
+        | (np.uint64(buf[a + np.uint64(2)]) << np.uint64(16)) | (np.uint64(buf[a + np.uint64(3)]) << np.uint64(24))
+        | (np.uint64(buf[a + np.uint64(4)]) << np.uint64(32)) | (np.uint64(buf[a + np.uint64(5)]) << np.uint64(40))
+        | (np.uint64(buf[a + np.uint64(6)]) << np.uint64(48)) | (np.uint64(buf[a + np.uint64(7)]) << np.uint64(56))
     )
 
 
@@ -67,12 +73,12 @@ def murmur3_one(buf: np.ndarray, a: int, n: int) -> tuple[np.uint64, np.uint64]:
     k1 = np.uint64(0)
     k2 = np.uint64(0)
     for i in range(tail - 1, 7, -1):
-        k2 ^= np.uint64(buf[end + i]) << np.uint64((i - 8) * 8)
+        k2 ^= np.uint64(buf[np.uint64(end + i)]) << np.uint64((i - 8) * 8)
     if tail > 8:
         k2 = _rotl(k2 * _C2, 33) * _C1
         h2 ^= k2
     for i in range(min(tail, 8) - 1, -1, -1):
-        k1 ^= np.uint64(buf[end + i]) << np.uint64(i * 8)
+        k1 ^= np.uint64(buf[np.uint64(end + i)]) << np.uint64(i * 8)
     if tail > 0:
         k1 = _rotl(k1 * _C1, 31) * _C2
         h1 ^= k1
