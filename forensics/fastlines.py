@@ -14,6 +14,8 @@ numba compiles this module on first use and caches the machine code beside it, l
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 from numba import njit
@@ -159,23 +161,25 @@ def _scan_line(buf: np.ndarray, p: int, end: int, names: np.ndarray, name_at: np
 @njit(cache=True, nogil=True)
 def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarray, name_at: np.ndarray,
          bucket: np.ndarray, shapes: np.ndarray, keys: np.ndarray, key_at: np.ndarray, longest: int,
-         keep: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                              np.ndarray]:
+         keep: bool, work: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[
+             np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every line's fields: ``plain`` per line; per (field, line) how the value is written and
     where; and the hash of each plain line's canonical JSON (``keys`` holds ``"name":`` per field).
 
     Each canonical JSON is built in a scratch buffer of ``longest`` bytes (the longest line: a
     plain line's canonical JSON is never longer) and hashed there; ``keep`` keeps them all, end
-    to end, with their offsets (tests read them). Columns of lines that are not plain are left
-    partly filled and must not be read. Returns (plain, kinds, vstart, vstop, hash high words,
-    hash low words, canon offsets, canon).
+    to end, with their offsets (tests read them). The (field, line) columns are laid out in
+    ``work`` (:func:`_work`: int8, int32, int32, each of at least fields x lines cells) and are
+    views of it. Columns of lines that are not plain are left partly filled and must not be read.
+    Returns (plain, kinds, vstart, vstop, hash high words, hash low words, canon offsets, canon).
     """
     n = len(starts)
     width = len(shapes)
     plain = np.zeros(n, np.bool_)
-    kinds = np.zeros((width, n), np.int8)
-    vstart = np.empty((width, n), np.int32)
-    vstop = np.empty((width, n), np.int32)
+    kinds = work[0][: width * n].reshape((width, n))
+    kinds[:] = ABSENT
+    vstart = work[1][: width * n].reshape((width, n))
+    vstop = work[2][: width * n].reshape((width, n))
     hash_hi = np.zeros(n, np.uint64)
     hash_lo = np.zeros(n, np.uint64)
     order = np.empty(width, np.int64)
@@ -809,6 +813,23 @@ def _field_columns(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart:
     return cols
 
 
+_thread = threading.local()
+
+
+def _work(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's work arrays for :func:`scan`, of at least ``size`` cells, made once per thread.
+
+    The (field, line) columns of a block of 245,760 lines take 77 MB; fresh for each block, the
+    kernel mapped and zeroed them page by page. Nothing :func:`plain_columns` gives back points
+    into them, so the thread's next block can use them again.
+    """
+    work: tuple[np.ndarray, np.ndarray, np.ndarray] | None = getattr(_thread, "work", None)
+    if work is None or len(work[0]) < size:
+        work = (np.empty(size, np.int8), np.empty(size, np.int32), np.empty(size, np.int32))
+        _thread.work = work
+    return work
+
+
 def plain_columns(
     buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, with_canon: bool = False,
 ) -> tuple[np.ndarray, list[tuple[str | None, np.ndarray, dict[str, pa.Array]]]]:
@@ -824,7 +845,8 @@ def plain_columns(
     """
     longest = int((stops - starts).max()) if len(starts) else 0
     plain, kinds, vstart, vstop, hash_hi, hash_lo, canon_at, canon = scan(
-        buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET, _SHAPES, _KEY_BYTES, _KEY_AT, longest, with_canon)
+        buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET, _SHAPES, _KEY_BYTES, _KEY_AT, longest, with_canon,
+        _work(len(_SHAPES) * len(starts)))
     every_row = np.flatnonzero(plain)
     hash_hi, hash_lo = hash_hi[every_row], hash_lo[every_row]
     rules_ok, codes = rules(buf, every_row, kinds, vstart, vstop, *RULES)
