@@ -22,12 +22,12 @@ import duckdb
 from generate import generate
 
 import forensics
-from forensics.analysis import analyse
+from forensics.exposure import reference
+from forensics.exposure.analysis import analyse
 from forensics.store import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from oracle import run as oracle_run  # noqa: E402
-from oracle import scale_pages  # noqa: E402
+from logsets import scale_pages  # noqa: E402
 
 
 def _timed_investigate(logs: Path, db: Path) -> tuple[float, float, dict[str, int]]:
@@ -73,7 +73,7 @@ def main() -> None:
         generate(small, requests=args.oracle_requests, seed=4, decode_nodes=2)
         records = [json.loads(line) for f in sorted(small.iterdir()) for line in f.open()]
         t = time.perf_counter()
-        expected = oracle_run(records).figures
+        expected = reference.run(records).figures
         oracle_s = time.perf_counter() - t
         forensics.ingest([small], root / "small.duckdb")
         runs = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from forensics.version import __version__
 
 _WHERE = {
     "Case": "forensics.case", "RequestReport": "forensics.case", "Summary": "forensics.case",

@@ -13,10 +13,11 @@ import polars as pl
 import pyarrow as pa
 
 from forensics import source
-from forensics.analysis import analyse, summary
 from forensics.errors import CaseError, QueryError
+from forensics.exposure.analysis import analyse
+from forensics.exposure.figures import summary
 from forensics.findings import Findings, findings
-from forensics.store import connect, has_table, one, sql_text
+from forensics.store import connect, one, sql_text
 
 
 class Summary(dict[str, int]):
@@ -109,12 +110,9 @@ class Case:
         without page records), those rows come too, their ``evidence`` saying so, unless
         ``page_records_only``.
         """
-        filled = not page_records_only and has_table(self._con, "replay_exposures")
-        source = "(SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures)" if filled else "exposures"
-        return self._frame(
-            sql_text("exposures_query.sql").replace("FROM exposures", f"FROM {source}"),
-            [tenant, tenant, tenant, request, request, victim, victim, delivered_only],
-        )
+        return self._con.sql(sql_text("exposures_query.sql"), params={
+            "tenant": tenant, "request": request, "victim": victim, "delivered_only": delivered_only,
+            "page_records_only": page_records_only}).pl()
 
     def request(self, request_id: str) -> RequestReport:
         """A request's lifecycle, pages, whose content it saw and who saw its content."""

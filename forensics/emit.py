@@ -43,23 +43,46 @@ ROLES = ("prefill", "decode", "router")
 
 
 def page_string(pages: str | Iterable[int]) -> str:
-    """Page ids as the schema's inclusive ranges: ``[3, 1, 2, 7]`` is ``"1-3,7"``."""
+    """Page ids (any order, repeats allowed) as the schema's inclusive ranges: ``[3, 1, 2, 7]`` is
+    ``"1-3,7"``; a string is taken as already written. A numpy array's runs are found vectorised
+    (the reference engine's pages), so numpy is imported only for a caller that has it already."""
     if isinstance(pages, str):
         return pages
-    ids = sorted(set(int(p) for p in pages))
-    if not ids:
+    if hasattr(pages, "__array__"):
+        starts, ends = _array_runs(pages)
+    else:
+        starts, ends = _runs(sorted(set(int(p) for p in pages)))
+    if not starts:
         raise ValueError("a page list is never empty")
-    if ids[0] < 0:
-        raise ValueError(f"page ids are >= 0, not {ids[0]}")
-    parts: list[str] = []
-    start = prev = ids[0]
-    for p in ids[1:]:
-        if p != prev + 1:
-            parts.append(f"{start}-{prev}" if prev > start else str(start))
-            start = p
-        prev = p
-    parts.append(f"{start}-{prev}" if prev > start else str(start))
-    return ",".join(parts)
+    if starts[0] < 0:
+        raise ValueError(f"page ids are >= 0, not {starts[0]}")
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in zip(starts, ends, strict=True))
+
+
+def _runs(ids: list[int]) -> tuple[list[int], list[int]]:
+    """The first and last id of each run of consecutive ``ids`` (sorted, distinct)."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for p in ids:
+        if ends and p == ends[-1] + 1:
+            ends[-1] = p
+        else:
+            starts.append(p)
+            ends.append(p)
+    return starts, ends
+
+
+def _array_runs(pages: Any) -> tuple[list[int], list[int]]:
+    """:func:`_runs` of a numpy array of page ids."""
+    import numpy as np
+
+    p = np.asarray(pages, dtype=np.int64)
+    if len(p) > 1 and not bool(np.all(p[1:] > p[:-1])):
+        p = np.unique(p)
+    if not len(p):
+        return [], []
+    cuts = np.flatnonzero(p[1:] - p[:-1] != 1)
+    return (p[np.concatenate(([0], cuts + 1))].tolist(), p[np.concatenate((cuts, [len(p) - 1]))].tolist())
 
 
 def _rfc3339(ns: int) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from forensics import __version__, adapters, source
+from forensics import adapters, source
 from forensics.adapters import Notes, Options
 from forensics.errors import FileChanged, KvfError, UnreadableFile
 from forensics.readers import (
@@ -51,6 +51,7 @@ from forensics.readers import (
 from forensics.schema import KINDS, Reason
 from forensics.store import connect, one
 from forensics.validate import PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
+from forensics.version import __version__
 
 #: The table of valid records of each kind (forensics/sql/schema.sql); ``records`` is a view of them.
 RECORD_TABLES = {kind: f"{kind}_records" for kind in KINDS}

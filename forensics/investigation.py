@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forensics.adapters import Options
-from forensics.analysis import analyse
+from forensics.exposure.analysis import analyse
 from forensics.ingestion import IngestResult, Progress, ingest
 from forensics.store import connect
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forensics import adapters, source
+from forensics.adapters.base import LINES_SCHEMA
 from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
 from forensics.schema import integer_fields
 
@@ -46,10 +47,6 @@ _INT_CELL = re.compile(r"-?(0|[1-9][0-9]*)")
 #: to the SQL validator, which reads every line alike.
 FAST_PATH = True
 
-#: The Arrow schema of a chunk of lines handed to the validator.
-LINES_SCHEMA = pa.schema(
-    [("line_no", pa.int64()), ("part", pa.int16()), ("raw", pa.large_string()), ("doc", pa.large_string())]
-)
 
 
 @dataclass(frozen=True)

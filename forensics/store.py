@@ -84,3 +84,10 @@ def one(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = 
     """The first row of a query, the result consumed whole (DuckDB 2 wants results finished)."""
     rows = con.execute(sql, params or []).fetchall()
     return rows[0] if rows else None
+
+
+def rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    """A query's rows as dicts by column name."""
+    cur = con.execute(sql, params or [])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

@@ -198,7 +198,7 @@ def investigate(
 
     The whole job adds replay confirmation and what-if where the evidence allows, then the HTML report.
     """
-    from reports.job import run
+    from kvforensics.job import run
 
     found = _run(lambda: _with_progress(lambda p: run(
         paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
@@ -217,12 +217,13 @@ def investigate(
             agreement = (f"; {a['confirmed']} confirmed, {a['replay_only']} replay only, "
                          f"{a['log_only']} log only")
         typer.echo(f"replay under {r.engine}: {r.exposure['exposed_responses']} exposed responses{agreement}")
-    if found.filled and (found.filled["nodes"] or found.filled["gap_windows"]):
-        where = [f"on {', '.join(found.filled['nodes'])}"] if found.filled["nodes"] else []
-        if found.filled["gap_windows"]:
-            where.append(f"in {found.filled['gap_windows']} seq-gap windows")
+    filled = found.filled
+    if filled and (filled.nodes or filled.gap_windows):
+        where = [f"on {', '.join(filled.nodes)}"] if filled.nodes else []
+        if filled.gap_windows:
+            where.append(f"in {filled.gap_windows} seq-gap windows")
         typer.echo(f"page records missing {' and '.join(where)}: filled by replay, "
-                   f"{found.filled['exposed_responses']} exposed responses there (table replay_exposures)")
+                   f"{filled.exposed_responses} exposed responses there (table replay_exposures)")
     if found.replay_skipped:
         typer.echo(f"replay skipped: {found.replay_skipped}")
     if found.report is not None:

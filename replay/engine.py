@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from forensics.emit import page_string
 from replay.logset import LogSet
-from replay.pool import PagePool, Pages, page_string
+from replay.pool import PagePool, Pages
 
 BEHAVIOURS = ("sglang-placeholder", "sglang-hardened", "coverage-check", "page-tags")
 

@@ -16,15 +16,6 @@ import numpy.typing as npt
 Pages = npt.NDArray[np.int64]
 
 
-def page_string(pages: Pages) -> str:
-    """The canonical page-range string of ``pages`` (any order): ``"1-4,9"``."""
-    p = pages if len(pages) < 2 or bool(np.all(pages[1:] > pages[:-1])) else np.unique(pages)
-    cuts = np.flatnonzero(p[1:] - p[:-1] != 1)
-    starts = p[np.concatenate(([0], cuts + 1))].tolist()
-    ends = p[np.concatenate((cuts, [len(p) - 1]))].tolist()
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in zip(starts, ends, strict=True))
-
-
 class PoolExhausted(Exception):
     """Fewer free pages than an allocation asks for."""
 

@@ -11,36 +11,10 @@ from typing import Any
 
 import duckdb
 
-from forensics.analysis import FIGURES
+from forensics.exposure import tiers as evidence_tiers
+from forensics.exposure.figures import DEFINITIONS, checked
 from forensics.findings import findings
-from forensics.store import has_table
-
-#: Each summary figure recomputed from the documented tables; the report checks that every
-#: one equals the analysis's value before it prints it, and shows the query beside it.
-FIGURE_SQL: dict[str, str] = {
-    "exposed_responses": "SELECT count(DISTINCT reader_request) FROM exposures WHERE reader_delivered",
-    "contained_requests": "SELECT count(DISTINCT reader_request) FROM exposures WHERE NOT reader_delivered",
-    "victim_requests": "SELECT count(DISTINCT victim_request) FROM exposures WHERE reader_delivered",
-    "exposure_pairs": (
-        "SELECT count(*) FROM (SELECT DISTINCT reader_request, victim_request "
-        "FROM exposures WHERE reader_delivered)"
-    ),
-    "cross_tenant_pairs": (
-        "SELECT count(*) FROM (SELECT DISTINCT reader_request, victim_request FROM exposures "
-        "WHERE reader_delivered AND reader_tenant <> victim_tenant)"
-    ),
-    "exposed_page_reads": (
-        "SELECT count(*) FROM (SELECT DISTINCT e.reader_request, e.node, p.page FROM exposures e, "
-        "LATERAL (SELECT unnest(generate_series(CAST(split_part(r, '-', 1) AS BIGINT), "
-        "CAST(split_part(r, '-', -1) AS BIGINT))) AS page FROM (SELECT unnest(string_split(e.pages, ',')) AS r)) p "
-        "WHERE e.reader_delivered)"
-    ),
-    "uninitialized_reads": (
-        "SELECT count(*) FROM (SELECT DISTINCT request_id, node, unnest(generate_series(lo, hi)) AS page "
-        "FROM uninitialized_reads)"
-    ),
-    "affected_tenants": "SELECT count(DISTINCT victim_tenant) FROM exposures WHERE reader_delivered",
-}
+from forensics.store import rows
 
 AUDIENCES = ("internal", "regulator", "customer")
 
@@ -102,12 +76,6 @@ class ReportData:
     filled: dict[str, int] | None = None
 
 
-def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-    cur = con.execute(sql, params or [])
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
 def _ts(value: dt.datetime | None) -> str | None:
     return None if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
 
@@ -115,37 +83,32 @@ def _ts(value: dt.datetime | None) -> str | None:
 def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, generated_at: str,
            toolkit_version: str) -> ReportData:
     """Read the report's content from an analysed case."""
-    summary = _rows(con, f"SELECT {', '.join(FIGURES)} FROM exposure_summary")[0]
-    figures = {k: int(summary[k]) for k in FIGURES}
-    for name, sql in FIGURE_SQL.items():
-        value = con.execute(sql).fetchall()[0][0]
-        if int(value or 0) != figures[name]:
-            raise AssertionError(f"{name}: the analysis says {figures[name]}, its query {value}")
+    figures = checked(con)
     first, last = con.execute(
         "SELECT min(first_ts), max(first_ts) FROM exposures WHERE reader_delivered").fetchall()[0]
-    counts = _rows(con, "SELECT count(*) AS records FROM records")[0]
+    counts = rows(con, "SELECT count(*) AS records FROM records")[0]
     q = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
     d = con.execute("SELECT count(*) FROM duplicates").fetchall()[0][0]
     records = {"ingested": counts["records"], "duplicates": d, "quarantined": q,
                "read": counts["records"] + d + q}
 
-    configs = _rows(con, """
+    configs = rows(con, """
         SELECT node, boot, role, engine, engine_version, model, context_length, page_size, pool_pages,
                pool_tokens, max_req_input_len, context_exceeds_pool
         FROM configs ORDER BY node, boot, seq""")
     limits = [c["max_req_input_len"] for c in configs if c["role"] == "prefill"]
     case_findings = findings(con)
     handoffs = next((f.evidence.to_dicts() for f in case_findings if f.id == "handoff.rejected_but_transferred"), [])
-    responses = _rows(con, """
+    responses = rows(con, """
         SELECT reader_request, any_value(reader_tenant) AS reader_tenant, count(DISTINCT victim_request) AS victims,
                count(DISTINCT victim_tenant) AS victim_tenants, sum(n_pages)::BIGINT AS pages,
                min(first_ts) AS first_ts, bool_or(inferred) AS inferred, bool_or(reader_delivered) AS delivered
         FROM exposures GROUP BY reader_request ORDER BY first_ts, reader_request""")
-    victims = _rows(con, """
+    victims = rows(con, """
         SELECT victim_request, any_value(victim_tenant) AS victim_tenant,
                count(DISTINCT reader_request) AS readers, sum(n_pages)::BIGINT AS pages, min(first_ts) AS first_seen
         FROM exposures WHERE reader_delivered GROUP BY victim_request ORDER BY first_seen, victim_request""")
-    pairs = _rows(con, """
+    pairs = rows(con, """
         SELECT reader_tenant, victim_tenant, count(*) AS pairs FROM (
           SELECT DISTINCT reader_request, victim_request, reader_tenant, victim_tenant
           FROM exposures WHERE reader_delivered) GROUP BY ALL""")
@@ -168,47 +131,32 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         matrix[key] = matrix.get(key, 0) + int(p["pairs"])
     tenants = sorted({t for k in matrix for t in k})
 
-    replays = _rows(con, "SELECT * FROM replays ORDER BY engine, what_if")
+    replays = rows(con, "SELECT * FROM replays ORDER BY engine, what_if")
     for r in replays:
         r["exposure"] = json.loads(r["exposure"])
         r["agreement"] = json.loads(r["agreement"]) if r["agreement"] else None
         r["what_if"] = json.loads(r["what_if"])
-    files = _rows(con, """
+    files = rows(con, """
         SELECT f.path, f.size, f.sha256, f.ingested_at, f.toolkit_version, c.read, c.ingested, c.duplicates,
                c.quarantined FROM files f JOIN file_counts c USING (file_id) ORDER BY f.file_id""")
     for f in files:
         f["ingested_at"] = _ts(f["ingested_at"])
-    over_time = [(r["t"], int(r["n"])) for r in _rows(con, """
+    over_time = [(r["t"], int(r["n"])) for r in rows(con, """
         SELECT first_ts AS t, count(*) AS n FROM (
           SELECT reader_request, min(first_ts) AS first_ts FROM exposures WHERE reader_delivered GROUP BY ALL)
         GROUP BY ALL ORDER BY t""")]
-    prompts = [(r["ts"], int(r["prompt_tokens"]), bool(r["exposed"])) for r in _rows(con, """
+    prompts = [(r["ts"], int(r["prompt_tokens"]), bool(r["exposed"])) for r in rows(con, """
         SELECT e.ts, e.prompt_tokens,
                e.request_id IN (SELECT reader_request FROM exposures WHERE reader_delivered) AS exposed
         FROM request_events e WHERE e.event = 'received' AND e.prompt_tokens IS NOT NULL
         ORDER BY e.ts, e.request_id""")]
     found = [f.as_dict(rows=10 if names.mode == "ids" else 0) for f in case_findings]
-    filled = has_table(con, "replay_exposures")
-    tiers = _rows(con, f"""
-        SELECT evidence, count(DISTINCT reader_request) AS responses, count(*) AS rows FROM (
-          SELECT evidence, reader_request FROM exposures WHERE reader_delivered
-          {"UNION ALL SELECT evidence, reader_request FROM replay_exposures WHERE reader_delivered" if filled else ""})
-        GROUP BY evidence ORDER BY evidence""")
-    filled_figures = None
-    if filled:
-        filled_figures = _rows(con, """
-            SELECT count(DISTINCT reader_request) AS exposed_responses,
-                   count(DISTINCT victim_request) AS victim_requests,
-                   count(DISTINCT (reader_request, victim_request)) AS exposure_pairs,
-                   count(DISTINCT (reader_request, victim_request)) FILTER (WHERE reader_tenant <> victim_tenant)
-                     AS cross_tenant_pairs,
-                   count(DISTINCT victim_tenant) AS affected_tenants
-            FROM replay_exposures WHERE reader_delivered""")[0]
     return ReportData(
         audience=audience, generated_at=generated_at, toolkit_version=toolkit_version, figures=figures,
-        figure_sql=FIGURE_SQL, window=(_ts(first), _ts(last)), records=records, configs=configs,
+        figure_sql={f.name: f.sql for f in DEFINITIONS}, window=(_ts(first), _ts(last)), records=records,
+        configs=configs,
         handoffs=handoffs, responses=responses, victims=victims, tenants=tenants, matrix=matrix,
         replays=replays, files=files, over_time=over_time, prompts=prompts,
-        prompt_limit=min(limits) if limits else None, naming=names.mode, findings=found, tiers=tiers,
-        filled=filled_figures if filled_figures and filled_figures["exposed_responses"] else None,
+        prompt_limit=min(limits) if limits else None, naming=names.mode, findings=found,
+        tiers=evidence_tiers.by_tier(con), filled=evidence_tiers.filled_figures(con),
     )

@@ -102,7 +102,7 @@ def report(
     else:
         names = Names("ids" if audience == "internal" else "ordinal")
     stamp = _generated_at(generated_at)
-    with forensics.Case(db) as case:
+    with forensics.Case(db, read_only=True) as case:
         data = gather(case.connection, audience=audience, names=names, generated_at=stamp,
                       toolkit_version=forensics.__version__)
     html = render(data)

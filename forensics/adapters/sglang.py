@@ -15,7 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from forensics.adapters import (
+from forensics.adapters import sglang_config, sglang_mooncake, sglang_requests, sglang_timestats
+from forensics.adapters.base import (
     Adapter,
     Lines,
     Notes,
@@ -23,10 +24,6 @@ from forensics.adapters import (
     Outcome,
     Untranslatable,
     first_object,
-    sglang_config,
-    sglang_mooncake,
-    sglang_requests,
-    sglang_timestats,
 )
 from forensics.adapters.sglang_log import Facts, LogLine, split
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from forensics.adapters import Notes, Options, Untranslatable
+from forensics.adapters.base import Notes, Options, Untranslatable
 from forensics.adapters.sglang_log import Facts, LogLine, py_value, rfc3339
 from forensics.adapters.sglang_requests import LENGTH_ERROR
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from forensics.adapters import Options, Untranslatable
+from forensics.adapters.base import Options, Untranslatable
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(

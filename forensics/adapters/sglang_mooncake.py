@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from forensics.adapters import Notes, Options
+from forensics.adapters.base import Notes, Options
 from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
 from forensics.adapters.sglang_timestats import UNKNOWN_NODE, transfer_id
 

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from forensics.adapters import Notes, Options, Untranslatable
+from forensics.adapters.base import Notes, Options, Untranslatable
 from forensics.adapters.sglang_log import Facts, LogLine, dig, py_value, rfc3339, status_code
 
 _TEXT = re.compile(r"(?P<what>Receive|Finish): (?P<args>obj=.*)", re.S)

@@ -33,7 +33,7 @@ import datetime as dt
 import re
 from typing import Any
 
-from forensics.adapters import Notes, Options
+from forensics.adapters.base import Notes, Options
 from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
 
 _LINE = re.compile(

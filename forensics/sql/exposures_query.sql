@@ -1,11 +1,13 @@
--- Exposure rows with optional filters, bound as parameters:
--- $1-$3 tenant (reader's or victim's), $4-$5 reader request, $6-$7 victim request,
--- $8 delivered responses only.
+-- Exposure rows with optional filters, bound as parameters: $tenant (reader's or victim's),
+-- $request (reader), $victim, $delivered_only; with the rows the replay filled in where page
+-- records are missing (replay_exposures) unless $page_records_only.
 SELECT reader_request, reader_tenant, victim_request, victim_tenant, node, boot, pages, n_pages,
        first_seq, first_ts, inferred, reader_delivered, evidence
-FROM exposures
-WHERE (?::VARCHAR IS NULL OR reader_tenant = ?::VARCHAR OR victim_tenant = ?::VARCHAR)
-  AND (?::VARCHAR IS NULL OR reader_request = ?::VARCHAR)
-  AND (?::VARCHAR IS NULL OR victim_request = ?::VARCHAR)
-  AND (NOT ?::BOOLEAN OR reader_delivered)
+FROM (SELECT * FROM exposures
+      UNION ALL BY NAME
+      SELECT * FROM replay_exposures WHERE NOT $page_records_only::BOOLEAN)
+WHERE ($tenant::VARCHAR IS NULL OR reader_tenant = $tenant::VARCHAR OR victim_tenant = $tenant::VARCHAR)
+  AND ($request::VARCHAR IS NULL OR reader_request = $request::VARCHAR)
+  AND ($victim::VARCHAR IS NULL OR victim_request = $victim::VARCHAR)
+  AND (NOT $delivered_only::BOOLEAN OR reader_delivered)
 ORDER BY first_ts, node, boot, first_seq, reader_request, victim_request;

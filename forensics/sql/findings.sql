@@ -85,13 +85,7 @@ FROM uninitialized_reads GROUP BY ALL ORDER BY node, boot, first_seq, request_id
 -- name: evidence.seq_gap
 -- severity: medium
 -- title: {count} gap(s) in nodes' seq: records are missing there, and so is their evidence
-SELECT node, boot, prev_seq + 1 AS missing_from, seq - 1 AS missing_to, seq - prev_seq - 1 AS missing,
-       prev_ts AS window_start, ts AS window_end
-FROM (SELECT node, boot, seq, ts, lag(seq) OVER w AS prev_seq, lag(ts) OVER w AS prev_ts
-      FROM records WHERE seq IS NOT NULL
-      WINDOW w AS (PARTITION BY node, boot ORDER BY seq))
-WHERE seq - prev_seq > 1
-ORDER BY node, boot, missing_from;
+SELECT * FROM seq_gaps ORDER BY node, boot, missing_from;
 
 -- name: evidence.clock_skew
 -- severity: low

@@ -203,3 +203,20 @@ CREATE TABLE IF NOT EXISTS replays (
   agreement VARCHAR,  -- JSON, NULL where the case has no page records
   PRIMARY KEY (engine, what_if)
 );
+
+-- Gaps in a node's seq: records missing there, and the time window they leave without evidence.
+CREATE OR REPLACE VIEW seq_gaps AS
+SELECT node, boot, prev_seq + 1 AS missing_from, seq - 1 AS missing_to, seq - prev_seq - 1 AS missing,
+       prev_ts AS window_start, ts AS window_end
+FROM (SELECT node, boot, seq, ts, lag(seq) OVER w AS prev_seq, lag(ts) OVER w AS prev_ts
+      FROM records WHERE seq IS NOT NULL
+      WINDOW w AS (PARTITION BY node, boot ORDER BY seq))
+WHERE seq - prev_seq > 1;
+
+-- Exposures where page records are missing, filled in by the whole job from its replay
+-- (forensics/exposure/tiers.py): the columns of exposures, evidence naming the replay tier.
+CREATE TABLE IF NOT EXISTS replay_exposures (
+  reader_request VARCHAR, victim_request VARCHAR, node VARCHAR, boot BIGINT, pages VARCHAR,
+  n_pages BIGINT, first_seq BIGINT, first_ts TIMESTAMP WITH TIME ZONE, inferred BOOLEAN,
+  reader_tenant VARCHAR, victim_tenant VARCHAR, reader_delivered BOOLEAN, evidence VARCHAR
+);

@@ -16,11 +16,11 @@ import forensics
 from forensics.adapters import ADAPTERS, Adapter, Options, read_tenant_map, sniff, table
 from forensics.adapters.sglang_log import py_value, split
 from forensics.errors import BadOption, UnrecognisedFile
+from kvforensics.job import run
 from replay.replay import replay
 from replay.sglang_logs import write as write_sglang_logs
 from replay.simulate import Deployment, shape, simulate
 from replay.workload import synthetic
-from reports.job import run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMALL = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=262_144,

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay.pool import PagePool, PoolExhausted, page_string
+from forensics.emit import page_string
+from replay.pool import PagePool, PoolExhausted
 
 
 def test_pages_come_ascending_from_one_and_freed_pages_wait_for_a_shortage() -> None:

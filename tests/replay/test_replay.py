@@ -202,14 +202,14 @@ def test_the_simulators_outcomes_match_its_log(tmp_path: Path) -> None:
 
 
 def test_a_node_without_page_records_is_filled_by_replay_with_its_evidence_tier(tmp_path: Path) -> None:
-    from reports.job import run
+    from kvforensics.job import run
 
     full = tmp_path / "full"
     simulate(full, _arrivals(400, 1, SMALL), deployment=SMALL, seed=1)
     forensics.investigate([full], tmp_path / "full.duckdb")
     partial = _strip_pages(full, tmp_path / "partial", lambda name, _: name == "decode-1.jsonl")
     job = run([partial], tmp_path / "partial.duckdb", tmp_path / "report.html", generated_at="2026-11-30T12:00:00Z")
-    assert job.filled is not None and job.filled["nodes"] == ["decode-1"]
+    assert job.filled is not None and job.filled.nodes == ("decode-1",)
     query = "SELECT DISTINCT reader_request, node, evidence FROM {} WHERE reader_delivered"
     with forensics.Case(tmp_path / "full.duckdb", read_only=True) as case:
         truth = set(case.sql(query.format("exposures")).select("reader_request", "node").rows())
@@ -225,7 +225,7 @@ def test_a_node_without_page_records_is_filled_by_replay_with_its_evidence_tier(
 
 
 def test_page_records_missing_in_a_window_are_filled_by_replay(tmp_path: Path) -> None:
-    from reports.job import run
+    from kvforensics.job import run
 
     full = tmp_path / "full"
     simulate(full, _arrivals(400, 1, SMALL), deployment=SMALL, seed=1)
@@ -239,7 +239,7 @@ def test_page_records_missing_in_a_window_are_filled_by_replay(tmp_path: Path) -
     partial = _strip_pages(full, tmp_path / "partial", lambda name, line: name == "decode-0.jsonl"
                            and seqs[0] <= json.loads(line)["seq"] <= seqs[1])
     job = run([partial], tmp_path / "partial.duckdb", tmp_path / "report.html")
-    assert job.filled is not None and job.filled["nodes"] == [] and job.filled["gap_windows"] >= 1
+    assert job.filled is not None and job.filled.nodes == () and job.filled.gap_windows >= 1
     with forensics.Case(tmp_path / "partial.duckdb", read_only=True) as case:
         logged = set(case.sql("SELECT reader_request FROM exposures WHERE node = 'decode-0'")["reader_request"])
         filled = case.sql("SELECT reader_request, evidence FROM replay_exposures WHERE node = 'decode-0'")

@@ -31,7 +31,7 @@ def incident(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A simulated incident with exposures, investigated and replayed, as a case file."""
     root = tmp_path_factory.mktemp("incident")
     simulate_to(root / "logs", deployment=SMALL, requests=400, seed=1, over_long=0.05, rate=3.0)
-    from reports.job import run
+    from kvforensics.job import run
 
     run([root / "logs"], root / "case.duckdb", root / "first.html", generated_at="2026-11-30T12:00:00Z")
     return root / "case.duckdb"

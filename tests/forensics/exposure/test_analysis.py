@@ -11,11 +11,12 @@ import pytest
 from conftest import example_dirs, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import expand, scale_pages
-from oracle import run as oracle_run
+from logsets import scale_pages
 
 import forensics
-from forensics.analysis import FIGURES
+from forensics.exposure import reference
+from forensics.exposure.figures import FIGURES
+from forensics.exposure.reference import expand
 
 TS = "2026-08-27T10:00:00Z"
 
@@ -152,7 +153,7 @@ def test_sql_equals_the_oracle_on_random_logs(
     files = [write_jsonl(tmp / f"part{i}.jsonl", shuffled[i::n_files]) for i in range(n_files)]
     found = forensics.investigate(files, tmp / "case.duckdb")
     assert found.ingest.records.quarantined == 0
-    expected = oracle_run(records)
+    expected = reference.run(records)
     assert found.exposure == expected.figures
     with forensics.Case(tmp / "case.duckdb") as case:
         assert _sql_exposures(case) == expected.exposures

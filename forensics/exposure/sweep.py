@@ -9,7 +9,7 @@ Holds (``alloc``/``share`` to ``free``) are kept per request as ranges: they mat
 inferred reads, which start on every page the request holds at its ``decode_started``.
 
 Here the events come out of the case in sweep order, and the rows come back into it;
-``forensics/pagemap.py`` (compiled) walks them. Three tables of page ranges result, in integer
+``kernel`` (compiled) walks them. Three tables of page ranges result, in integer
 ids: ``sweep_exposures`` (per reader, victim, node and boot, the pages where the reader saw the
 victim's content, first at ``seq`` and ``ts``), ``sweep_uninitialized`` and ``sweep_reads`` (reading
 intervals); ``analysis.sql`` names them into the documented tables.
@@ -23,13 +23,14 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from forensics import pagemap
+from forensics.exposure import kernel
+from forensics.exposure.kernel import HI, LO
 
 COMPACT_AFTER = 1 << 16  # rows of garbage the walk's pools carry before it drops them
 
 OPS = {
-    "alloc": pagemap.ALLOC, "share": pagemap.SHARE, "write": pagemap.WRITE,
-    "read": pagemap.READ, "free": pagemap.FREE,
+    "alloc": kernel.ALLOC, "share": kernel.SHARE, "write": kernel.WRITE,
+    "read": kernel.READ, "free": kernel.FREE,
 }
 
 # One row per page range of a kv record, plus one per decode_started (``sweep`` keeps those that
@@ -53,7 +54,7 @@ WITH kv AS (
   WHERE r.kind = 'kv' AND r.seq IS NOT NULL
 ), starts AS (
   SELECT nb.nb::BIGINT AS nb, r.seq::BIGINT AS seq, q.rid::BIGINT AS rid,
-         {pagemap.START}::BIGINT AS op, r.ts
+         {kernel.START}::BIGINT AS op, r.ts
   FROM records r JOIN sweep_node_boots nb USING (node, boot) JOIN sweep_requests q USING (request_id)
   WHERE r.kind = 'request' AND r.event = 'decode_started' AND r.seq IS NOT NULL
 )
@@ -63,10 +64,13 @@ SELECT nb, seq, rid, op, -1::BIGINT, -1::BIGINT, ts FROM starts
 ORDER BY nb, seq, lo, hi;
 """
 
-# The key columns kept of the walk's rows (booleans are 0/1), then lo, hi.
-EXPOSURE_COLUMNS = ("nb", "reader", "victim", "seq", "inferred", "ts")
-UNINITIALIZED_COLUMNS = ("nb", "reader", "seq", "inferred")
-READ_COLUMNS = ("nb", "reader", "start_seq", "end_seq", "inferred")
+# The columns kept of the kernel's rows (booleans are 0/1), by name and column, the range last.
+EXPOSURE_COLUMNS = (("nb", kernel.ISL_NB), ("reader", kernel.ISL_READER), ("victim", kernel.ISL_VICTIM),
+                    ("seq", kernel.ISL_SEQ), ("inferred", kernel.ISL_INFERRED), ("ts", kernel.ISL_TS))
+UNINITIALIZED_COLUMNS = (("nb", kernel.UNI_NB), ("reader", kernel.UNI_READER), ("seq", kernel.UNI_SEQ),
+                         ("inferred", kernel.UNI_INFERRED))
+READ_COLUMNS = (("nb", kernel.RD_NB), ("reader", kernel.RD_READER), ("start_seq", kernel.RD_START),
+                ("end_seq", kernel.RD_END), ("inferred", kernel.RD_INFERRED))
 
 
 def sweep(con: duckdb.DuckDBPyConnection) -> None:
@@ -74,13 +78,15 @@ def sweep(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(EVENTS_SQL)
     n_requests = con.execute("SELECT count(*) FROM sweep_requests").fetchall()[0][0]
     nbs, seqs, rids, ops, los, his, micros = _events(con, n_requests)
-    exposures, uninitialized, reads, still_open, shared = pagemap.walk(
+    exposures, uninitialized, reads, still_open, shared = kernel.walk(
         nbs, seqs, rids, ops, los, his, n_requests, COMPACT_AFTER
     )
-    exposures = pagemap.without_shared(exposures, _sorted(shared))
-    exposures = pagemap.islands(exposures[np.lexsort(exposures[:, [7, 6, 2, 1, 0]].T)])
-    exposures[:, 5] = micros[pagemap.event_at(nbs, seqs, exposures[:, 0], exposures[:, 3])]
-    reads = np.concatenate((reads, pagemap.merged(_sorted(still_open))))
+    exposures = kernel.without_shared(exposures, _sorted(shared))
+    by_reader_victim_page = [HI, LO, kernel.EXP_VICTIM, kernel.EXP_READER, kernel.EXP_NB]  # last key first
+    exposures = kernel.islands(exposures[np.lexsort(exposures[:, by_reader_victim_page].T)])
+    at = kernel.event_at(nbs, seqs, exposures[:, kernel.ISL_NB], exposures[:, kernel.ISL_SEQ])
+    exposures[:, kernel.ISL_TS] = micros[at]
+    reads = np.concatenate((reads, kernel.merged(_sorted(still_open))))
     for name, rows, names in (
         ("exposures", exposures, EXPOSURE_COLUMNS),
         ("uninitialized", uninitialized, UNINITIALIZED_COLUMNS),
@@ -107,8 +113,8 @@ def _inferring(events: list[np.ndarray], node_of: np.ndarray, n_requests: int) -
     any boot): only the others start an inferred read."""
     nbs, rids, ops = events[0], events[2], events[3]
     key = node_of[nbs].astype(np.int64) * n_requests + rids
-    starts = ops == pagemap.START
-    has_read = np.isin(key[starts], key[ops == pagemap.READ])
+    starts = ops == kernel.START
+    has_read = np.isin(key[starts], key[ops == kernel.READ])
     if not has_read.any():
         return events
     keep = np.ones(len(ops), dtype=bool)
@@ -121,9 +127,10 @@ def _sorted(rows: np.ndarray) -> np.ndarray:
     return rows[np.lexsort(rows.T[::-1])] if len(rows) else rows
 
 
-def _table(rows: np.ndarray, columns: tuple[str, ...]) -> pa.Table:
+def _table(rows: np.ndarray, columns: tuple[tuple[str, int], ...]) -> pa.Table:
+    """The kernel's ``rows`` as an Arrow table of the named ``columns`` and the page range."""
     arrays: dict[str, Any] = {}
-    for name, col in zip((*columns, "lo", "hi"), (*range(len(columns)), 6, 7), strict=True):
+    for name, col in (*columns, ("lo", LO), ("hi", HI)):
         values = np.ascontiguousarray(rows[:, col])
         if name == "inferred":
             arrays[name] = pa.array(values.astype(bool))
@@ -132,7 +139,7 @@ def _table(rows: np.ndarray, columns: tuple[str, ...]) -> pa.Table:
         elif name == "ts":
             arrays[name] = pa.array(values).cast(pa.timestamp("us", tz="UTC"))
         elif name == "end_seq":
-            arrays[name] = pa.array(values, mask=values == pagemap.OPEN)
+            arrays[name] = pa.array(values, mask=values == kernel.OPEN)
         else:
             arrays[name] = pa.array(values)
     return pa.table(arrays)

@@ -1,4 +1,4 @@
-"""The compiled core of the page sweep (forensics/sweep.py): per (node, boot), an interval map of
+"""The compiled core of the page sweep (``sweep``): per (node, boot), an interval map of
 page content versions and the requests reading them, walked one event at a time.
 
 numba compiles it on first use (about 15 s) and caches the machine code beside this
@@ -18,6 +18,13 @@ ALLOC, SHARE, WRITE, READ, FREE, START = 0, 1, 2, 3, 4, 5  # START: an inferred 
 NO_VERSION = -1  # content of a page never written in this boot
 OPEN = -1  # end seq of a reading interval still open at the end of its boot
 WIDTH = 8  # output rows: six key columns (unused ones 0), then the page range lo, hi
+LO, HI = 6, 7
+# the key columns of each kind of output row
+EXP_NB, EXP_READER, EXP_VICTIM, EXP_VERSION, EXP_SEQ, EXP_INFERRED = 0, 1, 2, 3, 4, 5  # walk's exposures
+ISL_NB, ISL_READER, ISL_VICTIM, ISL_SEQ, ISL_INFERRED, ISL_TS = 0, 1, 2, 3, 4, 5  # islands' (ts: the sweep's)
+UNI_NB, UNI_READER, UNI_SEQ, UNI_INFERRED = 0, 1, 2, 3  # uninitialized reads
+RD_NB, RD_READER, RD_START, RD_END, RD_INFERRED = 0, 1, 2, 3, 4  # reading intervals, ended or still open
+SH_READER, SH_VERSION = 0, 1  # versions a reader took as its own by share
 
 # slots of ``used``
 FRAGS, SETS, ITEMS, LONGEST, HELD, HELD_LIVE = 0, 1, 2, 3, 4, 5
@@ -493,15 +500,15 @@ def without_shared(exposures: np.ndarray, shared: np.ndarray) -> np.ndarray:
 
     ``shared`` rows are (reader, version, ..., lo, hi) as ``walk`` gives them, sorted.
     """
-    readers, versions = np.ascontiguousarray(shared[:, 0]), np.ascontiguousarray(shared[:, 1])
+    readers, versions = np.ascontiguousarray(shared[:, SH_READER]), np.ascontiguousarray(shared[:, SH_VERSION])
     out = np.empty((len(exposures) + 64, WIDTH), np.int64)
     used = np.zeros(N_USED, np.int64)  # only its first slot counts the rows out
     for row in exposures:
-        reader, version, lo, hi = row[1], row[3], row[6], row[7]
+        reader, version, lo, hi = row[EXP_READER], row[EXP_VERSION], row[LO], row[HI]
         t = _lower_bound(readers, versions, reader, version)
         cursor = lo  # the first page not yet placed
         while t < len(shared) and readers[t] == reader and versions[t] == version:
-            a, b = shared[t, 6], shared[t, 7]
+            a, b = shared[t, LO], shared[t, HI]
             t += 1
             if b < cursor:
                 continue
@@ -529,15 +536,16 @@ def islands(exposures: np.ndarray) -> np.ndarray:
     out = np.empty((len(exposures), WIDTH), np.int64)
     n = -1
     for row in exposures:
-        if (n >= 0 and out[n, 0] == row[0] and out[n, 1] == row[1] and out[n, 2] == row[2]
-                and row[6] <= out[n, 7] + 1):
-            out[n, 3] = min(out[n, 3], row[4])
-            out[n, 4] = max(out[n, 4], row[5])
-            out[n, 7] = max(out[n, 7], row[7])
+        if (n >= 0 and out[n, ISL_NB] == row[EXP_NB] and out[n, ISL_READER] == row[EXP_READER]
+                and out[n, ISL_VICTIM] == row[EXP_VICTIM] and row[LO] <= out[n, HI] + 1):
+            out[n, ISL_SEQ] = min(out[n, ISL_SEQ], row[EXP_SEQ])
+            out[n, ISL_INFERRED] = max(out[n, ISL_INFERRED], row[EXP_INFERRED])
+            out[n, HI] = max(out[n, HI], row[HI])
             continue
         n += 1
-        out[n, 0], out[n, 1], out[n, 2], out[n, 3], out[n, 4] = row[0], row[1], row[2], row[4], row[5]
-        out[n, 5], out[n, 6], out[n, 7] = 0, row[6], row[7]
+        out[n, ISL_NB], out[n, ISL_READER], out[n, ISL_VICTIM] = row[EXP_NB], row[EXP_READER], row[EXP_VICTIM]
+        out[n, ISL_SEQ], out[n, ISL_INFERRED], out[n, ISL_TS] = row[EXP_SEQ], row[EXP_INFERRED], 0
+        out[n, LO], out[n, HI] = row[LO], row[HI]
     return out[:n + 1]
 
 

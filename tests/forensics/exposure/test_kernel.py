@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from oracle import expand
-from oracle import run as oracle_run
 
 import forensics
-from forensics import pagemap, sweep
+from forensics.exposure import kernel, reference, sweep
+from forensics.exposure.reference import expand
 from forensics.store import connect
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_logs" / "glm53-incident"
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_logs" / "glm53-incident"
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +32,8 @@ def test_compacting_the_pools_at_every_event_changes_nothing(sample_case: Path) 
         events = sweep._events(con, n_requests)[:6]
     finally:
         con.close()
-    usual = pagemap.walk(*events, n_requests, sweep.COMPACT_AFTER)
-    compacting = pagemap.walk(*events, n_requests, 0)
+    usual = kernel.walk(*events, n_requests, sweep.COMPACT_AFTER)
+    compacting = kernel.walk(*events, n_requests, 0)
     assert sum(len(rows) for rows in usual) > 1000  # the walk found something to compare
     for a, b in zip(usual, compacting, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -42,7 +41,7 @@ def test_compacting_the_pools_at_every_event_changes_nothing(sample_case: Path) 
 
 def test_the_sample_incident_gives_the_oracles_figures_and_exposures(sample_case: Path) -> None:
     records = [json.loads(line) for f in sorted(SAMPLE.glob("*.jsonl")) for line in f.read_text().splitlines()]
-    expected = oracle_run(records)
+    expected = reference.run(records)
     with forensics.Case(sample_case) as case:
         assert case.summary() == expected.figures
         found = {

@@ -1,0 +1,187 @@
+"""What every adapter shares: operator options, notes, outcomes, the Adapter record, and the
+Arrow shape of the lines it hands to the validator."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from forensics.errors import BadOption, InputNotFound
+
+#: Lines read from a file's head to recognise its format.
+SNIFF_LINES = 64
+#: Records (and quarantined lines) per Arrow chunk handed to the validator.
+_CHUNK_ROWS = 100_000
+ROLES = ("prefill", "decode", "unified")
+_COMPRESSION = re.compile(r"\.(gz|zst|zstd)$", re.I)
+_ROTATION = re.compile(r"\.(\d{4}-\d\d-\d\d([_T-]\d\d){0,3}|\d+)$")
+_EXTENSION = re.compile(r"\.(log|txt|out|jsonl|ndjson|json)$", re.I)
+#: Files inside folders offered to the sniffs: log-like names (rotated too) or no suffix at all.
+_LOG_LIKE = re.compile(r"(\.(log|txt|out|jsonl|ndjson)(\.(\d{4}-\d\d-\d\d([_T-]\d\d){0,3}|\d+))?|^[^.]+)$", re.I)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What an operator tells the adapters that the engine's logs do not say."""
+
+    node: str | None = None  # the node the files are from (default: from each file's name)
+    role: str | None = None  # prefill, decode or unified (default: from the file, else unified)
+    tenants: Mapping[str, str] | None = None  # request id -> tenant id (--tenant-map)
+    tenant_from: str | None = None  # dotted path of a field in the logged request (--tenant-from)
+    year: int | None = None  # for log timestamps written without a year
+
+    def node_for(self, path: Path) -> str:
+        """The node a file is from: ``--node``, else its name."""
+        return self.node or node_of(path)
+
+    def __post_init__(self) -> None:
+        if self.role is not None and self.role not in ROLES:
+            raise BadOption(f"--role must be one of {', '.join(ROLES)}, not {self.role!r}")
+
+
+class Untranslatable(ValueError):
+    """A line the adapter recognised as an event but cannot turn into canonical records."""
+
+
+@dataclass
+class Notes:
+    """What an adapter wants the operator to know about a file (unknown tenants, roles)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+
+    def add(self, key: str, text: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+        self.texts[key] = text
+
+    def lines(self) -> list[str]:
+        return [self.texts[k].format(n=self.counts[k]) for k in sorted(self.counts)]
+
+
+#: One source line's outcome: (line_no, raw, records), records a list of canonical records
+#: (without ``node``/``boot``, which the adapter sets), or an :class:`Untranslatable`, or
+#: ``None`` for an ignored line.
+Outcome = tuple[int, str, "list[dict[str, Any]] | Untranslatable | None"]
+#: The lines of a file, re-readable: each call gives ``(line_no, text)`` from the start.
+Lines = Callable[[], Iterator[tuple[int, str]]]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A log format: how to recognise it, and how to translate its lines."""
+
+    name: str
+    reads: str  # what it reads, one line, for --help and docs
+    evidence: str  # the evidence tier its records give
+    sniff: Callable[[Sequence[str]], bool]
+    translate: Callable[[Lines, Path, Options, Notes], Iterator[Outcome]] | None
+
+
+def table(*adapters: Adapter) -> dict[str, Adapter]:
+    """The registry: adapters by name, in sniffing order; a name given twice is refused."""
+    out: dict[str, Adapter] = {}
+    for adapter in adapters:
+        if adapter.name in out:
+            raise ValueError(f"two adapters are named {adapter.name!r}")
+        out[adapter.name] = adapter
+    return out
+
+
+def node_of(path: Path) -> str:
+    """A node name from a log file's name: ``prefill-0.log.2026-09-14_08.gz`` is ``prefill-0``."""
+    name = _COMPRESSION.sub("", path.name)
+    name = _ROTATION.sub("", name)
+    name = _EXTENSION.sub("", name)
+    return name or path.name
+
+
+def log_like(path: Path) -> bool:
+    """Whether a file found in a folder looks like a log by its name (READMEs do not)."""
+    return _LOG_LIKE.search(_COMPRESSION.sub("", path.name)) is not None
+
+
+def read_tenant_map(path: Path) -> dict[str, str]:
+    """Request id -> tenant id from a CSV file with the header ``request_id,tenant_id`` or a
+    JSON object; a clear error for anything else."""
+    if not path.is_file():
+        raise InputNotFound(f"{path}: no such tenant map")
+    text = path.read_text(encoding="utf-8-sig")
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise BadOption(f"{path}: not a JSON object of request id to tenant ({exc})") from None
+        if not all(isinstance(v, (str, int)) for v in data.values()):
+            raise BadOption(f"{path}: tenant ids must be strings")
+        return {str(k): str(v) for k, v in data.items()}
+    rows = list(csv.reader(text.splitlines()))
+    if not rows or [c.strip() for c in rows[0]] != ["request_id", "tenant_id"]:
+        raise BadOption(f"{path}: a tenant map is CSV with the header request_id,tenant_id (or a JSON object)")
+    out: dict[str, str] = {}
+    for n, row in enumerate(rows[1:], 2):
+        if not row:
+            continue
+        if len(row) != 2:
+            raise BadOption(f"{path}:{n}: expected request_id,tenant_id")
+        out[row[0].strip()] = row[1].strip()
+    return out
+
+
+def first_object(head: Sequence[str]) -> dict[str, Any] | None:
+    """The JSON object on the first non-blank line, None if that line is not one."""
+    for line in head:
+        text = line.strip().lstrip("\ufeff")
+        if not text:
+            continue
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+    return None
+
+
+#: The Arrow schema of a chunk of lines handed to the validator: canonical lines as read, and
+#: an adapter's translated records (``doc``) with the line they came from (``raw``).
+LINES_SCHEMA = pa.schema(
+    [("line_no", pa.int64()), ("part", pa.int16()), ("raw", pa.large_string()), ("doc", pa.large_string())]
+)
+
+
+def chunks(outcomes: Iterable[Outcome], node: str, on_ignored: Callable[[int], None]) -> Iterator[pa.Table]:
+    """Outcomes as the validator's Arrow chunks ``(line_no, part, raw, doc)``: one row per
+    record (``part`` numbering a line's records), one per untranslatable line; ignored lines
+    are only counted."""
+    rows: dict[str, list[Any]] = {"line_no": [], "part": [], "raw": [], "doc": []}
+    ignored = 0
+    for line_no, raw, result in outcomes:
+        if result is None:
+            ignored += 1
+            continue
+        if isinstance(result, Untranslatable):
+            docs = ["\x01" + str(result)]
+        else:
+            docs = [json.dumps({"node": node, **r}, ensure_ascii=False, separators=(",", ":")) for r in result]
+        for part, doc in enumerate(docs):
+            rows["line_no"].append(line_no)
+            rows["part"].append(part)
+            rows["raw"].append(raw)
+            rows["doc"].append(doc)
+        if len(rows["raw"]) >= _CHUNK_ROWS:
+            yield _table(rows, LINES_SCHEMA)
+            rows = {k: [] for k in rows}
+    if rows["raw"]:
+        yield _table(rows, LINES_SCHEMA)
+    on_ignored(ignored)
+
+
+def _table(rows: dict[str, list[Any]], schema: pa.Schema) -> pa.Table:
+    return pa.table({**rows, "part": np.asarray(rows["part"], dtype=np.int16)}, schema=schema)
