@@ -12,11 +12,11 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from forensics import source
 from forensics.errors import CaseError, QueryError
 from forensics.exposure.analysis import analyse
 from forensics.exposure.figures import summary
 from forensics.findings import Findings, findings
+from forensics.ingestion import source
 from forensics.store import connect, one, sql_text
 
 

@@ -9,7 +9,7 @@ each line of such a file into canonical records (``translate``). Every line ends
   quarantined verbatim with the reason ``untranslatable`` and why;
 - ignored: a line that is no event the adapter translates (other log output), counted.
 
-``canonical`` is in the table too: the toolkit's own format, read by :mod:`forensics.readers`.
+``canonical`` is in the table too: the toolkit's own format, read by :mod:`forensics.ingestion.readers`.
 Adding a format is one module with an :class:`Adapter` and one line in :data:`ADAPTERS`.
 """
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import forensics
 from forensics.errors import CaseError, CaseLocked, FileChanged, InputNotFound, UnrecognisedFile
-from forensics.ingestion import record_columns
+from forensics.ingestion.pipeline import record_columns
 from forensics.schema import FIELDS, KIND_FIELDS, KINDS, VARIANTS
 from forensics.store import connect
 
@@ -454,7 +454,7 @@ def test_keys_are_unique_when_the_files_seqs_are_and_lie_outside_the_others(
 ) -> None:
     """The shortcut past the full repeat and conflict checks: taken only when it is safe. Its
     answer False only sends the file through the full checks, which the order tests hold."""
-    from forensics.ingestion import _keys_unique
+    from forensics.ingestion.pipeline import _keys_unique
 
     db = tmp_path / "case.duckdb"
     forensics.ingest([write_jsonl(tmp_path / "1.jsonl", [kv(seq) for seq in (1, 2, 3)])], db)
@@ -494,7 +494,7 @@ def test_a_file_written_while_it_is_read_is_refused_and_left_out(tmp_path: Path)
 def test_numpys_huge_pages_are_off_while_ingesting_and_back_after(tmp_path: Path, fails: bool) -> None:
     """Ingest keeps numpy's arrays on ordinary pages (no wait for the kernel to make huge ones), and
     gives numpy its setting back afterwards, whether the ingest succeeds or fails."""
-    from forensics.ingestion import huge_page_switch
+    from forensics.ingestion.pipeline import huge_page_switch
 
     toggle = huge_page_switch()
     assert toggle is not None  # numpy 1.26 and later have it

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from forensics import rechash
+from forensics.ingestion.fast import rechash
 from forensics.schema import (
     COMMON_OPTIONAL,
     DISCRIMINATOR,
@@ -71,7 +71,7 @@ PLAIN_SOURCE = {"event": "event_s", "op": "op_s", "max_page": "max_hi"}
 class _Fields:
     """How the checks see a record's fields: as JSON text (any line) or already typed.
 
-    Typed fields come from the fast path (:mod:`forensics.fastlines`), which takes only lines
+    Typed fields come from the fast path (:mod:`forensics.ingestion.fast.jsonlines`), which takes only lines
     whose every value has its field's JSON type: there a field is present when its typed value
     is (ts: its JSON text), and the type checks hold by construction.
     """
@@ -400,17 +400,17 @@ PLAIN_TYPED = tuple(n for n in FIELD_ORDER if n not in ("ts", "event", "op"))
 
 
 def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
-    """The rows :func:`stage_sql` gives, for lines the fast path read (:mod:`forensics.fastlines`).
+    """The rows :func:`stage_sql` gives, for lines the fast path read (:mod:`forensics.ingestion.fast.jsonlines`).
 
     ``source`` has ``line_no, part, raw``, the hash of the canonical JSON as ``hash_hi, hash_lo``
-    (:mod:`forensics.rechash`), the typed fields :data:`PLAIN_TYPED`,
+    (:mod:`forensics.ingestion.fast.rechash`), the typed fields :data:`PLAIN_TYPED`,
     ``event_s``, ``op_s``, the ts as ``ts_text`` (with ``ts_shape``, whether it has the RFC 3339
     shape) or ``ts_int``, and already as a time where the fast path could read it (``ts_us``;
     casting 2 M texts cost DuckDB 0.15 s of CPU), and ``page_ranges`` with ``max_hi`` where
     ``pages`` parses.
     The checks are the same chain over typed fields; the canonical JSON comes built and hashed.
     ``rules_kept``: every line of ``source`` keeps the rules but the time's (the fast path's
-    ``rules_ok``, fastlines.RULES), so it can only fail on its time, and only that is checked (the
+    ``rules_ok``, jsonlines.RULES), so it can only fail on its time, and only that is checked (the
     statement is then a fraction of the size, and DuckDB plans it in a fraction of the time);
     otherwise every check is made.
     """

@@ -9,7 +9,7 @@ logs) goes to the SQL validator (:func:`forensics.validate.stage_sql`), which is
 reference: the fast path must give the same stage rows, and tests hold it to that.
 
 numba compiles this module on first use and caches the machine code beside it, like
-:mod:`forensics.pagemap`.
+:mod:`forensics.exposure.kernel`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from forensics import rechash
+from forensics.ingestion.fast import rechash
+from forensics.ingestion.validate import PLAIN_SOURCE
 from forensics.schema import DISCRIMINATOR, FIELD_ORDER, FIELDS, KINDS, VARIANTS, FieldType, fields_of, own_fields
-from forensics.validate import PLAIN_SOURCE
 
 #: How a field's value is written on a line of the fast path (``kinds`` array).
 ABSENT, STRING, INTEGER = 0, 1, 2
@@ -41,7 +41,7 @@ def _at(buf: np.ndarray, p: int) -> int:
     Through an unsigned index numba leaves out its check for a negative one (which counts from
     the end): in the loops over a line's bytes that check kept LLVM from simplifying them. With
     the row and field indices of the (field, line) columns unsigned too, and MurmurHash3's words
-    read the same way (:mod:`forensics.rechash`), :func:`plain_columns` of a block of 245,760
+    read the same way (:mod:`forensics.ingestion.fast.rechash`), :func:`plain_columns` of a block of 245,760
     lines went from 270-283 to 202-216 ms.
     """
     return buf[np.uint64(p)]

@@ -2,12 +2,13 @@
 
 Canonical files are read as they are; engine logs come translated by an adapter
 (:mod:`forensics.adapters`) and from there on are handled exactly alike. Plain JSON lines (the
-bulk of any real log) are read by a compiled fast path (:mod:`forensics.fastlines`) straight
-into ``records``; every other line is validated by SQL (:mod:`forensics.validate`), the
-reference both must agree with. The fast path's files are read and split in worker threads
-ahead of the loading (:class:`forensics.readers.ReadAhead`), in blocks of whole DuckDB row
-groups, which DuckDB writes straight to the case file. Every line read is kept, compressed, in
-``source_lines`` (:mod:`forensics.source`), not as a string per record.
+bulk of any real log) are read by a compiled fast path (:mod:`forensics.ingestion.fast`, on
+unless ``ingest(..., fast=False)``) straight into the record tables; every other line is
+validated by SQL (:mod:`forensics.ingestion.validate`), the reference both must agree with. The
+fast path's files are read and split in worker threads ahead of the loading
+(:class:`forensics.ingestion.readers.ReadAhead`), in blocks of whole DuckDB row groups, which
+DuckDB writes straight to the case file. Every line read is kept, compressed, in
+``source_lines`` (:mod:`forensics.ingestion.source`), not as a string per record.
 
 Each file is one transaction: a process killed mid-way leaves the case as it was before
 that file, and running the same command again finishes the job. The outcome does not
@@ -34,10 +35,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from forensics import adapters, source
+from forensics import adapters
 from forensics.adapters import Notes, Options
 from forensics.errors import FileChanged, KvfError, UnreadableFile
-from forensics.readers import (
+from forensics.ingestion import source
+from forensics.ingestion.readers import (
     LINES_SCHEMA,
     ROW_GROUP,
     LogFile,
@@ -48,9 +50,9 @@ from forensics.readers import (
     read_blocks,
     source_pieces,
 )
+from forensics.ingestion.validate import PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 from forensics.schema import KINDS, Reason
 from forensics.store import connect, one
-from forensics.validate import PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 from forensics.version import __version__
 
 #: The table of valid records of each kind (forensics/sql/schema.sql); ``records`` is a view of them.
@@ -160,16 +162,18 @@ def ingest(
     progress: Progress | None = None,
     format: str | None = None,
     options: Options | None = None,
+    fast: bool = True,
 ) -> IngestResult:
     """Ingest the log files at ``paths`` (files or folders) into the case ``db``.
 
     Each file's format is recognised (canonical, or an engine log an adapter translates);
     ``format`` names the adapter for every file instead, and ``options`` tells the adapters
-    what the engine's logs do not say (node, role, tenants).
+    what the engine's logs do not say (node, role, tenants). ``fast=False`` reads plain JSON
+    lines through the SQL validator too, as every other line is: same records, slower.
     """
     if format is not None:
         adapters.get(format)
-    logs, skipped = discover([Path(p) for p in paths], format)
+    logs, skipped = discover([Path(p) for p in paths], format, fast=fast)
     with _ordinary_pages():
         return _ingest(db, logs, skipped, progress, options or Options())
 

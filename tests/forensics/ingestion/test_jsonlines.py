@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_ingest import QUARANTINE_CASES
 
-from forensics import fastlines
-from forensics.ingestion import _strict_json_ok, plain_stages
-from forensics.readers import _line_bounds, _lines_table, _split
+from forensics.ingestion.fast import jsonlines
+from forensics.ingestion.pipeline import _strict_json_ok, plain_stages
+from forensics.ingestion.readers import _line_bounds, _lines_table, _split
+from forensics.ingestion.validate import plain_stage_sql, prepare, stage_sql
 from forensics.schema import FIELDS, VARIANTS, FieldType, fields_of
-from forensics.validate import plain_stage_sql, prepare, stage_sql
 
 STAGE_ORDER = "ORDER BY line_no"
 
@@ -95,7 +95,7 @@ _TIME_PARTS = st.tuples(
 )
 _TIME_TEXT = _TIME_PARTS.map(
     lambda p: f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}{p[3]}{p[4]:02d}:{p[5]:02d}:{p[6]:02d}{p[7]}{p[8]}")
-#: The forms the fast path reads itself (fastlines.times), where DuckDB takes them.
+#: The forms the fast path reads itself (jsonlines.times), where DuckDB takes them.
 _USUAL_TIME = re.compile(r"(?!0000)\d{4}-\d\d-\d\d[T ]\d\d:\d\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)")
 _TS = st.one_of(
     _TIME_TEXT,
@@ -226,7 +226,7 @@ def test_a_thread_s_next_block_is_split_as_on_a_fresh_thread() -> None:
         data = "".join(line + "\n" for line in lines).encode()
         buf = np.frombuffer(data, np.uint8)
         starts, stops = _line_bounds(buf)
-        plain, kinds = fastlines.plain_columns(buf, starts, stops, with_canon=True)
+        plain, kinds = jsonlines.plain_columns(buf, starts, stops, with_canon=True)
         return plain.tolist(), [(kind, rows.tolist(), {k: v.to_pylist() for k, v in cols.items()})
                                 for kind, rows, cols in kinds]
 
@@ -251,7 +251,7 @@ def test_canonical_json_matches_duckdbs_minified_form() -> None:
     data = (json.dumps(rec) + "\n").encode()
     buf = np.frombuffer(data, np.uint8)
     starts, stops = _line_bounds(buf)
-    plain, kinds = fastlines.plain_columns(buf, starts, stops, with_canon=True)
+    plain, kinds = jsonlines.plain_columns(buf, starts, stops, with_canon=True)
     assert plain.tolist() == [True]
     [(kind, rows, cols)] = kinds
     assert kind == "kv" and rows.tolist() == [0]

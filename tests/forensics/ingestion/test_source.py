@@ -14,8 +14,8 @@ import pytest
 from conftest import write_jsonl
 
 import forensics
-from forensics import readers, source
-from forensics.source import PIECE_BYTES
+from forensics.ingestion import source
+from forensics.ingestion.source import PIECE_BYTES
 
 TS = "2026-08-27T10:00:00.000000Z"
 
@@ -53,7 +53,6 @@ def test_every_json_line_reads_back_as_written(fast: bool, piece: int, tmp_path:
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Whichever path read it and however the file is cut into pieces: CRLF and LF, a BOM, blank
     lines, a line separator inside a string, bad UTF-8, duplicates, and no newline at the end."""
-    monkeypatch.setattr(readers, "FAST_PATH", fast)
     monkeypatch.setattr(source, "PIECE_BYTES", piece)
     lines = [json.dumps(kv(1)), json.dumps(kv(2, rid="a\u2028b"), ensure_ascii=False), "", json.dumps(kv(1)),
              '{"kind": "kv", "node": "\xff"}', "   ", json.dumps(kv(3)) + "\r", "not json", json.dumps(kv(4))]
@@ -63,7 +62,7 @@ def test_every_json_line_reads_back_as_written(fast: bool, piece: int, tmp_path:
     plain.write_bytes(data)
     packed = tmp_path / "b.jsonl.gz"
     packed.write_bytes(gzip.compress(data + b"\n" + json.dumps(kv(9)).encode()))
-    result = forensics.ingest([plain, packed], tmp_path / "case.duckdb")
+    result = forensics.ingest([plain, packed], tmp_path / "case.duckdb", fast=fast)
     assert result.records.read == 15
     back = every_line(tmp_path / "case.duckdb")
     expected = {("a.jsonl", n): t for n, t in jsonl_lines(data).items()}
@@ -103,7 +102,7 @@ def test_a_parquet_row_reads_back_as_the_json_made_of_it(tmp_path: Path) -> None
 
 def test_an_engine_log_line_reads_back_as_the_engines_line(tmp_path: Path) -> None:
     """An adapted record's text is the engine's line it came from; lines that are no event are kept too."""
-    log = Path(__file__).resolve().parents[1] / "adapters" / "fixtures" / "decode-0.log"
+    log = Path(__file__).resolve().parents[2] / "adapters" / "fixtures" / "decode-0.log"
     forensics.ingest([log], tmp_path / "case.duckdb")
     lines = log.read_text(encoding="utf-8").splitlines()
     with forensics.Case(tmp_path / "case.duckdb") as case:

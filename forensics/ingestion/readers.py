@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import gzip
 import io
@@ -23,9 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forensics import adapters, source
+from forensics import adapters
 from forensics.adapters.base import LINES_SCHEMA
 from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
+from forensics.ingestion import source
 from forensics.schema import integer_fields
 
 CHUNK_BYTES = 32 << 20
@@ -43,9 +45,6 @@ _PARQUET_MAGIC = b"PAR1"
 _FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _INT_CELL = re.compile(r"-?(0|[1-9][0-9]*)")
-#: Whether plain JSON lines take the compiled fast path; tests turn it off to hold the fast path
-#: to the SQL validator, which reads every line alike.
-FAST_PATH = True
 
 
 
@@ -57,14 +56,16 @@ class LogFile:
     format: str  # jsonl, csv or parquet; or "text" for a file an adapter translates
     compression: str  # none, gzip or zstd
     adapter: str = "canonical"  # the adapter that reads it (forensics.adapters)
+    fast: bool = True  # whether its plain JSON lines may take the compiled fast path
 
 
-def discover(paths: list[Path], adapter: str | None = None) -> tuple[list[LogFile], list[Path]]:
+def discover(paths: list[Path], adapter: str | None = None, *, fast: bool = True) -> tuple[list[LogFile], list[Path]]:
     """Files to ingest under ``paths``, in a stable order, and the files passed over.
 
     A file named explicitly must be a log file; inside folders, files of other kinds
     (READMEs, checksums) are passed over and listed. Each file's format is recognised from
-    its name and first lines, or is ``adapter`` where one is forced (``--format``).
+    its name and first lines, or is ``adapter`` where one is forced (``--format``); ``fast``
+    says whether plain JSON lines may take the compiled fast path.
     """
     found: list[LogFile] = []
     skipped: list[Path] = []
@@ -89,6 +90,8 @@ def discover(paths: list[Path], adapter: str | None = None) -> tuple[list[LogFil
                     "optionally .gz or .zst); name one with --format"
                 )
             found.append(log)
+    if not fast:
+        found = [dataclasses.replace(log, fast=False) for log in found]
     return found, skipped
 
 
@@ -239,7 +242,7 @@ def _line_blocks(
     into numpy buffers and the blocks are views of them: no copy but the few lines carried from
     one read to the next.
     """
-    from forensics import fastlines
+    from forensics.ingestion.fast import jsonlines
 
     next_line = 1
     carry = np.empty(0, dtype=np.uint8)
@@ -261,7 +264,7 @@ def _line_blocks(
                         carry_ends = np.append(carry_ends, len(data) - 1)
                     yield data, next_line, carry_ends
                 return
-            ends = np.concatenate([carry_ends, fastlines.newlines(data[len(carry):], len(carry))])
+            ends = np.concatenate([carry_ends, jsonlines.newlines(data[len(carry):], len(carry))])
             start, used = 0, 0
             for last in range(lines - 1, len(ends), lines) if lines else ():
                 stop = int(ends[last]) + 1
@@ -313,10 +316,10 @@ def _lines_of(
     data: bytes | np.ndarray, rows: np.ndarray, starts: np.ndarray, stops: np.ndarray, first_line: int
 ) -> pa.Table:
     """The lines ``rows`` of ``data`` as a chunk for the validator; lines that are not UTF-8 kept escaped."""
-    from forensics import fastlines
+    from forensics.ingestion.fast import jsonlines
 
     buf = np.frombuffer(data, dtype=np.uint8)
-    offsets, text = fastlines.gather(buf, rows, starts, stops)
+    offsets, text = jsonlines.gather(buf, rows, starts, stops)
     lines = pa.LargeStringArray.from_buffers(len(rows), pa.py_buffer(offsets), pa.py_buffer(text))
     try:
         lines.validate(full=True)
@@ -349,7 +352,7 @@ class Block:
 
 def fast_path(log: LogFile) -> bool:
     """Whether the file's plain lines take the compiled fast path (canonical JSON Lines)."""
-    return FAST_PATH and log.adapter == "canonical" and log.format == "jsonl"
+    return log.fast and log.adapter == "canonical" and log.format == "jsonl"
 
 
 def read_blocks(
@@ -489,16 +492,16 @@ class ReadAhead:
 
 def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = None) -> Block:
     """A block's plain lines, typed, and its other lines (``ends``: where its lines end, if known)."""
-    from forensics import fastlines
+    from forensics.ingestion.fast import jsonlines
 
     buf = np.frombuffer(data, dtype=np.uint8)
     if ends is None:
-        ends = fastlines.newlines(buf, 0)
+        ends = jsonlines.newlines(buf, 0)
     starts, stops = _line_bounds(buf, ends)
     text = tuple(source.pieces(buf, first_line, ends))
     if len(data) >= 2**31:  # the fast path keeps offsets in int32
         return Block((), _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data), text)
-    plain, kinds = fastlines.plain_columns(buf, starts, stops)
+    plain, kinds = jsonlines.plain_columns(buf, starts, stops)
     parts = tuple(
         (kind, pa.table({"line_no": rows + first_line, "part": np.zeros(len(rows), dtype=np.int16), **cols}))
         for kind, rows, cols in kinds

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import forensics
-from forensics import ingestion, readers
 from forensics.errors import UnreadableFile
-from forensics.readers import LogFile, ReadAhead
+from forensics.ingestion import pipeline, readers
+from forensics.ingestion.readers import LogFile, ReadAhead
 
 TS = "2026-08-27T10:00:00.000000Z"
 
@@ -181,7 +181,7 @@ def test_small_blocks_give_the_same_case(
         return records, others
 
     whole = case(tmp_path / "whole.duckdb")
-    for module in (readers, ingestion):
+    for module in (readers, pipeline):
         monkeypatch.setattr(module, "ROW_GROUP", 16)
     monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 32)
     monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 8192)

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forensics import rechash
+from forensics.ingestion.fast import rechash
 
 
 def reference(text: bytes) -> int:
