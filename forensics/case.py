@@ -190,9 +190,14 @@ class Case:
 
 def run_read_only(path: Path, query: str) -> pl.DataFrame:
     """Run ``query`` on a read-only connection to the case: writes are refused."""
+    if not query.strip():
+        raise QueryError("no SQL query given")
     con = connect(path, read_only=True, create=False)
     try:
-        return con.sql(query).pl()
+        result = con.sql(query)
+        if result is None:
+            raise QueryError("the SQL gives no rows to show (a statement, not a query)")
+        return result.pl()
     except duckdb.Error as exc:
         raise QueryError(str(exc).splitlines()[0]) from exc
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -10,8 +11,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import duckdb
 import polars as pl
 import typer
+from typer.core import TyperGroup
 
 import forensics
 from forensics.adapters import ADAPTERS, Options, read_tenant_map
@@ -19,13 +22,72 @@ from forensics.errors import KvfError, OutputExists
 from replay.engine import BEHAVIOURS
 from replay.simulate import Deployment
 
+#: Exit codes, documented in the README: every failure is one line on stderr and one of these.
+EXIT_ERROR = 1  # the toolkit refused: a bad path, option, case or query (the message says which)
+EXIT_USAGE = 2  # the command line itself is wrong (unknown option, missing argument)
+EXIT_OS = 3  # the system refused a read or a write (permissions, a full disk, a vanished file)
+EXIT_DATABASE = 4  # DuckDB failed outside the toolkit's checks
+EXIT_INTERNAL = 5  # a bug in kvforensics: --debug shows the traceback to report
+EXIT_CODES = {EXIT_ERROR: "error", EXIT_USAGE: "usage", EXIT_OS: "system error", EXIT_DATABASE: "database error",
+              EXIT_INTERNAL: "internal error"}
+
+
+def failure(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the one line a failure is reported with."""
+    if isinstance(exc, KvfError):
+        code, text = EXIT_ERROR, str(exc)
+    elif isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        code, text = EXIT_OS, f"{where}{exc.strerror or exc}"
+    elif isinstance(exc, duckdb.Error):
+        code, text = EXIT_DATABASE, f"{type(exc).__name__}: {str(exc).strip()}"
+    else:
+        code, text = EXIT_INTERNAL, f"{type(exc).__name__}: {exc} (a bug: run again with --debug for the traceback)"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return code, f"kvforensics: {EXIT_CODES[code]}: {printable(first)}"
+
+
+class _Commands(TyperGroup):
+    """The command group: a failure inside any command becomes one line and an exit code."""
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):  # the command line's own: exits as typer says
+            raise
+        except Exception as exc:
+            if ctx.obj is _DEBUG:
+                raise
+            code, line = failure(exc)
+            typer.echo(line, err=True)
+            raise typer.Exit(code) from None
+
+
+_DEBUG = object()
+
 app = typer.Typer(
     name="kvforensics",
-    help="Find every LLM response that attended to another request's KV-cache pages.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Commands,
 )
+
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option(
+        "--debug", help="Show the traceback of a failure instead of one line (or set KVFORENSICS_DEBUG=1).")] = False,
+) -> None:
+    """Find every LLM response that attended to another request's KV-cache pages.
+
+    Exit codes: 0 done; 1 the toolkit refused (bad path, option, case or query); 2 usage; 3 the
+    system refused a read or write; 4 DuckDB failed; 5 a bug (--debug shows its traceback).
+    """
+    if debug or os.environ.get("KVFORENSICS_DEBUG"):
+        ctx.obj = _DEBUG
+
 
 T = TypeVar("T")
 
@@ -40,15 +102,6 @@ class Format(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
-
-
-def _run(call: Callable[[], T]) -> T:
-    """Run a library call; a toolkit error becomes one line on stderr and exit code 1."""
-    try:
-        return call()
-    except KvfError as exc:
-        typer.echo(f"kvforensics: error: {exc}", err=True)
-        raise typer.Exit(1) from None
 
 
 def _with_progress(job: Callable[[Any], T]) -> T:
@@ -68,10 +121,6 @@ def _with_progress(job: Callable[[Any], T]) -> T:
             bar.update(tasks[path], completed=done)
 
         return job(update)
-
-
-def _refuse(error: KvfError) -> None:
-    raise error
 
 
 def _print_json(data: object) -> None:
@@ -149,7 +198,7 @@ def ingest(
 
     Canonical logs, and engine logs the adapters translate (see docs/adapters.md).
     """
-    result = _run(lambda: _with_progress(lambda p: forensics.ingest(
+    result = (_with_progress(lambda p: forensics.ingest(
         paths, db, progress=p, format=format,
         options=_adapter_options(node, role, tenant_map, tenant_from, year))))
     if as_json:
@@ -200,7 +249,7 @@ def investigate(
     """
     from kvforensics.job import run
 
-    found = _run(lambda: _with_progress(lambda p: run(
+    found = (_with_progress(lambda p: run(
         paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
         generated_at=generated_at, with_replay=not no_replay, progress=p, format=format,
         options=_adapter_options(node, role, tenant_map, tenant_from, year))))
@@ -243,7 +292,7 @@ def report(
     """Write the self-contained HTML incident report of an analysed case."""
     from reports.render import report as write_report
 
-    done = _run(lambda: write_report(db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
+    done = (write_report(db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
                                      generated_at=generated_at))
     if as_json:
         _print_json(done.as_dict())
@@ -278,7 +327,7 @@ def exposures(
         with forensics.Case(db) as case:
             return case.exposures(tenant=tenant, request=request, victim=victim, page_records_only=page_records_only)
 
-    _emit(_run(query), fmt)
+    _emit(query(), fmt)
 
 
 @app.command()
@@ -296,7 +345,7 @@ def request(
             report = case.request(request_id)
             return report, case.request_lines(request_id) if show_content else None
 
-    report, lines = _run(query)
+    report, lines = query()
     sections = [
         ("lifecycle", report.lifecycle),
         ("page records", report.pages),
@@ -311,10 +360,10 @@ def request(
     if lines is not None:
         typer.echo(f"\nlog lines ({lines.height})")
         for path, line_no, text in lines.select("path", "line_no", "text").iter_rows():
-            typer.echo(f"{path}:{line_no}: {_printable(text)}")
+            typer.echo(f"{path}:{line_no}: {printable(text)}")
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """A log line for the terminal: control characters (an escape sequence in a log would act on
     the terminal) shown as escapes."""
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
@@ -337,7 +386,7 @@ def page(
         with forensics.Case(db) as case:
             return case.page_timeline(node, page_id, boot=boot)
 
-    _emit(_run(query), fmt)
+    _emit(query(), fmt)
 
 
 @app.command()
@@ -350,7 +399,7 @@ def quarantine(
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
 ) -> None:
     """Quarantined records: file, line and reason (their text only with --show-content)."""
-    frame = _run(lambda: forensics.quarantined(db, reason=reason, with_raw=show_content))
+    frame = (forensics.quarantined(db, reason=reason, with_raw=show_content))
     _emit(frame, fmt)
 
 
@@ -363,7 +412,7 @@ def sql(
     """Run a read-only SQL query over the case (tables in docs/tables.md)."""
     from forensics.case import run_read_only
 
-    _emit(_run(lambda: run_read_only(db, query)), fmt)
+    _emit((run_read_only(db, query)), fmt)
 
 
 @app.command()
@@ -374,7 +423,7 @@ def findings(db: DbOption, as_json: JsonFlag = False) -> None:
         with forensics.Case(db) as case:
             return [f.as_dict(rows=None if as_json else 5) for f in case.findings()]
 
-    found = _run(load)
+    found = load()
     if as_json:
         _print_json({"findings": found})
         return
@@ -438,9 +487,8 @@ def simulate(
         decode_nodes=decode_nodes,
     )
     if sglang_logs is not None and sglang_logs.exists() and (not sglang_logs.is_dir() or any(sglang_logs.iterdir())):
-        _run(lambda: _refuse(OutputExists(f"{sglang_logs}: exists and is not an empty folder; choose another "
-                                          "--sglang-logs")))
-    result = _run(lambda: simulate_to(
+        raise OutputExists(f"{sglang_logs}: exists and is not an empty folder; choose another --sglang-logs")
+    result = (simulate_to(
         out, deployment=deployment, requests=requests, seed=seed, trace=trace,
         length_scale=length_scale, over_long=over_long, late_writes=late_writes, rate=rate,
     ))
@@ -483,7 +531,7 @@ def replay(
 
     what_if = WhatIf(prefill_pool_tokens=prefill_pool_tokens, context_length=context_length)
     target = out or default_out(db, str(engine), what_if)
-    result = _run(lambda: run_replay(db, str(engine), target, what_if=what_if))
+    result = (run_replay(db, str(engine), target, what_if=what_if))
     if as_json:
         _print_json(result.as_dict())
         return
