@@ -75,6 +75,7 @@ class Case:
         return self._con
 
     def close(self) -> None:
+        """Close the case's connection."""
         self._con.close()
 
     def __enter__(self) -> Case:

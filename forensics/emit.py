@@ -197,9 +197,11 @@ class Emitter:
 
     @property
     def files(self) -> list[Path]:
+        """The files this boot has written."""
         return sorted(self.dir.glob(f"boot-{self.boot:06d}.*.jsonl"))
 
     def close(self) -> None:
+        """Flush and close every file."""
         with self._lock:
             if self._fh is not None:
                 self._fh.close()

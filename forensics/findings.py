@@ -23,6 +23,8 @@ SEVERITIES = ("critical", "high", "medium", "low")
 
 @dataclass(frozen=True)
 class FindingSpec:
+    """A finding as ``sql/findings.sql`` declares it: id, severity, title and query."""
+
     id: str
     severity: str
     title: str
@@ -41,6 +43,7 @@ class Finding:
     sql: str
 
     def as_dict(self, *, rows: int | None = 20) -> dict[str, Any]:
+        """The finding as JSON-ready data, with its first ``rows`` evidence rows (all for None)."""
         shown = self.evidence if rows is None else self.evidence.head(rows)
         return {
             "id": self.id, "severity": self.severity, "title": self.title, "count": self.count,

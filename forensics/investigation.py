@@ -20,6 +20,7 @@ class Investigation:
     exposure: dict[str, int]
 
     def as_dict(self) -> dict[str, object]:
+        """The investigation as JSON-ready data (what ``investigate --json`` prints)."""
         data = self.ingest.as_dict()
         return {
             "db": data["db"],

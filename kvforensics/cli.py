@@ -99,6 +99,8 @@ PathsArg = Annotated[
 
 
 class Format(StrEnum):
+    """How a command prints a table."""
+
     table = "table"
     csv = "csv"
     json = "json"
@@ -208,6 +210,8 @@ def ingest(
 
 
 class Audience(StrEnum):
+    """Who the report is for."""
+
     internal = "internal"
     regulator = "regulator"
     customer = "customer"

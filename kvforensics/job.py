@@ -34,6 +34,7 @@ class JobResult:
     filled: Filled | None = None  # nodes and windows without page records, filled by replay
 
     def as_dict(self) -> dict[str, Any]:
+        """The whole job as JSON-ready data (what ``investigate --out --json`` prints)."""
         out = self.investigation.as_dict()
         out["replays"] = [r.as_dict() for r in self.replays]
         if self.replay_skipped:

@@ -15,10 +15,12 @@ HELP_ENV = {"COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb", "_TYPER_FORCE_DIS
 
 
 def commands() -> list[str]:
+    """The commands' names, in the order the CLI lists them."""
     return [c.name or c.callback.__name__ for c in app.registered_commands if c.callback]
 
 
 def help_text(args: list[str]) -> str:
+    """The help of ``kvforensics ARGS`` on a fixed terminal."""
     result = CliRunner().invoke(app, [*args, "--help"], env=HELP_ENV, prog_name="kvforensics")
     if result.exit_code != 0:
         raise RuntimeError(f"kvforensics {' '.join(args)} --help failed: {result.output}")
@@ -26,6 +28,7 @@ def help_text(args: list[str]) -> str:
 
 
 def render() -> str:
+    """docs/cli.md: every command's help."""
     parts = [
         "# kvforensics command reference",
         "",

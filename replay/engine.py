@@ -53,6 +53,7 @@ class NodeConfig:
 
     @property
     def pool_tokens(self) -> int:
+        """Tokens the pool holds, page 0 (reserved) left out."""
         return (self.pool_pages - 1) * self.page_size
 
     @property
@@ -61,6 +62,7 @@ class NodeConfig:
         return min(self.context_length - 1, self.pool_tokens - 1) - 5
 
     def record(self, ts: str, boot: int = 0) -> dict[str, Any]:
+        """The node's config record."""
         return {
             "kind": "config", "ts": ts, "node": self.node, "boot": boot, "role": self.role,
             "engine": self.engine, "engine_version": self.engine_version, "model": self.model,

@@ -50,6 +50,7 @@ class LogSet:
         self.records = 0
 
     def emit(self, record: dict[str, Any], *, numbered: bool = True) -> None:
+        """Add a record to its node's file, numbered by the node's next seq unless ``numbered`` is false."""
         node = record["node"]
         if numbered:
             seq = self._seq.get(node, 0)

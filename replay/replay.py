@@ -59,6 +59,7 @@ class WhatIf:
     context_length: int | None = None
 
     def apply(self, config: NodeConfig) -> NodeConfig:
+        """``config`` with the what-if's changes."""
         changes: dict[str, Any] = {}
         if self.context_length is not None:
             changes["context_length"] = self.context_length
@@ -80,6 +81,7 @@ class ReplayResult:
     agreement: dict[str, Any] | None  # None where the case has no page records
 
     def as_dict(self) -> dict[str, Any]:
+        """The replay as JSON-ready data."""
         return {
             "engine": self.engine,
             "what_if": {k: v for k, v in dataclasses.asdict(self.what_if).items() if v is not None},
@@ -385,7 +387,3 @@ def _agreement(logged: Path, replayed: Path) -> dict[str, Any]:
 
 def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
-
-
-def dump(result: ReplayResult) -> str:
-    return json.dumps(result.as_dict(), indent=2)

@@ -58,6 +58,7 @@ class Deployment:
     engine_version: str = "0.5.21"
 
     def configs(self) -> list[NodeConfig]:
+        """Every node's config: prefill nodes, then decode nodes."""
         out = []
         for role, n, tokens in (("prefill", self.prefill_nodes, self.prefill_pool_tokens),
                                 ("decode", self.decode_nodes, self.decode_pool_tokens)):
@@ -81,6 +82,7 @@ class SimResult:
     outcomes: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
+        """The run as JSON-ready data."""
         return {
             "files": [str(f) for f in self.files], "records": self.records, "requests": self.requests,
             "over_long": self.over_long, "late_writes": self.late_writes, "outcomes": self.outcomes,

@@ -27,12 +27,15 @@ from reports.data import AUDIENCES, Names, ReportData, gather
 
 @dataclass(frozen=True)
 class ReportResult:
+    """A report written: where, for whom, its size and the figures it shows."""
+
     out: Path
     audience: str
     bytes: int
     figures: dict[str, int]
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
         return {"out": str(self.out), "audience": self.audience, "bytes": self.bytes, "figures": self.figures}
 
 

@@ -59,10 +59,12 @@ class Notes:
     texts: dict[str, str] = field(default_factory=dict)
 
     def add(self, key: str, text: str, n: int = 1) -> None:
+        """Count one more (or ``n``) of ``key``, whose text says what it means."""
         self.counts[key] = self.counts.get(key, 0) + n
         self.texts[key] = text
 
     def lines(self) -> list[str]:
+        """The notes as lines for the terminal, each with its count."""
         return [self.texts[k].format(n=self.counts[k]) for k in sorted(self.counts)]
 
 

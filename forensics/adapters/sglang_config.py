@@ -30,6 +30,7 @@ _ROLES = {"prefill": "prefill", "decode": "decode", "null": "unified"}
 
 
 def learn(line: LogLine, facts: Facts, options: Options) -> bool:
+    """First pass: the model, page size, context and pool from a start-up line; whether it was one."""
     if (m := _SERVER_ARGS.search(line.msg)) is not None:
         try:
             args = py_value(m.group(1))
@@ -56,6 +57,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
 
 
 def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
+    """The records of a server_args, pool or length-error line; None for a line of another kind."""
     if _SERVER_ARGS.search(line.msg) is not None:
         return []
     if LENGTH_ERROR.search(line.msg) is not None:  # (finish lines that quote it are read before)

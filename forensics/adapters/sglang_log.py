@@ -216,10 +216,12 @@ class Facts:
             self.prompt[rid] = (rank, tokens)
 
     def prompt_tokens(self, rid: str) -> int | None:
+        """The real prompt length the file logged for ``rid``, if any."""
         hit = self.prompt.get(rid)
         return None if hit is None else hit[1]
 
     def role_for(self, options: Options) -> str | None:
+        """The node's role: ``--role``, else what the file said, else None."""
         if options.role is not None:
             return options.role
         if self.role is not None:

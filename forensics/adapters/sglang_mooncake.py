@@ -31,6 +31,7 @@ _LINE = re.compile(
 
 
 def learn(line: LogLine, facts: Facts, options: Options) -> bool:
+    """First pass: note the request a transfer-failure line names as failed; whether the line was one."""
     m = _LINE.search(line.msg)
     if m is None:
         return False
@@ -39,6 +40,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
 
 
 def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
+    """The transfer records of a KV-transfer failure line; None for a line of another kind."""
     m = _LINE.search(line.msg)
     if m is None:
         return None

@@ -41,6 +41,8 @@ LENGTH_ERROR = re.compile(r"Input length \((\d+) tokens\) exceeds the maximum al
 
 @dataclass(frozen=True)
 class RequestLine:
+    """A request-log line read: its event, request id, the logged request and, for a finish, its output."""
+
     event: str  # received or finished
     rid: str
     obj: dict[str, Any]
@@ -48,6 +50,7 @@ class RequestLine:
 
     @property
     def finish_reason(self) -> dict[str, Any]:
+        """The output's ``meta_info.finish_reason`` as a dict (empty where it is missing)."""
         fr = self.meta.get("finish_reason")
         if isinstance(fr, dict):
             return fr
@@ -55,6 +58,7 @@ class RequestLine:
 
     @property
     def aborted(self) -> bool:
+        """Whether the request finished aborted."""
         return self.finish_reason.get("type") == "abort"
 
 
@@ -132,6 +136,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
 
 
 def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
+    """The request records of a request-log line; None for a line of another kind."""
     r = facts.parsed.get(line.msg) or parse(line)
     if r is None:
         return None

@@ -51,6 +51,7 @@ def _parse(line: LogLine) -> re.Match[str] | None:
 
 
 def learn(line: LogLine, facts: Facts, options: Options) -> bool:
+    """First pass: a time-stats line's role, prompt length and steps; whether the line was one."""
     m = _parse(line)
     if m is None:
         return False
@@ -67,10 +68,12 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
 
 
 def transfer_id(rid: str, room: str | None) -> str:
+    """The transfer id both sides of a handoff share: its bootstrap room, else the request id."""
     return f"room-{room}" if room not in (None, "None") else f"rid-{rid}"
 
 
 def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
+    """The request and transfer records of a time-stats line; None for a line of another kind."""
     m = _parse(line)
     if m is None:
         return None

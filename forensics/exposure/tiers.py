@@ -37,6 +37,7 @@ class Filled:
     rows: int
 
     def as_dict(self) -> dict[str, Any]:
+        """The fill as JSON-ready data."""
         return {"nodes": list(self.nodes), "gap_windows": self.gap_windows,
                 "exposed_responses": self.exposed_responses, "rows": self.rows}
 

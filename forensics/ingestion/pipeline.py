@@ -97,6 +97,7 @@ class Counts:
         )
 
     def as_dict(self) -> dict[str, int]:
+        """As JSON-ready data."""
         return {
             "read": self.read,
             "ingested": self.ingested,
@@ -121,6 +122,7 @@ class FileResult:
     notes: tuple[str, ...] = ()  # what the adapter wants the operator to know
 
     def as_dict(self) -> dict[str, object]:
+        """As JSON-ready data."""
         return {
             "path": self.path,
             "sha256": self.sha256,
@@ -146,6 +148,7 @@ class IngestResult:
     case: Counts
 
     def as_dict(self) -> dict[str, object]:
+        """As JSON-ready data."""
         return {
             "db": self.db,
             "records": self.records.as_dict(),

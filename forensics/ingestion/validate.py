@@ -37,13 +37,6 @@ _WS = "' ' || chr(9) || chr(10) || chr(13)"
 #: literals nan, inf and infinity in any case, signed or not, where a value starts.
 LENIENT_SUSPECT = r",\s*[\]}]|[:\[,]\s*[-+]?(?i:nan|inf)"
 
-SQL_TYPE = {
-    FieldType.STR: "VARCHAR",
-    FieldType.INT: "BIGINT",
-    FieldType.TS: "TIMESTAMPTZ",
-    FieldType.PAGES: "VARCHAR",
-}
-
 
 def _q(text: str) -> str:
     """A SQL string literal."""
