@@ -16,6 +16,7 @@ from forensics.errors import CaseError, QueryError
 from forensics.exposure.analysis import analyse
 from forensics.exposure.figures import summary
 from forensics.findings import Findings, findings
+from forensics.ids import NodeId, PageId, RequestId, TenantId
 from forensics.ingestion import source
 from forensics.store import connect, one, sql_text
 
@@ -35,7 +36,7 @@ class Summary(dict[str, int]):
 class RequestReport:
     """Everything the case knows of one request."""
 
-    request_id: str
+    request_id: RequestId
     lifecycle: pl.DataFrame  # its request and transfer records, in node order
     pages: pl.DataFrame  # its page records on each node
     saw: pl.DataFrame  # exposures where it read another request's content
@@ -99,9 +100,9 @@ class Case:
     def exposures(
         self,
         *,
-        tenant: str | None = None,
-        request: str | None = None,
-        victim: str | None = None,
+        tenant: TenantId | str | None = None,
+        request: RequestId | str | None = None,
+        victim: RequestId | str | None = None,
         delivered_only: bool = False,
         page_records_only: bool = False,
     ) -> pl.DataFrame:
@@ -115,7 +116,7 @@ class Case:
             "tenant": tenant, "request": request, "victim": victim, "delivered_only": delivered_only,
             "page_records_only": page_records_only}).pl()
 
-    def request(self, request_id: str) -> RequestReport:
+    def request(self, request_id: RequestId | str) -> RequestReport:
         """A request's lifecycle, pages, whose content it saw and who saw its content."""
         exists = one(self._con, "SELECT count(*) FROM records WHERE request_id = ?", [request_id])
         if not exists or not exists[0]:
@@ -139,7 +140,7 @@ class Case:
             "WHERE request_id = ? ORDER BY node, boot, lo",
             [request_id],
         )
-        return RequestReport(request_id, lifecycle, pages, saw, seen_by, uninitialized)
+        return RequestReport(RequestId(request_id), lifecycle, pages, saw, seen_by, uninitialized)
 
     def verbatim(self, rows: pl.DataFrame | Sequence[tuple[int, int]]) -> pl.DataFrame:
         """The text of the lines at ``rows`` as read: the evidence behind records, duplicates and
@@ -163,11 +164,11 @@ class Case:
             self._con.unregister("wanted_lines")
             self._con.unregister("wanted_texts")
 
-    def request_lines(self, request_id: str) -> pl.DataFrame:
+    def request_lines(self, request_id: RequestId | str) -> pl.DataFrame:
         """The log lines of a request's records, as read (:meth:`verbatim`), in file and line order."""
         return self.verbatim(self._frame("SELECT file_id, line_no FROM records WHERE request_id = ?", [request_id]))
 
-    def page_timeline(self, node: str, page: int, *, boot: int | None = None) -> pl.DataFrame:
+    def page_timeline(self, node: NodeId | str, page: PageId | int, *, boot: int | None = None) -> pl.DataFrame:
         """Every page operation on ``page`` of ``node`` in (boot, seq) order, with inferred reads."""
         return self._frame(sql_text("page_timeline.sql"), [node, boot, boot, page])
 

@@ -11,32 +11,34 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+from forensics.ids import NodeId, PageId, RequestId
 
 #: A page's content version: (writer request, seq of its write); None before any write in the boot.
-Version = tuple[str, int] | None
+Version = tuple[RequestId, int] | None
 #: (reader, victim, node, boot)
-ExposureKey = tuple[str, str, str, int]
+ExposureKey = tuple[RequestId, RequestId, NodeId, int]
 Record = Mapping[str, Any]
 
 
-def expand(pages: str) -> list[int]:
+def expand(pages: str) -> list[PageId]:
     """Page ids of a page-range string, one by one: ``"1-3,7"`` is ``[1, 2, 3, 7]``."""
     out: list[int] = []
     for part in pages.split(","):
         lo, _, hi = part.partition("-")
         out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
+    return cast(list[PageId], out)
 
 
 @dataclass(frozen=True)
 class Seen:
     """A reader saw a page's version: at ``seq``, by a logged read or an inferred one."""
 
-    reader: str
-    node: str
+    reader: RequestId
+    node: NodeId
     boot: int
-    page: int
+    page: PageId
     version: Version
     seq: int
     inferred: bool
@@ -50,7 +52,7 @@ class Result:
     #: (reader, victim, node, boot) -> pages, the first seq the reader saw any, any read inferred
     exposures: dict[ExposureKey, tuple[frozenset[int], int, bool]]
     #: (reader, node, page) read before any write in the boot
-    uninitialized: frozenset[tuple[str, str, int]]
+    uninitialized: frozenset[tuple[RequestId, NodeId, PageId]]
 
 
 def run(records: Iterable[Record]) -> Result:
@@ -58,7 +60,7 @@ def run(records: Iterable[Record]) -> Result:
     records = list(records)
     seen, clean_share = _sweep(records)
     exposures: dict[ExposureKey, tuple[set[int], int, bool]] = {}
-    uninitialized: set[tuple[str, str, int]] = set()
+    uninitialized: set[tuple[RequestId, NodeId, PageId]] = set()
     for s in seen:
         if s.version is None:
             uninitialized.add((s.reader, s.node, s.page))
@@ -77,10 +79,10 @@ def run(records: Iterable[Record]) -> Result:
     )
 
 
-def _sweep(records: list[Record]) -> tuple[list[Seen], set[tuple[str, str, int, int, Version]]]:
+def _sweep(records: list[Record]) -> tuple[list[Seen], set[tuple[RequestId, NodeId, int, PageId, Version]]]:
     """Every (reader, page, version) seen, node by node and boot by boot in seq order; and the
     versions each reader took as its own by ``share``."""
-    by_node_boot: dict[tuple[str, int], list[Record]] = defaultdict(list)
+    by_node_boot: dict[tuple[NodeId, int], list[Record]] = defaultdict(list)
     logged_readers = {(r["node"], r["request_id"]) for r in records if r["kind"] == "kv" and r["op"] == "read"}
     for r in records:
         if r.get("seq") is None:
@@ -88,11 +90,11 @@ def _sweep(records: list[Record]) -> tuple[list[Seen], set[tuple[str, str, int, 
         if r["kind"] == "kv" or (r["kind"] == "request" and r["event"] == "decode_started"):
             by_node_boot[(r["node"], r.get("boot", 0))].append(r)
     seen: list[Seen] = []
-    clean_share: set[tuple[str, str, int, int, Version]] = set()
+    clean_share: set[tuple[RequestId, NodeId, int, PageId, Version]] = set()
     for (node, boot), events in by_node_boot.items():
-        version: dict[int, Version] = {}  # a new boot: no page holds anyone's content
-        holds: dict[str, set[int]] = defaultdict(set)
-        reading: dict[int, dict[str, bool]] = defaultdict(dict)  # page -> reader -> inferred
+        version: dict[PageId, Version] = {}  # a new boot: no page holds anyone's content
+        holds: dict[RequestId, set[PageId]] = defaultdict(set)
+        reading: dict[PageId, dict[RequestId, bool]] = defaultdict(dict)  # page -> reader -> inferred
         for ev in sorted(events, key=lambda e: e["seq"]):
             seq, rid = ev["seq"], ev["request_id"]
             if ev["kind"] == "request":  # decode_started: an inferred read of every page held
@@ -138,7 +140,7 @@ def delivered_requests(records: Iterable[Record]) -> set[str]:
 def figures(
     records: list[Record],
     exposures: Mapping[ExposureKey, tuple[Iterable[int], int, bool]],
-    uninitialized: set[tuple[str, str, int]],
+    uninitialized: set[tuple[RequestId, NodeId, PageId]],
 ) -> dict[str, int]:
     """The eight figures of section 5 from the exposures and uninitialized reads."""
     tenant: dict[str, str] = {}

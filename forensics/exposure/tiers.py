@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 
+from forensics.ids import NodeId
 from forensics.store import connect, one, rows, sql_text
 
 PAGE_RECORDS = "page records"
@@ -31,7 +32,7 @@ class Filled:
     """What the replay filled in: the nodes without page records, the seq-gap windows, and the
     exposures taken from the replay there."""
 
-    nodes: tuple[str, ...]
+    nodes: tuple[NodeId, ...]
     gap_windows: int
     exposed_responses: int
     rows: int
@@ -52,7 +53,7 @@ def fill_from_replay(db: Path | str, replayed: Path) -> Filled:
         source.close()
     con = connect(db)
     try:
-        missing = tuple(n for (n,) in con.execute(
+        missing = tuple(NodeId(n) for (n,) in con.execute(
             "SELECT DISTINCT node FROM configs WHERE role IN ('prefill', 'decode') "
             "AND node IN (SELECT node FROM request_events) AND node NOT IN (SELECT node FROM kv_ops) "
             "ORDER BY node").fetchall())
