@@ -68,7 +68,7 @@ class WhatIf:
         return dataclasses.replace(config, **changes)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReplayResult:
     """Figures of the replayed log set, and how it compares with the case's own page records."""
 
