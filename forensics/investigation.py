@@ -39,13 +39,15 @@ def investigate(
     progress: Progress | None = None,
     format: str | None = None,
     options: Options | None = None,
+    fast: bool | None = None,
 ) -> Investigation:
     """Ingest ``paths`` into the case ``db`` (``format`` and ``options`` as for :func:`ingest`),
-    rebuild its timelines and exposures."""
-    result = ingest(paths, db, progress=progress, format=format, options=options)
+    rebuild its timelines and exposures. ``fast``: the compiled accelerators (True), none (False),
+    or each where the input is large enough to gain from it (None)."""
+    result = ingest(paths, db, progress=progress, format=format, options=options, fast=fast)
     con = connect(db)
     try:
-        figures = analyse(con)
+        figures = analyse(con, fast=fast)
     finally:
         con.close()
     return Investigation(result, figures)

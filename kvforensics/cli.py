@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -106,14 +107,6 @@ class Format(StrEnum):
     json = "json"
 
 
-def _say_waits(*parts: str) -> None:
-    """Say on stderr what a first run will compile before it does (never a silent wait)."""
-    from forensics.compiled import waits
-
-    for line in waits(*parts):
-        typer.echo(f"kvforensics: {line}", err=True)
-
-
 def _with_progress(job: Callable[[Any], T]) -> T:
     """Run ``job(progress)`` with a progress bar when stderr is a terminal."""
     if not sys.stderr.isatty():
@@ -208,7 +201,6 @@ def ingest(
 
     Canonical logs, and engine logs the adapters translate (see docs/adapters.md).
     """
-    _say_waits("reader")
     result = (_with_progress(lambda p: forensics.ingest(
         paths, db, progress=p, format=format,
         options=_adapter_options(node, role, tenant_map, tenant_from, year))))
@@ -262,7 +254,6 @@ def investigate(
     """
     from kvforensics.job import run
 
-    _say_waits("reader", "sweep")
     found = (_with_progress(lambda p: run(
         paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
         generated_at=generated_at, with_replay=not no_replay, progress=p, format=format,
@@ -543,7 +534,6 @@ def replay(
     from replay.replay import WhatIf, default_out
     from replay.replay import replay as run_replay
 
-    _say_waits("reader", "sweep")
     what_if = WhatIf(prefill_pool_tokens=prefill_pool_tokens, context_length=context_length)
     target = out or default_out(db, str(engine), what_if)
     result = (run_replay(db, str(engine), target, what_if=what_if))
@@ -568,7 +558,17 @@ def replay(
 
 def main() -> None:
     """Console-script entry point."""
+    _say_what_is_compiled()
     app()
+
+
+def _say_what_is_compiled() -> None:
+    """Print the library's notes that a part is being compiled (a first run's wait) on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kvforensics: %(message)s"))
+    notes = logging.getLogger("forensics.compiled")
+    notes.addHandler(handler)
+    notes.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,16 @@ from forensics.exposure.figures import summary
 from forensics.store import has_table, sql_text
 
 
-def analyse(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
-    """Rebuild the timelines and exposures of the case on ``con``, in one transaction; the figures."""
-    from forensics.exposure.sweep import sweep  # here, not above: numba loads only when a case is analysed
+def analyse(con: duckdb.DuckDBPyConnection, *, fast: bool | None = None) -> dict[str, int]:
+    """Rebuild the timelines and exposures of the case on ``con``, in one transaction; the figures.
+    ``fast``: the compiled sweep, its interpreted twin, or by size (None)."""
+    from forensics.exposure.sweep import sweep  # here, not above: numpy and Arrow load only to analyse
 
     con.execute("BEGIN TRANSACTION")
     try:
         if has_table(con, "page_writes"):  # a table in cases analysed before it became a view
             con.execute("DROP TABLE page_writes")
-        sweep(con)
+        sweep(con, fast=fast)
         con.execute(sql_text("analysis.sql"))
         con.execute(
             "INSERT INTO case_meta VALUES ('analysed_records', "

@@ -1,8 +1,10 @@
 """The compiled core of the page sweep (``sweep``): per (node, boot), an interval map of
 page content versions and the requests reading them, walked one event at a time.
 
-numba compiles it on first use (about 15 s) and caches the machine code beside this
-file, or in the user's cache where that is read-only. Interpreted, it cost about 5 us an event.
+numba compiles it on first use (about 13 s) and caches the machine code beside this
+file, or in the user's cache where that is read-only. Its interpreted twin
+(:func:`forensics.compiled.interpreted`) runs the same source as Python, about 25 us an event:
+the sweep takes it for small cases, where compiling (or loading the machine code) costs more.
 
 All state is in int64 arrays changed in place, with how many rows of each are in use kept in
 ``used``. Only the event loop grows arrays, before an op that could need more room, so the ops
@@ -12,24 +14,48 @@ themselves return plain numbers and never a new array.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-ALLOC, SHARE, WRITE, READ, FREE, START = 0, 1, 2, 3, 4, 5  # START: an inferred read
-NO_VERSION = -1  # content of a page never written in this boot
-OPEN = -1  # end seq of a reading interval still open at the end of its boot
-WIDTH = 8  # output rows: six key columns (unused ones 0), then the page range lo, hi
-LO, HI = 6, 7
-# the key columns of each kind of output row
-EXP_NB, EXP_READER, EXP_VICTIM, EXP_VERSION, EXP_SEQ, EXP_INFERRED = 0, 1, 2, 3, 4, 5  # walk's exposures
-ISL_NB, ISL_READER, ISL_VICTIM, ISL_SEQ, ISL_INFERRED, ISL_TS = 0, 1, 2, 3, 4, 5  # islands' (ts: the sweep's)
-UNI_NB, UNI_READER, UNI_SEQ, UNI_INFERRED = 0, 1, 2, 3  # uninitialized reads
-RD_NB, RD_READER, RD_START, RD_END, RD_INFERRED = 0, 1, 2, 3, 4  # reading intervals, ended or still open
-SH_READER, SH_VERSION = 0, 1  # versions a reader took as its own by share
+from forensics.compiled import jit_for
+from forensics.exposure.rows import (
+    ALLOC,
+    ENDED,
+    EXP_INFERRED,
+    EXP_NB,
+    EXP_READER,
+    EXP_SEQ,
+    EXP_VERSION,
+    EXP_VICTIM,
+    EXPOSED,
+    FRAGS,
+    FREE,
+    HELD,
+    HELD_LIVE,
+    HI,
+    ISL_INFERRED,
+    ISL_NB,
+    ISL_READER,
+    ISL_SEQ,
+    ISL_TS,
+    ISL_VICTIM,
+    ITEMS,
+    LO,
+    LONGEST,
+    N_USED,
+    NO_VERSION,
+    OPEN,
+    SETS,
+    SH_READER,
+    SH_VERSION,
+    SHARE,
+    SHARED,
+    START,
+    STILL_OPEN,
+    UNINITIALIZED,
+    WIDTH,
+    WRITE,
+)
 
-# slots of ``used``
-FRAGS, SETS, ITEMS, LONGEST, HELD, HELD_LIVE = 0, 1, 2, 3, 4, 5
-EXPOSED, UNINITIALIZED, ENDED, STILL_OPEN, SHARED = 6, 7, 8, 9, 10
-N_USED = 11
+njit = jit_for(__name__)  # numba's, or nothing in the interpreted twin (forensics.compiled)
 
 
 # --- arrays and rows ----------------------------------------------------------------------------

@@ -9,24 +9,31 @@ Holds (``alloc``/``share`` to ``free``) are kept per request as ranges: they mat
 inferred reads, which start on every page the request holds at its ``decode_started``.
 
 Here the events come out of the case in sweep order, and the rows come back into it;
-``kernel`` (compiled) walks them. Three tables of page ranges result, in integer
-ids: ``sweep_exposures`` (per reader, victim, node and boot, the pages where the reader saw the
-victim's content, first at ``seq`` and ``ts``), ``sweep_uninitialized`` and ``sweep_reads`` (reading
-intervals); ``analysis.sql`` names them into the documented tables.
+``kernel`` (compiled, or its interpreted twin for small cases) walks them. Three tables of
+page ranges result, in integer ids: ``sweep_exposures`` (per reader, victim, node and boot, the
+pages where the reader saw the victim's content, first at ``seq`` and ``ts``),
+``sweep_uninitialized`` and ``sweep_reads`` (reading intervals); ``analysis.sql`` names them
+into the documented tables.
 """
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from forensics.exposure import kernel
-from forensics.exposure.kernel import HI, LO
+from forensics import compiled
+from forensics.exposure import rows as kernel
+from forensics.exposure.rows import HI, LO
 
 COMPACT_AFTER = 1 << 16  # rows of garbage the walk's pools carry before it drops them
+#: Events from which the compiled kernel is used (with ``fast=None``): below, its interpreted twin
+#: (about 25 us an event) is quicker than loading the machine code, let alone compiling it.
+COMPILED_FROM = 50_000
 
 OPS = {
     "alloc": kernel.ALLOC, "share": kernel.SHARE, "write": kernel.WRITE,
@@ -73,20 +80,31 @@ READ_COLUMNS = (("nb", kernel.RD_NB), ("reader", kernel.RD_READER), ("start_seq"
                 ("end_seq", kernel.RD_END), ("inferred", kernel.RD_INFERRED))
 
 
-def sweep(con: duckdb.DuckDBPyConnection) -> None:
-    """Run the sweep over the case's kv records into the ``sweep_*`` tables of ``con``."""
+def walker(n_events: int, fast: bool | None = None) -> ModuleType:
+    """The kernel to walk ``n_events`` with: compiled (``fast``), its interpreted twin (not
+    ``fast``), or by size (None). Both are the same source and give the same rows."""
+    if fast if fast is not None else n_events >= COMPILED_FROM:
+        compiled.announce("sweep")
+        return importlib.import_module("forensics.exposure.kernel")
+    return compiled.interpreted("forensics.exposure.kernel")
+
+
+def sweep(con: duckdb.DuckDBPyConnection, *, fast: bool | None = None) -> None:
+    """Run the sweep over the case's kv records into the ``sweep_*`` tables of ``con``
+    (``fast``: the compiled kernel, its interpreted twin, or by size: :func:`walker`)."""
     con.execute(EVENTS_SQL)
     n_requests = con.execute("SELECT count(*) FROM sweep_requests").fetchall()[0][0]
     nbs, seqs, rids, ops, los, his, micros = _events(con, n_requests)
-    exposures, uninitialized, reads, still_open, shared = kernel.walk(
+    walk = walker(len(nbs), fast)
+    exposures, uninitialized, reads, still_open, shared = walk.walk(
         nbs, seqs, rids, ops, los, his, n_requests, COMPACT_AFTER
     )
-    exposures = kernel.without_shared(exposures, _sorted(shared))
+    exposures = walk.without_shared(exposures, _sorted(shared))
     by_reader_victim_page = [HI, LO, kernel.EXP_VICTIM, kernel.EXP_READER, kernel.EXP_NB]  # last key first
-    exposures = kernel.islands(exposures[np.lexsort(exposures[:, by_reader_victim_page].T)])
-    at = kernel.event_at(nbs, seqs, exposures[:, kernel.ISL_NB], exposures[:, kernel.ISL_SEQ])
+    exposures = walk.islands(exposures[np.lexsort(exposures[:, by_reader_victim_page].T)])
+    at = walk.event_at(nbs, seqs, exposures[:, kernel.ISL_NB], exposures[:, kernel.ISL_SEQ])
     exposures[:, kernel.ISL_TS] = micros[at]
-    reads = np.concatenate((reads, kernel.merged(_sorted(still_open))))
+    reads = np.concatenate((reads, walk.merged(_sorted(still_open))))
     for name, rows, names in (
         ("exposures", exposures, EXPOSURE_COLUMNS),
         ("uninitialized", uninitialized, UNINITIALIZED_COLUMNS),

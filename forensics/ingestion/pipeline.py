@@ -165,14 +165,16 @@ def ingest(
     progress: Progress | None = None,
     format: str | None = None,
     options: Options | None = None,
-    fast: bool = True,
+    fast: bool | None = None,
 ) -> IngestResult:
     """Ingest the log files at ``paths`` (files or folders) into the case ``db``.
 
     Each file's format is recognised (canonical, or an engine log an adapter translates);
     ``format`` names the adapter for every file instead, and ``options`` tells the adapters
-    what the engine's logs do not say (node, role, tenants). ``fast=False`` reads plain JSON
-    lines through the SQL validator too, as every other line is: same records, slower.
+    what the engine's logs do not say (node, role, tenants). ``fast``: plain JSON lines take the
+    compiled fast path (True), the SQL validator as every other line does (False: the same
+    records, slower on large logs), or the fast path where they add up to
+    :data:`~forensics.ingestion.readers.FAST_FROM_BYTES` (None).
     """
     if format is not None:
         adapters.get(format)

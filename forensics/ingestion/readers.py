@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forensics import adapters
+from forensics import adapters, compiled
 from forensics.adapters.base import LINES_SCHEMA
 from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
 from forensics.ingestion import source
@@ -59,13 +59,21 @@ class LogFile:
     fast: bool = True  # whether its plain JSON lines may take the compiled fast path
 
 
-def discover(paths: list[Path], adapter: str | None = None, *, fast: bool = True) -> tuple[list[LogFile], list[Path]]:
+#: Plain JSON lines take the compiled fast path (with ``fast=None``) where their files add up to
+#: this much: below, the SQL validator reads them in a few seconds, less than compiling takes.
+FAST_FROM_BYTES = 32 << 20
+
+
+def discover(
+    paths: list[Path], adapter: str | None = None, *, fast: bool | None = None
+) -> tuple[list[LogFile], list[Path]]:
     """Files to ingest under ``paths``, in a stable order, and the files passed over.
 
     A file named explicitly must be a log file; inside folders, files of other kinds
     (READMEs, checksums) are passed over and listed. Each file's format is recognised from
     its name and first lines, or is ``adapter`` where one is forced (``--format``); ``fast``
-    says whether plain JSON lines may take the compiled fast path.
+    says whether plain JSON lines may take the compiled fast path (None: where they add up to
+    :data:`FAST_FROM_BYTES`).
     """
     found: list[LogFile] = []
     skipped: list[Path] = []
@@ -90,8 +98,13 @@ def discover(paths: list[Path], adapter: str | None = None, *, fast: bool = True
                     "optionally .gz or .zst); name one with --format"
                 )
             found.append(log)
+    if fast is None:
+        plain = [log for log in found if log.adapter == "canonical" and log.format == "jsonl"]
+        fast = sum(log.path.stat().st_size for log in plain) >= FAST_FROM_BYTES
     if not fast:
         found = [dataclasses.replace(log, fast=False) for log in found]
+    elif any(fast_path(log) for log in found):
+        compiled.announce("reader")
     return found, skipped
 
 
@@ -178,15 +191,47 @@ def source_pieces(log: LogFile) -> Iterator[source.Piece]:
                 yield from source.text_pieces(text)
 
 
+class _AsOpened(io.RawIOBase):
+    """A file read no further than the size it had when opened: a log still written to (a live
+    log) ends where it ended then, and the ingest finds it changed, rather than reading on forever."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = path.open("rb", buffering=0)
+        self._size = os.fstat(self._fh.fileno()).st_size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_END:
+            return self._fh.seek(self._size + offset)
+        return self._fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer)[: max(0, self._size - self._fh.tell())]
+        return (self._fh.readinto(view) or 0) if len(view) else 0
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
 def open_binary(log: LogFile) -> IO[bytes]:
-    """The file's decompressed bytes as a stream."""
+    """The file's decompressed bytes as a stream, up to the size the file had when opened."""
+    raw = io.BufferedReader(_AsOpened(log.path))
     if log.compression == "gzip":
-        return gzip.open(log.path, "rb")  # type: ignore[return-value]
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if log.compression == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(log.path.open("rb"), read_across_frames=True)
-    return log.path.open("rb")
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+    return raw
 
 
 def read_chunks(
@@ -242,8 +287,11 @@ def _line_blocks(
     into numpy buffers and the blocks are views of them: no copy but the few lines carried from
     one read to the next.
     """
-    from forensics.ingestion.fast import jsonlines
+    newlines: Callable[[np.ndarray, int], np.ndarray] = _newlines
+    if log.fast:
+        from forensics.ingestion.fast import jsonlines
 
+        newlines = jsonlines.newlines
     next_line = 1
     carry = np.empty(0, dtype=np.uint8)
     carry_ends = np.empty(0, dtype=np.int64)  # where the lines in ``carry`` end
@@ -264,7 +312,7 @@ def _line_blocks(
                         carry_ends = np.append(carry_ends, len(data) - 1)
                     yield data, next_line, carry_ends
                 return
-            ends = np.concatenate([carry_ends, jsonlines.newlines(data[len(carry):], len(carry))])
+            ends = np.concatenate([carry_ends, newlines(data[len(carry):], len(carry))])
             start, used = 0, 0
             for last in range(lines - 1, len(ends), lines) if lines else ():
                 stop = int(ends[last]) + 1
@@ -278,6 +326,19 @@ def _line_blocks(
                 start, used = stop, len(ends)
             carry = data[start:]
             carry_ends = ends[used:] - start
+
+
+#: Bytes searched for newlines at a time by :func:`_newlines` (a mask the size of a whole read
+#: costs 64 MiB, and the kernel's time to map it).
+_NEWLINE_SLICE = 1 << 22
+
+
+def _newlines(buf: np.ndarray, offset: int) -> np.ndarray:
+    """Where ``buf``'s newlines are, plus ``offset``: numpy, slice by slice (the compiled
+    :func:`forensics.ingestion.fast.jsonlines.newlines` does the same in one pass)."""
+    found = [np.flatnonzero(buf[a : a + _NEWLINE_SLICE] == 10) + (a + offset)
+             for a in range(0, len(buf), _NEWLINE_SLICE)]
+    return np.concatenate(found) if found else np.empty(0, np.int64)
 
 
 def _read_into(fh: IO[bytes], out: np.ndarray) -> int:
@@ -308,8 +369,16 @@ def _line_bounds(buf: np.ndarray, ends: np.ndarray | None = None) -> tuple[np.nd
 def _lines_table(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = None) -> pa.Table:
     """Every newline-terminated line of ``data``, numbered from ``first_line``."""
     buf = np.frombuffer(data, dtype=np.uint8)
+    if ends is None:
+        ends = np.flatnonzero(buf == 10)
     starts, stops = _line_bounds(buf, ends)
-    return _lines_of(data, np.arange(len(starts)), starts, stops, first_line)
+    # the lines end to end: every byte up to the last newline but the terminators ("\r\n" or "\n")
+    covered = int(ends[-1]) + 1 if len(ends) else 0
+    keep = np.ones(covered, dtype=bool)
+    keep[ends] = False
+    keep[stops[stops < ends]] = False
+    offsets = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.int64)
+    return _lines_table_of(data, buf[:covered][keep], offsets, starts, stops, first_line)
 
 
 def _lines_of(
@@ -320,14 +389,23 @@ def _lines_of(
 
     buf = np.frombuffer(data, dtype=np.uint8)
     offsets, text = jsonlines.gather(buf, rows, starts, stops)
-    lines = pa.LargeStringArray.from_buffers(len(rows), pa.py_buffer(offsets), pa.py_buffer(text))
+    return _lines_table_of(data, text, offsets, starts[rows], stops[rows], first_line, rows)
+
+
+def _lines_table_of(data: bytes | np.ndarray, text: np.ndarray, offsets: np.ndarray, starts: np.ndarray,
+                    stops: np.ndarray, first_line: int, rows: np.ndarray | None = None) -> pa.Table:
+    """Lines (their ``text`` end to end at ``offsets``; ``starts``/``stops`` in ``data``) as a chunk
+    for the validator, numbered from ``first_line`` (``rows``: their indices, else 0, 1, ...)."""
+    n = len(starts)
+    numbers = (np.arange(n) if rows is None else rows) + first_line
+    lines = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
     try:
         lines.validate(full=True)
     except pa.ArrowInvalid:
-        lines = _decode_lossless(data, starts[rows], stops[rows])
+        lines = _decode_lossless(data, starts, stops)
     table = pa.table(
-        {"line_no": rows + first_line, "part": np.zeros(len(rows), dtype=np.int16), "raw": lines,
-         "doc": pa.nulls(len(rows), pa.large_string())},
+        {"line_no": numbers, "part": np.zeros(n, dtype=np.int16), "raw": lines,
+         "doc": pa.nulls(n, pa.large_string())},
         schema=LINES_SCHEMA,
     )
     return batched(table)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from forensics.ingestion.fast import rechash
+from forensics.ingestion import recordhash
 from forensics.schema import (
     COMMON_OPTIONAL,
     DISCRIMINATOR,
@@ -323,7 +323,7 @@ CREATE OR REPLACE TEMP MACRO pages_ok(p) AS
 def prepare(con: duckdb.DuckDBPyConnection) -> None:
     """Give ``con`` what the validator's SQL calls: the page-list macros and ``rec_hash``."""
     con.execute(MACROS)
-    rechash.register(con)
+    recordhash.register(con)
 
 
 def stage_sql(source: str, *, with_canon: bool = False) -> str:
@@ -396,7 +396,7 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
     """The rows :func:`stage_sql` gives, for lines the fast path read (:mod:`forensics.ingestion.fast.jsonlines`).
 
     ``source`` has ``line_no, part, raw``, the hash of the canonical JSON as ``hash_hi, hash_lo``
-    (:mod:`forensics.ingestion.fast.rechash`), the typed fields :data:`PLAIN_TYPED`,
+    (:mod:`forensics.ingestion.recordhash`), the typed fields :data:`PLAIN_TYPED`,
     ``event_s``, ``op_s``, the ts as ``ts_text`` (with ``ts_shape``, whether it has the RFC 3339
     shape) or ``ts_int``, and already as a time where the fast path could read it (``ts_us``;
     casting 2 M texts cost DuckDB 0.15 s of CPU), and ``page_ranges`` with ``max_hi`` where

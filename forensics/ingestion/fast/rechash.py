@@ -1,20 +1,10 @@
-"""A record's identity: the 128-bit MurmurHash3 (x64, seed 0) of its canonical JSON.
-
-Two lines are the same record when their canonical JSON is the same (log-schema.md section 4),
-and ``rec_hash`` is how the case finds them. Both ingest paths compute it here: the compiled
-fast path over the canonical JSON it builds, and the SQL validator through the DuckDB function
-:func:`register` adds (``rec_hash(canon)``), so a record gets the same hash whichever path
-read its line. MurmurHash3 is about five times cheaper than the MD5 it replaced (case schema 3),
-and a test holds it to the ``mmh3`` library.
-"""
+"""The record hash (:mod:`forensics.ingestion.recordhash`) compiled, for the fast path: the
+128-bit MurmurHash3 (x64, seed 0) of each canonical JSON as the scan builds it, in the same pass.
+A test holds it to the ``mmh3`` library, which the SQL validator uses."""
 
 from __future__ import annotations
 
-import duckdb
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-from duckdb import func
 from numba import njit
 
 _C1 = np.uint64(0x87C37B91114253D5)
@@ -106,34 +96,3 @@ def hashes(buf: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray
     hi, lo = np.empty(n, np.uint64), np.empty(n, np.uint64)
     murmur3_128(buf, offsets[:-1], offsets[1:], hi, lo)
     return hi, lo
-
-
-_WORDS = pa.struct([("hi", pa.uint64()), ("lo", pa.uint64())])
-
-
-def _hash_words(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """The DuckDB function ``kvf_hash_words``: each text's hash as ``{hi, lo}`` (NULL for NULL)."""
-    arr = pc.cast(texts, pa.large_string())
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    _, offsets_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int64)[arr.offset : arr.offset + len(arr) + 1]
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    hi, lo = hashes(data, offsets)
-    mask = arr.is_null() if arr.null_count else None
-    return pa.StructArray.from_arrays([pa.array(hi), pa.array(lo)], fields=list(_WORDS), mask=mask)
-
-
-def register(con: duckdb.DuckDBPyConnection) -> None:
-    """Give ``con`` the SQL functions ``rec_hash(text)``, the hash of each text, and
-    ``rec_hash_of(hi, lo)``, the hash from its two words (as :func:`hashes` gives them): UHUGEINT."""
-    con.create_function(
-        "kvf_hash_words", _hash_words, [duckdb.sqltype("VARCHAR")],
-        duckdb.sqltype("STRUCT(hi UBIGINT, lo UBIGINT)"),
-        type=func.PythonUDFType.ARROW, null_handling=func.FunctionNullHandling.SPECIAL,
-    )
-    con.execute("CREATE OR REPLACE TEMP MACRO rec_hash_of(hi, lo) AS (hi::UHUGEINT << 64) | lo::UHUGEINT")
-    # DuckDB computes the repeated call once (common subexpressions)
-    con.execute(
-        "CREATE OR REPLACE TEMP MACRO rec_hash(t) AS rec_hash_of(kvf_hash_words(t).hi, kvf_hash_words(t).lo)"
-    )

@@ -29,9 +29,10 @@ def _ts(boot: int, seq: int) -> str:
 @pytest.mark.parametrize(
     "example", example_dirs(), ids=lambda p: f"{p.parent.parent.name}/{p.name}"
 )
-def test_spec_example_gives_its_figures(example: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast", [True, False], ids=["compiled", "interpreted"])
+def test_spec_example_gives_its_figures(example: Path, fast: bool, tmp_path: Path) -> None:
     expected = json.loads((example / "expected.json").read_text())["exposure"]
-    found = forensics.investigate([example / "events.jsonl"], tmp_path / "case.duckdb")
+    found = forensics.investigate([example / "events.jsonl"], tmp_path / "case.duckdb", fast=fast)
     assert found.ingest.records.quarantined == 0
     assert found.exposure == expected
     assert list(found.exposure) == list(FIGURES)
@@ -144,14 +145,16 @@ def _sql_exposures(
 def test_sql_equals_the_oracle_on_random_logs(
     records: list[dict[str, Any]], data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Figures and exposure rows equal the oracle's, whatever the split into files and order."""
+    """Figures and exposure rows equal the oracle's, whatever the split into files and order, and
+    whether the compiled accelerators or their interpreted twins and the SQL validator ran."""
     tmp = tmp_path_factory.mktemp("rand")
     rng = random.Random(data.draw(st.integers(0, 2**32)))
+    fast = data.draw(st.booleans())
     shuffled = records[:]
     rng.shuffle(shuffled)
     n_files = rng.randint(1, 3)
     files = [write_jsonl(tmp / f"part{i}.jsonl", shuffled[i::n_files]) for i in range(n_files)]
-    found = forensics.investigate(files, tmp / "case.duckdb")
+    found = forensics.investigate(files, tmp / "case.duckdb", fast=fast)
     assert found.ingest.records.quarantined == 0
     expected = reference.run(records)
     assert found.exposure == expected.figures

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import forensics
-from forensics.exposure import kernel, reference, sweep
+from forensics.exposure import reference, sweep
 from forensics.exposure.reference import expand
 from forensics.store import connect
 
@@ -24,19 +24,34 @@ def sample_case(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
-def test_compacting_the_pools_at_every_event_changes_nothing(sample_case: Path) -> None:
+def _sample_events(sample_case: Path) -> tuple[list[np.ndarray], int]:
     con = connect(sample_case)
     try:
         con.execute(sweep.EVENTS_SQL)
         n_requests = con.execute("SELECT count(*) FROM sweep_requests").fetchall()[0][0]
-        events = sweep._events(con, n_requests)[:6]
+        return sweep._events(con, n_requests)[:6], n_requests
     finally:
         con.close()
-    usual = kernel.walk(*events, n_requests, sweep.COMPACT_AFTER)
-    compacting = kernel.walk(*events, n_requests, 0)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["compiled", "interpreted"])
+def test_compacting_the_pools_at_every_event_changes_nothing(sample_case: Path, fast: bool) -> None:
+    events, n_requests = _sample_events(sample_case)
+    walk = sweep.walker(len(events[0]), fast)
+    usual = walk.walk(*events, n_requests, sweep.COMPACT_AFTER)
+    compacting = walk.walk(*events, n_requests, 0)
     assert sum(len(rows) for rows in usual) > 1000  # the walk found something to compare
     for a, b in zip(usual, compacting, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_interpreted_twin_walks_as_the_compiled_kernel(sample_case: Path) -> None:
+    events, n_requests = _sample_events(sample_case)
+    twin, compiled = sweep.walker(len(events[0]), False), sweep.walker(len(events[0]), True)
+    assert twin is not compiled and twin.walk is not compiled.walk
+    for a, b in zip(twin.walk(*events, n_requests, 64), compiled.walk(*events, n_requests, 64), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert sweep.walker(sweep.COMPILED_FROM - 1) is twin and sweep.walker(sweep.COMPILED_FROM) is compiled
 
 
 def test_the_sample_incident_gives_the_oracles_figures_and_exposures(sample_case: Path) -> None:

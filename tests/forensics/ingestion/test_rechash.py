@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from forensics.ingestion import recordhash
 from forensics.ingestion.fast import rechash
 
 
@@ -29,7 +30,7 @@ def test_the_compiled_hash_is_murmurhash3(texts: list[bytes]) -> None:
 @given(st.lists(st.one_of(st.none(), st.text(max_size=60)), max_size=30))
 def test_the_sql_function_gives_the_same_hash(texts: list[str | None]) -> None:
     con = duckdb.connect()
-    rechash.register(con)
+    recordhash.register(con)
     rows = con.execute(
         "SELECT rec_hash(t) FROM (SELECT unnest(?::VARCHAR[]) AS t, generate_subscripts(?::VARCHAR[], 1) AS i) "
         "ORDER BY i",
