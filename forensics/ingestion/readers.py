@@ -60,7 +60,8 @@ class LogFile:
 
 
 #: Plain JSON lines take the compiled fast path (with ``fast=None``) where their files add up to
-#: this much: below, the SQL validator reads them in a few seconds, less than compiling takes.
+#: this much, or where its machine code is cached already: below, and before the first compile,
+#: the SQL validator reads them in a few seconds, less than compiling takes.
 FAST_FROM_BYTES = 32 << 20
 
 
@@ -73,7 +74,7 @@ def discover(
     (READMEs, checksums) are passed over and listed. Each file's format is recognised from
     its name and first lines, or is ``adapter`` where one is forced (``--format``); ``fast``
     says whether plain JSON lines may take the compiled fast path (None: where they add up to
-    :data:`FAST_FROM_BYTES`).
+    :data:`FAST_FROM_BYTES` or its machine code is cached). Either path gives the same records.
     """
     found: list[LogFile] = []
     skipped: list[Path] = []
@@ -98,9 +99,9 @@ def discover(
                     "optionally .gz or .zst); name one with --format"
                 )
             found.append(log)
-    if fast is None:
+    if fast is None:  # the fast path where it pays: large logs, or its machine code at hand already
         plain = [log for log in found if log.adapter == "canonical" and log.format == "jsonl"]
-        fast = sum(log.path.stat().st_size for log in plain) >= FAST_FROM_BYTES
+        fast = sum(log.path.stat().st_size for log in plain) >= FAST_FROM_BYTES or not compiled.uncached("reader")
     if not fast:
         found = [dataclasses.replace(log, fast=False) for log in found]
     elif any(fast_path(log) for log in found):
