@@ -174,7 +174,7 @@ def ingest(
     what the engine's logs do not say (node, role, tenants). ``fast``: plain JSON lines take the
     compiled fast path (True), the SQL validator as every other line does (False: the same
     records, slower on large logs), or the fast path where they add up to
-    :data:`~forensics.ingestion.readers.FAST_FROM_BYTES` or it is compiled already (None).
+    :data:`~forensics.ingestion.readers.FAST_FROM_BYTES` (None).
     """
     if format is not None:
         adapters.get(format)
