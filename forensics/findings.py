@@ -9,14 +9,13 @@ They read only the documented tables and views, so each can be re-run by hand wi
 from __future__ import annotations
 
 import html
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 import polars as pl
 
-from forensics.store import sql_text
+from forensics.store import sql_blocks
 
 SEVERITIES = ("critical", "high", "medium", "low")
 
@@ -77,12 +76,7 @@ def _plain(value: Any) -> Any:
 
 def specs() -> list[FindingSpec]:
     """The findings defined in ``sql/findings.sql``, in file order."""
-    out = []
-    for block in re.split(r"\n(?=-- name: )", sql_text("findings.sql").strip()):
-        head = dict(re.findall(r"^-- (name|severity|title): (.*)$", block, re.M))
-        body = "\n".join(line for line in block.splitlines() if not line.startswith("--")).strip().rstrip(";")
-        out.append(FindingSpec(head["name"], head["severity"], head["title"], body))
-    return out
+    return [FindingSpec(b.name, b.head["severity"], b.head["title"], b.sql) for b in sql_blocks("findings.sql")]
 
 
 def findings(con: duckdb.DuckDBPyConnection) -> list[Finding]:

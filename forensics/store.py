@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,28 @@ SCHEMA_VERSION = "5"
 def sql_text(name: str) -> str:
     """The text of a named SQL file shipped in ``forensics/sql``."""
     return resources.files("forensics").joinpath("sql", name).read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class SqlBlock:
+    """One statement of a SQL file of named blocks: its ``-- name:`` and other ``-- key: value``
+    head lines, and its text without comments or the final semicolon."""
+
+    name: str
+    head: dict[str, str]
+    sql: str
+
+
+def sql_blocks(name: str) -> list[SqlBlock]:
+    """The blocks of a SQL file whose statements each start with a ``-- name: ...`` line, in order."""
+    out = []
+    for block in re.split(r"^(?=-- name: )", sql_text(name), flags=re.M):
+        if not block.startswith("-- name: "):
+            continue  # the file's preamble
+        head = dict(re.findall(r"^-- ([a-z]+): (.*)$", block, re.M))
+        body = "\n".join(line for line in block.splitlines() if not line.startswith("--")).strip().rstrip(";")
+        out.append(SqlBlock(head["name"], head, body))
+    return out
 
 
 def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -> duckdb.DuckDBPyConnection:

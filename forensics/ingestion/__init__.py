@@ -4,10 +4,12 @@
   format and compression (engine logs through :mod:`forensics.adapters`);
 - ``validate``: the schema's rules as SQL, generated from :mod:`forensics.schema`: the reference
   every line is held to;
-- ``fast``: the compiled fast path for plain JSON lines (and the record hash), held to
-  ``validate`` by tests, used unless ``ingest(..., fast=False)``;
-- ``pipeline``: the whole ingest, one transaction a file, and settling (duplicates, conflicts,
-  pages beyond the pool);
+- ``recordhash``: a record's identity, MurmurHash3 of its canonical JSON (the ``mmh3`` library);
+- ``fast``: the compiled fast path for plain JSON lines (with the same hash compiled), held to
+  ``validate`` by tests; ``ingest(..., fast=None)`` takes it for large logs;
+- ``pipeline``: the whole ingest, one transaction a file;
+- ``settle``: each file's records to their end: duplicates, conflicts, pages beyond the pool
+  (statements in ``sql/settle.sql``);
 - ``source``: the verbatim lines every record points back to.
 
 (The package is ``ingestion``, not ``ingest``: ``forensics.ingest`` is the function.)

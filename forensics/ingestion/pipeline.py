@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from forensics import adapters
 from forensics.adapters import Notes, Options
-from forensics.errors import FileChanged, KvfError, UnreadableFile
+from forensics.errors import FileChanged, UnreadableFile
 from forensics.ingestion import source
 from forensics.ingestion.readers import (
     LINES_SCHEMA,
@@ -50,13 +49,13 @@ from forensics.ingestion.readers import (
     read_blocks,
     source_pieces,
 )
+from forensics.ingestion.settle import RECORD_TABLES, count, settle
 from forensics.ingestion.validate import PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 from forensics.schema import KINDS, Reason
 from forensics.store import connect, one
 from forensics.version import __version__
 
 #: The table of valid records of each kind (forensics/sql/schema.sql); ``records`` is a view of them.
-RECORD_TABLES = {kind: f"{kind}_records" for kind in KINDS}
 #: Where a record was read: the first columns of every record table, which the loader fills.
 _WHERE_READ = ("file_id", "line_no", "part")
 
@@ -340,7 +339,7 @@ def _ingest_file(
             [file_id, str(log.path), size, hashed.sha256, log.format, log.compression,
              dt.datetime.now(dt.UTC), __version__, read, log.adapter, ignored[0]],
         )
-        _settle(con, file_id, columns)
+        settle(con, file_id, columns)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -433,7 +432,7 @@ def _load(
         if last:
             _load_plain(con, file_id, kind, pa.concat_tables(last), columns[kind])
     source.store(con, file_id, text if fast_path(log) else list(source_pieces(log)))
-    return plain + _count(con, "stage")
+    return plain + count(con, "stage")
 
 
 def _load_plain(
@@ -488,14 +487,6 @@ def _registered(con: duckdb.DuckDBPyConnection, table: pa.Table, name: str = "ch
         con.unregister(name)
 
 
-@contextmanager
-def _texts(con: duckdb.DuckDBPyConnection, keys: str) -> Iterator[None]:
-    """The verbatim text of the records at ``keys`` (``file_id, line_no``) visible as ``texts``
-    (``file_id, line_no, text``; no row for a Parquet row, whose text is its ``doc``)."""
-    with _registered(con, source.texts(con, keys), "texts"):
-        yield
-
-
 def _has_values(chunk: pa.Table, column: str) -> bool:
     """Whether any plain record of ``chunk`` has a value for the record column ``column``."""
     if column == "doc":
@@ -529,243 +520,3 @@ def _check_strict_json(con: duckdb.DuckDBPyConnection) -> None:
             "rec_hash = NULL WHERE list_contains(?, line_no)",
             [Reason.NOT_JSON.value, bad],
         )
-
-
-def _settle(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tuple[str, ...]]) -> None:
-    """Give every record of the file its end: the staged lines join the plain ones in records or
-    quarantine; then repeats move to duplicates, conflicts and pages beyond the pool to quarantine."""
-    if _count(con, "stage"):
-        # only when there are staged lines: even an empty insert into records puts the rows the fast
-        # path left short of a row group through the write-ahead log at commit
-        con.execute(
-            f"""
-            INSERT INTO quarantine
-            SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL FROM stage WHERE q_reason IS NOT NULL
-            """
-        )
-        kinds = con.execute("SELECT DISTINCT kind FROM stage WHERE q_reason IS NULL ORDER BY kind").fetchall()
-        for (kind,) in kinds:
-            cols = ", ".join(columns[kind])
-            con.execute(
-                f"INSERT INTO {RECORD_TABLES[kind]} (file_id, line_no, part, {cols}) "
-                f"SELECT {file_id}, line_no, part, {cols} FROM stage WHERE q_reason IS NULL AND kind = ?",
-                [kind],
-            )
-    keys_unique = _keys_unique(con, file_id)
-    _move_repeats(con, file_id, only_without_seq=keys_unique)
-    if not keys_unique:
-        _resolve_conflicts(con, file_id)
-    _check_page_range(con, file_id)
-
-
-#: A (node, boot) whose seq span exceeds its records by this factor is left to the SQL check.
-SPARSE_SEQ = 4
-
-
-def _keys_unique(con: duckdb.DuckDBPyConnection, file_id: int) -> bool:
-    """Whether ``(node, boot, seq)`` stays unique in the case with this file's records.
-
-    When it does, no record with a seq repeats or conflicts with another (a repeat has the same
-    key), and the full checks are left to records without a seq. The case's keys were unique
-    before the file (each file's conflicts are settled as it goes in), so it is enough that the
-    file's own keys are unique, checked with a bitmap of each node's seq range in the file (logs
-    number densely), and that each lies outside the seq range of every other file on its node
-    and boot (rotated logs do). Only the file's own seqs are read: reading every seq of its nodes
-    in the case, for each file, made an ingest of many files of one node slower with each file.
-    An answer of False only means "check in full".
-    """
-    mine = con.execute(
-        f"SELECT node, boot, min(seq), max(seq), count(*) FROM records "
-        f"WHERE file_id = {file_id} AND seq IS NOT NULL GROUP BY ALL"
-    ).fetchall()
-    if not mine:
-        return True
-    others: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for node, boot, lo, hi in con.execute(
-        f"""
-        SELECT node, boot, min(seq), max(seq) FROM records
-        WHERE file_id <> {file_id} AND seq IS NOT NULL
-          AND node IN (SELECT DISTINCT node FROM records WHERE file_id = {file_id})
-        GROUP BY node, boot, file_id
-        """
-    ).fetchall():
-        others.setdefault((node, boot), []).append((lo, hi))
-    for node, boot, lo, hi, n in mine:
-        span = hi - lo + 1
-        if n > span or span > SPARSE_SEQ * n:
-            return False
-        if any(lo <= o_hi and o_lo <= hi for o_lo, o_hi in others.get((node, boot), [])):
-            return False
-        seqs = con.execute(
-            f"SELECT seq FROM records WHERE file_id = {file_id} AND node = ? AND boot = ? AND seq IS NOT NULL",
-            [node, boot],
-        ).fetchnumpy()["seq"]
-        if np.bincount(np.asarray(seqs, dtype=np.int64) - lo, minlength=span).max() > 1:
-            return False
-    return True
-
-
-def _move_repeats(con: duckdb.DuckDBPyConnection, file_id: int, *, only_without_seq: bool) -> None:
-    """The file's records that repeat one of the case's, or an earlier line of the file: duplicates.
-
-    ``only_without_seq``: records with a seq are known not to repeat (their keys are unique).
-    """
-    where = "WHERE seq IS NULL" if only_without_seq else ""
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE repeats AS
-        WITH hot AS (
-          SELECT rec_hash, bool_or(file_id <> {file_id}) AS in_case FROM records {where}
-          GROUP BY rec_hash HAVING count(*) > 1 AND bool_or(file_id = {file_id})
-        )
-        SELECT line_no, part FROM (
-          SELECT r.line_no, r.part, h.in_case,
-                 row_number() OVER (PARTITION BY r.rec_hash ORDER BY r.line_no, r.part) AS occ
-          FROM records r JOIN hot h USING (rec_hash) WHERE r.file_id = {file_id})
-        WHERE occ > 1 OR in_case
-        """
-    )
-    if _count(con, "repeats"):
-        con.execute(
-            f"""
-            INSERT INTO duplicates SELECT file_id, line_no, rec_hash, doc
-            FROM records SEMI JOIN repeats USING (line_no, part) WHERE file_id = {file_id}
-            """
-        )
-        for table in RECORD_TABLES.values():
-            con.execute(
-                f"DELETE FROM {table} r USING repeats x "
-                f"WHERE r.file_id = {file_id} AND r.line_no = x.line_no AND r.part = x.part"
-            )
-    con.execute("DROP TABLE repeats")
-
-
-def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
-    """Of records sharing ``(node, boot, seq)``, keep the smallest canonical JSON.
-
-    Repeats are already duplicates, so each record is in ``records`` once; every line of a losing
-    record, in records or duplicates, of this file or an earlier one, goes to quarantine.
-    """
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE contested AS
-        SELECT node, boot, seq FROM records WHERE seq IS NOT NULL
-        GROUP BY ALL HAVING count(*) > 1 AND bool_or(file_id = {file_id})
-        """
-    )
-    if not _count(con, "contested"):
-        con.execute("DROP TABLE contested")
-        return
-    # every contender on a contested key, with its canonical JSON recomputed from its line
-    con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE rivals AS
-        SELECT r.file_id, r.line_no, r.doc, r.rec_hash
-        FROM records r SEMI JOIN contested c ON r.node = c.node AND r.boot = c.boot AND r.seq = c.seq
-        """
-    )
-    with _texts(con, "rivals"):
-        con.execute(
-            """
-            CREATE OR REPLACE TEMP TABLE rival_lines AS
-            SELECT row_number() OVER () AS line_no, 0 AS part, coalesce(t.text, r.doc) AS raw, r.doc,
-                   r.file_id AS c_file, r.line_no AS c_line, r.rec_hash AS c_hash
-            FROM rivals r LEFT JOIN texts t USING (file_id, line_no)
-            """
-        )
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE contenders AS
-        SELECT c.node, c.boot, c.seq, c.canon, l.c_hash AS rec_hash, l.c_file AS file_id, l.c_line AS line_no
-        FROM ({stage_sql('rival_lines', with_canon=True)}) c JOIN rival_lines l USING (line_no)
-        """
-    )
-    con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE losers AS
-        SELECT c.*, w.file_id AS w_file, w.line_no AS w_line FROM contenders c
-        JOIN (SELECT node, boot, seq, arg_min(struct_pack(file_id, line_no, canon), canon) AS w
-              FROM contenders GROUP BY ALL) USING (node, boot, seq)
-        WHERE c.canon <> w.canon
-        """
-    )
-    _quarantine_lines(con, "losers", Reason.CONFLICT, _conflict_detail("l"), KINDS)
-    for table in ("contested", "rivals", "rival_lines", "contenders", "losers"):
-        con.execute(f"DROP TABLE {table}")
-
-
-def _quarantine_lines(
-    con: duckdb.DuckDBPyConnection, found: str, reason: Reason, detail: str, kinds: Sequence[str],
-) -> None:
-    """Move the records in ``found`` (by ``rec_hash``), of ``kinds``, and their duplicates into
-    quarantine with their verbatim text (``detail``: SQL over ``found`` as ``l``)."""
-    tables = [RECORD_TABLES[kind] for kind in kinds]
-    lines = " UNION ALL ".join(f"SELECT file_id, line_no, rec_hash, doc FROM {t}" for t in [*tables, "duplicates"])
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE moving AS
-        SELECT r.file_id, r.line_no, r.rec_hash, r.doc, {detail} AS detail
-        FROM ({lines}) r JOIN {found} l USING (rec_hash)
-        """
-    )
-    with _texts(con, "moving"):
-        con.execute(
-            f"""
-            INSERT INTO quarantine
-            SELECT m.file_id, m.line_no, '{reason.value}', m.detail, coalesce(t.text, m.doc), m.rec_hash
-            FROM moving m LEFT JOIN texts t USING (file_id, line_no)
-            """
-        )
-    for table in [*tables, "duplicates"]:
-        con.execute(f"DELETE FROM {table} WHERE rec_hash IN (SELECT rec_hash FROM {found})")
-    con.execute("DROP TABLE moving")
-
-
-def _conflict_detail(alias: str) -> str:
-    """SQL for a conflict's detail: the key, and where the record that won it is."""
-    a = alias
-    return (
-        f"'conflicts on (node, boot, seq) = (' || {a}.node || ', ' || {a}.boot || ', ' || {a}.seq"
-        f" || ') with file ' || {a}.w_file || ' line ' || {a}.w_line"
-    )
-
-
-def _check_page_range(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
-    """Quarantine page records with ids beyond the pool of the node's config in force.
-
-    New page records are checked, and when this file brought a node's config, all of that
-    node's page records are checked again (with their repeats).
-    """
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE beyond AS
-        WITH cfg AS (
-          SELECT node, (boot::HUGEINT << 64) + coalesce(seq, -1) AS ord, pool_pages,
-                 file_id AS c_file, line_no AS c_line
-          FROM config_records
-        ), kv AS (
-          SELECT file_id, line_no, node, (boot::HUGEINT << 64) + seq AS ord, max_page, rec_hash
-          FROM kv_records
-          WHERE file_id = {file_id} OR node IN (SELECT node FROM config_records WHERE file_id = {file_id})
-        )
-        SELECT kv.file_id, kv.line_no, kv.rec_hash,
-               'page ' || kv.max_page || ' is beyond pool_pages ' || cfg.pool_pages
-               || ' of the config at file ' || c_file || ' line ' || c_line AS detail
-        FROM kv ASOF JOIN cfg ON kv.node = cfg.node AND kv.ord >= cfg.ord
-        WHERE kv.max_page >= cfg.pool_pages
-        """
-    )
-    if not _count(con, "beyond"):
-        con.execute("DROP TABLE beyond")
-        return
-    _quarantine_lines(con, "beyond", Reason.PAGE_OUT_OF_RANGE, "l.detail", ["kv"])
-    con.execute("DROP TABLE beyond")
-
-
-def _count(con: duckdb.DuckDBPyConnection, table: str) -> int:
-    row = one(con, f"SELECT count(*) FROM {table}")
-    assert row is not None
-    return int(row[0])
-
-
-__all__ = ["Counts", "FileResult", "IngestResult", "KvfError", "ingest", "case_counts"]

@@ -454,7 +454,7 @@ def test_keys_are_unique_when_the_files_seqs_are_and_lie_outside_the_others(
 ) -> None:
     """The shortcut past the full repeat and conflict checks: taken only when it is safe. Its
     answer False only sends the file through the full checks, which the order tests hold."""
-    from forensics.ingestion.pipeline import _keys_unique
+    from forensics.ingestion.settle import keys_unique
 
     db = tmp_path / "case.duckdb"
     forensics.ingest([write_jsonl(tmp_path / "1.jsonl", [kv(seq) for seq in (1, 2, 3)])], db)
@@ -465,7 +465,7 @@ def test_keys_are_unique_when_the_files_seqs_are_and_lie_outside_the_others(
         for line, seq in enumerate(second, 1):
             con.execute("INSERT INTO kv_records (file_id, line_no, part, ts, node, boot, seq, rec_hash) "
                         "VALUES (2, ?, 0, now(), 'decode-0', 0, ?, ?)", [line, seq, 1000 + line])
-        assert _keys_unique(con, 2) is unique
+        assert keys_unique(con, 2) is unique
     finally:
         con.close()
 

@@ -1,0 +1,182 @@
+"""Settling a file once its lines are in: every record ends ingested, a duplicate or quarantined.
+
+The staged lines (those the SQL validator read) join the fast path's in the record tables or
+quarantine; then repeats move to ``duplicates`` and conflicts on ``(node, boot, seq)`` and pages
+beyond the pool move to ``quarantine``. The statements are in ``sql/settle.sql``; what is built
+here is only what varies with the schema (a kind's table and columns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import duckdb
+import numpy as np
+
+from forensics.ingestion import source
+from forensics.ingestion.validate import stage_sql
+from forensics.schema import KINDS, Reason
+from forensics.store import one, sql_blocks
+
+RECORD_TABLES = {kind: f"{kind}_records" for kind in KINDS}
+#: A (node, boot) whose seq span exceeds its records by this factor is left to the SQL check.
+SPARSE_SEQ = 4
+_SQL = {block.name: block.sql for block in sql_blocks("settle.sql")}
+
+
+def settle(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tuple[str, ...]]) -> None:
+    """Give every record of the file its end: the staged lines join the plain ones in records or
+    quarantine; then repeats move to duplicates, conflicts and pages beyond the pool to quarantine."""
+    if count(con, "stage"):
+        # only when there are staged lines: even an empty insert into records puts the rows the fast
+        # path left short of a row group through the write-ahead log at commit
+        con.execute("INSERT INTO quarantine SELECT $file_id, line_no, q_reason, q_detail, raw, NULL "
+                    "FROM stage WHERE q_reason IS NOT NULL", {"file_id": file_id})
+        kinds = con.execute("SELECT DISTINCT kind FROM stage WHERE q_reason IS NULL ORDER BY kind").fetchall()
+        for (kind,) in kinds:
+            cols = ", ".join(columns[kind])
+            con.execute(
+                f"INSERT INTO {RECORD_TABLES[kind]} (file_id, line_no, part, {cols}) "
+                f"SELECT $file_id, line_no, part, {cols} FROM stage WHERE q_reason IS NULL AND kind = $kind",
+                {"file_id": file_id, "kind": kind},
+            )
+    unique = keys_unique(con, file_id)
+    _move_repeats(con, file_id, only_without_seq=unique)
+    if not unique:
+        _resolve_conflicts(con, file_id)
+    _check_page_range(con, file_id)
+
+
+def keys_unique(con: duckdb.DuckDBPyConnection, file_id: int) -> bool:
+    """Whether ``(node, boot, seq)`` stays unique in the case with this file's records.
+
+    When it does, no record with a seq repeats or conflicts with another (a repeat has the same
+    key), and the full checks are left to records without a seq. The case's keys were unique
+    before the file (each file's conflicts are settled as it goes in), so it is enough that the
+    file's own keys are unique, checked with a bitmap of each node's seq range in the file (logs
+    number densely), and that each lies outside the seq range of every other file on its node
+    and boot (rotated logs do). Only the file's own seqs are read: reading every seq of its nodes
+    in the case, for each file, made an ingest of many files of one node slower with each file.
+    An answer of False only means "check in full".
+    """
+    mine = con.execute(_SQL["file_seq_ranges"], {"file_id": file_id}).fetchall()
+    if not mine:
+        return True
+    others: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for node, boot, lo, hi in con.execute(_SQL["other_seq_ranges"], {"file_id": file_id}).fetchall():
+        others.setdefault((node, boot), []).append((lo, hi))
+    for node, boot, lo, hi, n in mine:
+        span = hi - lo + 1
+        if n > span or span > SPARSE_SEQ * n:
+            return False
+        if any(lo <= o_hi and o_lo <= hi for o_lo, o_hi in others.get((node, boot), [])):
+            return False
+        seqs = con.execute(_SQL["file_seqs"], {"file_id": file_id, "node": node, "boot": boot}).fetchnumpy()["seq"]
+        if np.bincount(np.asarray(seqs, dtype=np.int64) - lo, minlength=span).max() > 1:
+            return False
+    return True
+
+
+def _move_repeats(con: duckdb.DuckDBPyConnection, file_id: int, *, only_without_seq: bool) -> None:
+    """The file's records that repeat one of the case's, or an earlier line of the file: duplicates.
+
+    ``only_without_seq``: records with a seq are known not to repeat (their keys are unique).
+    """
+    con.execute(_SQL["repeats"], {"file_id": file_id, "only_without_seq": only_without_seq})
+    if count(con, "repeats"):
+        con.execute(_SQL["repeats_to_duplicates"], {"file_id": file_id})
+        for table in RECORD_TABLES.values():
+            con.execute(f"DELETE FROM {table} r USING repeats x "
+                        "WHERE r.file_id = $file_id AND r.line_no = x.line_no AND r.part = x.part",
+                        {"file_id": file_id})
+    con.execute("DROP TABLE repeats")
+
+
+def _resolve_conflicts(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """Of records sharing ``(node, boot, seq)``, keep the smallest canonical JSON.
+
+    Repeats are already duplicates, so each record is in ``records`` once; every line of a losing
+    record, in records or duplicates, of this file or an earlier one, goes to quarantine.
+    """
+    con.execute(_SQL["contested"], {"file_id": file_id})
+    if not count(con, "contested"):
+        con.execute("DROP TABLE contested")
+        return
+    con.execute(_SQL["rivals"])
+    with texts(con, "rivals"):
+        con.execute(_SQL["rival_lines"])
+    # every contender with its canonical JSON, recomputed from its line by the validator
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE contenders AS "
+        "SELECT c.node, c.boot, c.seq, c.canon, l.c_hash AS rec_hash, l.c_file AS file_id, l.c_line AS line_no "
+        f"FROM ({stage_sql('rival_lines', with_canon=True)}) c JOIN rival_lines l USING (line_no)"
+    )
+    con.execute(_SQL["losers"])
+    _quarantine_lines(con, "losers", Reason.CONFLICT, _conflict_detail("l"), KINDS)
+    for table in ("contested", "rivals", "rival_lines", "contenders", "losers"):
+        con.execute(f"DROP TABLE {table}")
+
+
+def _quarantine_lines(
+    con: duckdb.DuckDBPyConnection, found: str, reason: Reason, detail: str, kinds: Sequence[str],
+) -> None:
+    """Move the records in ``found`` (by ``rec_hash``), of ``kinds``, and their duplicates into
+    quarantine with their verbatim text (``detail``: SQL over ``found`` as ``l``)."""
+    tables = [RECORD_TABLES[kind] for kind in kinds]
+    lines = " UNION ALL ".join(f"SELECT file_id, line_no, rec_hash, doc FROM {t}" for t in [*tables, "duplicates"])
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE moving AS
+        SELECT r.file_id, r.line_no, r.rec_hash, r.doc, {detail} AS detail
+        FROM ({lines}) r JOIN {found} l USING (rec_hash)
+        """
+    )
+    with texts(con, "moving"):
+        con.execute(
+            "INSERT INTO quarantine SELECT m.file_id, m.line_no, $reason, m.detail, coalesce(t.text, m.doc), "
+            "m.rec_hash FROM moving m LEFT JOIN texts t USING (file_id, line_no)",
+            {"reason": reason.value},
+        )
+    for table in [*tables, "duplicates"]:
+        con.execute(f"DELETE FROM {table} WHERE rec_hash IN (SELECT rec_hash FROM {found})")
+    con.execute("DROP TABLE moving")
+
+
+def _conflict_detail(alias: str) -> str:
+    """SQL for a conflict's detail: the key, and where the record that won it is."""
+    a = alias
+    return (
+        f"'conflicts on (node, boot, seq) = (' || {a}.node || ', ' || {a}.boot || ', ' || {a}.seq"
+        f" || ') with file ' || {a}.w_file || ' line ' || {a}.w_line"
+    )
+
+
+def _check_page_range(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """Quarantine page records with ids beyond the pool of the node's config in force.
+
+    New page records are checked, and when this file brought a node's config, all of that
+    node's page records are checked again (with their repeats).
+    """
+    con.execute(_SQL["beyond"], {"file_id": file_id})
+    if count(con, "beyond"):
+        _quarantine_lines(con, "beyond", Reason.PAGE_OUT_OF_RANGE, "l.detail", ["kv"])
+    con.execute("DROP TABLE beyond")
+
+
+@contextmanager
+def texts(con: duckdb.DuckDBPyConnection, keys: str) -> Iterator[None]:
+    """The verbatim text of the records at ``keys`` (``file_id, line_no``) visible as ``texts``
+    (``file_id, line_no, text``; no row for a Parquet row, whose text is its ``doc``)."""
+    con.register("texts", source.texts(con, keys))
+    try:
+        yield
+    finally:
+        con.unregister("texts")
+
+
+def count(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    """The rows of ``table``."""
+    row = one(con, f"SELECT count(*) FROM {table}")
+    assert row is not None
+    return int(row[0])

@@ -1,0 +1,85 @@
+-- Settling a file's records once they are in (forensics/ingestion/settle.py): repeats become
+-- duplicates, conflicts and pages beyond the pool go to quarantine. One statement per block,
+-- headed `-- name:`; $file_id is the file being settled. Tables named TEMP are the steps'
+-- scratch, dropped by the step that made them.
+
+-- name: file_seq_ranges
+-- Per (node, boot), the file's seq range and count.
+SELECT node, boot, min(seq), max(seq), count(*) FROM records
+WHERE file_id = $file_id AND seq IS NOT NULL GROUP BY ALL;
+
+-- name: other_seq_ranges
+-- The seq range of every other file on the file's nodes, per (node, boot).
+SELECT node, boot, min(seq), max(seq) FROM records
+WHERE file_id <> $file_id AND seq IS NOT NULL
+  AND node IN (SELECT DISTINCT node FROM records WHERE file_id = $file_id)
+GROUP BY node, boot, file_id;
+
+-- name: file_seqs
+-- The file's seqs on one (node, boot).
+SELECT seq FROM records WHERE file_id = $file_id AND node = $node AND boot = $boot AND seq IS NOT NULL;
+
+-- name: repeats
+-- The file's records that repeat one of the case's, or an earlier line of the file (with
+-- $only_without_seq, records with a seq are known not to repeat: their keys are unique).
+CREATE OR REPLACE TEMP TABLE repeats AS
+WITH hot AS (
+  SELECT rec_hash, bool_or(file_id <> $file_id) AS in_case FROM records
+  WHERE NOT $only_without_seq OR seq IS NULL
+  GROUP BY rec_hash HAVING count(*) > 1 AND bool_or(file_id = $file_id)
+)
+SELECT line_no, part FROM (
+  SELECT r.line_no, r.part, h.in_case,
+         row_number() OVER (PARTITION BY r.rec_hash ORDER BY r.line_no, r.part) AS occ
+  FROM records r JOIN hot h USING (rec_hash) WHERE r.file_id = $file_id)
+WHERE occ > 1 OR in_case;
+
+-- name: repeats_to_duplicates
+INSERT INTO duplicates SELECT file_id, line_no, rec_hash, doc
+FROM records SEMI JOIN repeats USING (line_no, part) WHERE file_id = $file_id;
+
+-- name: contested
+-- The (node, boot, seq) keys the file shares with another record.
+CREATE OR REPLACE TEMP TABLE contested AS
+SELECT node, boot, seq FROM records WHERE seq IS NOT NULL
+GROUP BY ALL HAVING count(*) > 1 AND bool_or(file_id = $file_id);
+
+-- name: rivals
+-- Every contender on a contested key.
+CREATE OR REPLACE TEMP TABLE rivals AS
+SELECT r.file_id, r.line_no, r.doc, r.rec_hash
+FROM records r SEMI JOIN contested c ON r.node = c.node AND r.boot = c.boot AND r.seq = c.seq;
+
+-- name: rival_lines
+-- The contenders' lines as read (`texts`), to recompute their canonical JSON.
+CREATE OR REPLACE TEMP TABLE rival_lines AS
+SELECT row_number() OVER () AS line_no, 0 AS part, coalesce(t.text, r.doc) AS raw, r.doc,
+       r.file_id AS c_file, r.line_no AS c_line, r.rec_hash AS c_hash
+FROM rivals r LEFT JOIN texts t USING (file_id, line_no);
+
+-- name: losers
+-- Of each contested key's contenders, all but the one whose canonical JSON sorts first.
+CREATE OR REPLACE TEMP TABLE losers AS
+SELECT c.*, w.file_id AS w_file, w.line_no AS w_line FROM contenders c
+JOIN (SELECT node, boot, seq, arg_min(struct_pack(file_id, line_no, canon), canon) AS w
+      FROM contenders GROUP BY ALL) USING (node, boot, seq)
+WHERE c.canon <> w.canon;
+
+-- name: beyond
+-- Page records with ids beyond the pool of the node's config in force: the file's own, and
+-- all of a node's where the file brought one of its configs.
+CREATE OR REPLACE TEMP TABLE beyond AS
+WITH cfg AS (
+  SELECT node, (boot::HUGEINT << 64) + coalesce(seq, -1) AS ord, pool_pages,
+         file_id AS c_file, line_no AS c_line
+  FROM config_records
+), kv AS (
+  SELECT file_id, line_no, node, (boot::HUGEINT << 64) + seq AS ord, max_page, rec_hash
+  FROM kv_records
+  WHERE file_id = $file_id OR node IN (SELECT node FROM config_records WHERE file_id = $file_id)
+)
+SELECT kv.file_id, kv.line_no, kv.rec_hash,
+       'page ' || kv.max_page || ' is beyond pool_pages ' || cfg.pool_pages
+       || ' of the config at file ' || c_file || ' line ' || c_line AS detail
+FROM kv ASOF JOIN cfg ON kv.node = cfg.node AND kv.ord >= cfg.ord
+WHERE kv.max_page >= cfg.pool_pages;
