@@ -1,6 +1,6 @@
 """Ingest speed: `forensics.ingest` against a plain DuckDB load of the same files.
 
-Run: python bench/bench_ingest.py [--requests N [N ...]] [--repeat R]
+Run: python bench/bench_ingest.py [--requests N [N ...]] [--repeat R] [--decoders]
 (default: two sets, about 2.1 and 5.1 million records, 5 rounds each)
 Each round loads the files both ways, one after the other; the medians are compared.
 Prints the ratio ingest / plain load (target: at most 2x), and what the first ingest in a
@@ -33,7 +33,7 @@ def plain_load(logs: Path, db: Path) -> float:
 
 def ingest(logs: Path | list[Path], db: Path) -> tuple[float, int]:
     t = time.perf_counter()
-    result = forensics.ingest(logs if isinstance(logs, list) else [logs], db)
+    result = forensics.ingest(logs if isinstance(logs, list) else [logs], db, fast=True)
     return time.perf_counter() - t, result.records.read
 
 
@@ -42,13 +42,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, nargs="+", default=[260_000, 640_000],
                         help="log sets to time, in requests (8 records each)")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--decoders", action="store_true",
+                        help="also time the fast path's split against msgspec + mmh3 on the same lines "
+                        "(bench/decoders.py; pip install msgspec)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for requests in args.requests:
-            measure(Path(tmp) / str(requests), requests, args.repeat)
+            measure(Path(tmp) / str(requests), requests, args.repeat, args.decoders)
 
 
-def measure(tmp: Path, requests: int, repeat: int) -> None:
+def measure(tmp: Path, requests: int, repeat: int, decoders: bool = False) -> None:
     """Time ``repeat`` rounds of both loads of a generated set of ``requests`` requests."""
     logs = tmp / "logs"
     n = generate(logs, requests=requests, seed=1, decode_nodes=4)
@@ -78,6 +81,14 @@ def measure(tmp: Path, requests: int, repeat: int) -> None:
     print(f"ratio: {mine / plain:.2f}x (target <= 2x)")
     print(f"first ingest in a process, 1,000 lines: {cold:.2f} s, the next {warm:.2f} s "
           f"(with the load once: {(mine + cold - warm) / plain:.2f}x)", flush=True)
+    if decoders:
+        from decoders import compare
+
+        c = compare(sorted(logs.glob("*.jsonl")))
+        print(f"decoding {c['lines']:,} lines: the fast path's split {c['fast_path_split']:.2f} s on one thread; "
+              f"msgspec typed decode + canonical JSON + mmh3, a lower bound of a path built on them: "
+              f"{c['msgspec_mmh3_lower_bound']:.2f} s ({c['msgspec_mmh3_lower_bound'] / c['fast_path_split']:.1f}x), "
+              f"{c['msgspec_mmh3_lower_bound'] / plain:.2f}x the whole plain load", flush=True)
     shutil.rmtree(logs)
 
 
