@@ -267,9 +267,8 @@ def investigate(
     for r in found.replays:
         agreement = ""
         if r.agreement:
-            a = r.agreement["exposed_responses"]
-            agreement = (f"; {a['confirmed']} confirmed, {a['replay_only']} replay only, "
-                         f"{a['log_only']} log only")
+            a = r.agreement.exposed_responses
+            agreement = f"; {a.confirmed} confirmed, {a.replay_only} replay only, {a.log_only} log only"
         typer.echo(f"replay under {r.engine}: {r.exposure['exposed_responses']} exposed responses{agreement}")
     filled = found.filled
     if filled and (filled.nodes or filled.gap_windows):
@@ -547,13 +546,10 @@ def replay(
     _print_figures(result.exposure)
     if result.agreement:
         a = result.agreement
-        allocs = a["allocations"]
         typer.echo(f"\nagreement with the case's page records:\n  allocations reproduced page for page: "
-                   f"{allocs['reproduced']:,} of {allocs['logged']:,}")
-        for key in ("exposed_responses", "exposure_pairs"):
-            v = a[key]
-            typer.echo(f"  {key.replace('_', ' ')}: {v['confirmed']:,} confirmed, "
-                       f"{v['replay_only']:,} replay only, {v['log_only']:,} log only")
+                   f"{a.reproduced_allocations:,} of {a.logged_allocations:,}")
+        for name, v in (("exposed responses", a.exposed_responses), ("exposure pairs", a.exposure_pairs)):
+            typer.echo(f"  {name}: {v.confirmed:,} confirmed, {v.replay_only:,} replay only, {v.log_only:,} log only")
 
 
 def main() -> None:

@@ -69,6 +69,40 @@ class WhatIf:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    """What two sets have in common: in both (confirmed), in the replay only, in the logs only."""
+
+    confirmed: int
+    replay_only: int
+    log_only: int
+
+    @classmethod
+    def of(cls, logged: set[Any], replayed: set[Any]) -> Overlap:
+        """The overlap of the logged and the replayed set."""
+        return cls(len(logged & replayed), len(replayed - logged), len(logged - replayed))
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How a replay compares with the case's page records."""
+
+    logged_allocations: int
+    reproduced_allocations: int  # page for page
+    exposed_responses: Overlap
+    exposure_pairs: Overlap
+
+    def as_dict(self) -> dict[str, Any]:
+        """As JSON-ready data (the case's ``replays.agreement``)."""
+        logged, same = self.logged_allocations, self.reproduced_allocations
+        return {
+            "allocations": {"logged": logged, "reproduced": same,
+                            "share": round(same / logged, 6) if logged else None},
+            "exposed_responses": dataclasses.asdict(self.exposed_responses),
+            "exposure_pairs": dataclasses.asdict(self.exposure_pairs),
+        }
+
+
+@dataclass(frozen=True)
 class ReplayResult:
     """Figures of the replayed log set, and how it compares with the case's own page records."""
 
@@ -78,7 +112,7 @@ class ReplayResult:
     records: int
     exposure: dict[str, int]
     not_replayed: int  # requests that could not be placed on any node
-    agreement: dict[str, Any] | None  # None where the case has no page records
+    agreement: Agreement | None  # None where the case has no page records
 
     def as_dict(self) -> dict[str, Any]:
         """The replay as JSON-ready data."""
@@ -89,7 +123,7 @@ class ReplayResult:
             "records": self.records,
             "exposure": self.exposure,
             "not_replayed": self.not_replayed,
-            "agreement": self.agreement,
+            "agreement": None if self.agreement is None else self.agreement.as_dict(),
         }
 
 
@@ -149,7 +183,7 @@ def _remember(db: Path, result: ReplayResult) -> None:
             "INSERT OR REPLACE INTO replays VALUES (?, ?, ?, ?, ?, ?, ?)",
             [result.engine, json.dumps(d["what_if"], sort_keys=True), str(result.out), result.records,
              result.not_replayed, json.dumps(result.exposure),
-             None if result.agreement is None else json.dumps(result.agreement)],
+             None if result.agreement is None else json.dumps(result.agreement.as_dict())],
         )
     finally:
         con.close()
@@ -342,7 +376,7 @@ def _ts(value: Any) -> str:
 # -- agreement --------------------------------------------------------------------------------
 
 
-def _agreement(logged: Path, replayed: Path) -> dict[str, Any]:
+def _agreement(logged: Path, replayed: Path) -> Agreement:
     """Allocations reproduced page for page, and exposed responses in both, or one, case."""
     con = connect(replayed, read_only=True, create=False)
     try:
@@ -373,16 +407,8 @@ def _agreement(logged: Path, replayed: Path) -> dict[str, Any]:
     logged_allocs, same = alloc or (0, 0)
     log_pairs = {(r, v) for r, v, src in pairs if src == "log"}
     rep_pairs = {(r, v) for r, v, src in pairs if src == "replay"}
-    log_resp = {r for r, _ in log_pairs}
-    rep_resp = {r for r, _ in rep_pairs}
-    return {
-        "allocations": {"logged": logged_allocs, "reproduced": same,
-                        "share": round(same / logged_allocs, 6) if logged_allocs else None},
-        "exposed_responses": {"confirmed": len(log_resp & rep_resp), "replay_only": len(rep_resp - log_resp),
-                              "log_only": len(log_resp - rep_resp)},
-        "exposure_pairs": {"confirmed": len(log_pairs & rep_pairs), "replay_only": len(rep_pairs - log_pairs),
-                           "log_only": len(log_pairs - rep_pairs)},
-    }
+    return Agreement(logged_allocs, same, Overlap.of({r for r, _ in log_pairs}, {r for r, _ in rep_pairs}),
+                     Overlap.of(log_pairs, rep_pairs))
 
 
 def _sql_path(path: Path) -> str:

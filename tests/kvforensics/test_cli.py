@@ -76,7 +76,7 @@ def test_simulate_and_replay_print_what_the_library_returns(tmp_path: Path) -> N
     printed = json.loads(result.output)
     assert printed["exposure"]["exposure_pairs"] == 0
     direct = replay(tmp_path / "case.duckdb", "sglang-hardened", tmp_path / "direct")
-    assert printed["exposure"] == direct.exposure and printed["agreement"] == direct.agreement
+    assert printed["exposure"] == direct.exposure and printed["agreement"] == direct.as_dict()["agreement"]
     bad = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--engine", "vllm"])
     assert bad.exit_code != 0
     again = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--out", str(out)])

@@ -83,10 +83,10 @@ def test_replay_without_page_records_gives_the_full_logs_figures(
     # On the full case, agreement is measured and complete.
     checked = replay(tmp_path / "full.duckdb", engine, tmp_path / "checked")
     assert checked.agreement is not None
-    allocations = checked.agreement["allocations"]
-    assert allocations["logged"] > 0 and allocations["reproduced"] == allocations["logged"]
-    assert checked.agreement["exposed_responses"]["replay_only"] == 0
-    assert checked.agreement["exposed_responses"]["log_only"] == 0
+    allocations = checked.agreement
+    assert allocations.logged_allocations > 0 and allocations.reproduced_allocations == allocations.logged_allocations
+    assert checked.agreement.exposed_responses.replay_only == 0
+    assert checked.agreement.exposed_responses.log_only == 0
 
 
 def test_what_if_the_fix_or_a_pool_that_fits_the_context(tmp_path: Path) -> None:

@@ -161,17 +161,17 @@ def _scan_line(buf: np.ndarray, p: int, end: int, names: np.ndarray, name_at: np
 @njit(cache=True, nogil=True)
 def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarray, name_at: np.ndarray,
          bucket: np.ndarray, shapes: np.ndarray, keys: np.ndarray, key_at: np.ndarray, longest: int,
-         keep: bool, work: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[
-             np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+         work: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[
+             np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every line's fields: ``plain`` per line; per (field, line) how the value is written and
     where; and the hash of each plain line's canonical JSON (``keys`` holds ``"name":`` per field).
 
     Each canonical JSON is built in a scratch buffer of ``longest`` bytes (the longest line: a
-    plain line's canonical JSON is never longer) and hashed there; ``keep`` keeps them all, end
-    to end, with their offsets (tests read them). The (field, line) columns are laid out in
-    ``work`` (:func:`_work`: int8, int32, int32, each of at least fields x lines cells) and are
-    views of it. Columns of lines that are not plain are left partly filled and must not be read.
-    Returns (plain, kinds, vstart, vstop, hash high words, hash low words, canon offsets, canon).
+    plain line's canonical JSON is never longer) and hashed there (:func:`canonical_json` gives
+    them). The (field, line) columns are laid out in ``work`` (:func:`_work`: int8, int32, int32,
+    each of at least fields x lines cells) and are views of it. Columns of lines that are not
+    plain are left partly filled and must not be read.
+    Returns (plain, kinds, vstart, vstop, hash high words, hash low words).
     """
     n = len(starts)
     width = len(shapes)
@@ -183,22 +183,42 @@ def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarr
     hash_hi = np.zeros(n, np.uint64)
     hash_lo = np.zeros(n, np.uint64)
     order = np.empty(width, np.int64)
-    canon = np.empty(len(buf) if keep else longest, np.uint8)
-    canon_at = np.zeros(n + 1, np.int64)
-    c = 0
+    canon = np.empty(longest, np.uint8)
     for i in range(n):
-        canon_at[i] = c
         line = np.uint64(i)  # unsigned: no check for a negative index (see _at)
         count = _scan_line(buf, starts[i], stops[i], names, name_at, bucket, shapes, line, kinds, vstart, vstop,
                            order)
         if count > 0:
             plain[i] = True
-            end = _canonical(canon, c, buf, keys, key_at, order, count, kinds, vstart, vstop, line)
-            hash_hi[i], hash_lo[i] = rechash.murmur3_one(canon, c, end - c)
-            if keep:
-                c = end
+            end = _canonical(canon, 0, buf, keys, key_at, order, count, kinds, vstart, vstop, line)
+            hash_hi[i], hash_lo[i] = rechash.murmur3_one(canon, 0, end)
+    return plain, kinds, vstart, vstop, hash_hi, hash_lo
+
+
+@njit(cache=True)
+def _canonicals(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarray, name_at: np.ndarray,
+                bucket: np.ndarray, shapes: np.ndarray, keys: np.ndarray, key_at: np.ndarray,
+                work: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The canonical JSON :func:`scan` builds and hashes for each plain line, end to end, and its
+    offsets (a line that is not plain has none): to show and check, never on the ingest's path."""
+    n, width = len(starts), len(shapes)
+    kinds = work[0][: width * n].reshape((width, n))
+    kinds[:] = ABSENT
+    vstart = work[1][: width * n].reshape((width, n))
+    vstop = work[2][: width * n].reshape((width, n))
+    order = np.empty(width, np.int64)
+    canon = np.empty(len(buf), np.uint8)
+    canon_at = np.zeros(n + 1, np.int64)
+    c = 0
+    for i in range(n):
+        canon_at[i] = c
+        line = np.uint64(i)
+        count = _scan_line(buf, starts[i], stops[i], names, name_at, bucket, shapes, line, kinds, vstart, vstop,
+                           order)
+        if count > 0:
+            c = _canonical(canon, c, buf, keys, key_at, order, count, kinds, vstart, vstop, line)
     canon_at[n] = c
-    return plain, kinds, vstart, vstop, hash_hi, hash_lo, canon_at, canon
+    return canon_at, canon[:c]
 
 
 @njit(cache=True, nogil=True)
@@ -830,8 +850,16 @@ def _work(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return work
 
 
+def canonical_json(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
+    """The canonical JSON of each line ``buf[starts[i]:stops[i]]`` as the fast path builds it
+    (an empty string for a line it does not take)."""
+    canon_at, canon = _canonicals(buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET, _SHAPES, _KEY_BYTES,
+                                  _KEY_AT, _work(len(_SHAPES) * len(starts)))
+    return _text(canon_at, canon)
+
+
 def plain_columns(
-    buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, *, with_canon: bool = False,
+    buf: np.ndarray, starts: np.ndarray, stops: np.ndarray,
 ) -> tuple[np.ndarray, list[tuple[str | None, np.ndarray, dict[str, pa.Array]]]]:
     """Which lines are plain, and per kind the plain lines' indices in the block and their
     columns for :func:`validate.plain_stage_sql` (``raw``, the text, for the lines a check may
@@ -840,18 +868,15 @@ def plain_columns(
     ``starts``/``stops`` delimit each line in ``buf`` (without its terminator). The kinds come
     in the order of ``schema.KINDS``, then None for lines of a kind that is none of them; each
     kind's rows in file order. A kind's columns are built from its own rows, so a field no line
-    of the kind has costs nothing. ``with_canon`` adds the canonical JSON (``canon``), which only
-    tests read.
+    of the kind has costs nothing.
     """
     longest = int((stops - starts).max()) if len(starts) else 0
-    plain, kinds, vstart, vstop, hash_hi, hash_lo, canon_at, canon = scan(
-        buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET, _SHAPES, _KEY_BYTES, _KEY_AT, longest, with_canon,
+    plain, kinds, vstart, vstop, hash_hi, hash_lo = scan(
+        buf, starts, stops, _NAME_BYTES, _NAME_AT, _BUCKET, _SHAPES, _KEY_BYTES, _KEY_AT, longest,
         _work(len(_SHAPES) * len(starts)))
     every_row = np.flatnonzero(plain)
     hash_hi, hash_lo = hash_hi[every_row], hash_lo[every_row]
     rules_ok, codes = rules(buf, every_row, kinds, vstart, vstop, *RULES)
-    # lines that are not plain wrote no canonical JSON, so each plain line's ends where the next begins
-    canons = _text(np.append(canon_at[every_row], canon_at[-1]), canon) if with_canon else None
     out: list[tuple[str | None, np.ndarray, dict[str, pa.Array]]] = []
     for code, kind in enumerate((*KINDS, None)):
         pick = np.flatnonzero(codes == code)
@@ -863,8 +888,6 @@ def plain_columns(
         # those whose time is left to DuckDB's cast (0.11 s of the 2.08 M-record set's split)
         checked = ~(rules_ok[pick] & cols["ts_us"].is_valid().to_numpy(zero_copy_only=False))
         cols = {"raw": _lines_where(buf, rows, checked, starts, stops), **cols}
-        if canons is not None:
-            cols["canon"] = canons.take(pa.array(pick))
         cols["hash_hi"], cols["hash_lo"] = pa.array(hash_hi[pick]), pa.array(hash_lo[pick])
         cols["rules_ok"] = pa.array(rules_ok[pick])
         out.append((kind, rows, cols))

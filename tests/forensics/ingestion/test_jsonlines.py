@@ -222,13 +222,13 @@ def test_a_thread_s_next_block_is_split_as_on_a_fresh_thread() -> None:
     fields gives what it gives on a thread of its own (nothing of the first block is left in them)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def columns(lines: list[str]) -> tuple[list[bool], list[Any]]:
+    def columns(lines: list[str]) -> tuple[list[bool], list[Any], list[str]]:
         data = "".join(line + "\n" for line in lines).encode()
         buf = np.frombuffer(data, np.uint8)
         starts, stops = _line_bounds(buf)
-        plain, kinds = jsonlines.plain_columns(buf, starts, stops, with_canon=True)
+        plain, kinds = jsonlines.plain_columns(buf, starts, stops)
         return plain.tolist(), [(kind, rows.tolist(), {k: v.to_pylist() for k, v in cols.items()})
-                                for kind, rows, cols in kinds]
+                                for kind, rows, cols in kinds], jsonlines.canonical_json(buf, starts, stops).to_pylist()
 
     first = [json.dumps({"kind": "request", "ts": n, "node": "router", "seq": n, "request_id": f"r{n}",
                          "event": "received", "tenant_id": "t", "prompt_tokens": n, "decode_node": "d"})
@@ -251,7 +251,7 @@ def test_canonical_json_matches_duckdbs_minified_form() -> None:
     data = (json.dumps(rec) + "\n").encode()
     buf = np.frombuffer(data, np.uint8)
     starts, stops = _line_bounds(buf)
-    plain, kinds = jsonlines.plain_columns(buf, starts, stops, with_canon=True)
+    plain, kinds = jsonlines.plain_columns(buf, starts, stops)
     assert plain.tolist() == [True]
     [(kind, rows, cols)] = kinds
     assert kind == "kv" and rows.tolist() == [0]
@@ -261,7 +261,7 @@ def test_canonical_json_matches_duckdbs_minified_form() -> None:
         "lambda k: to_json(k) || ':' || json_extract(j, '$.' || k)), ',') || '}' FROM (SELECT ?::JSON AS j)",
         [json.dumps(rec)],
     ).fetchall()[0][0]
-    assert cols["canon"].to_pylist() == [expected]
+    assert jsonlines.canonical_json(buf, starts, stops).to_pylist() == [expected]
 
 
 def test_lines_that_are_not_utf8_are_kept_escaped(tmp_path: Path) -> None:
