@@ -18,6 +18,9 @@ import numpy as np
 from forensics.compiled import jit_for
 from forensics.exposure.rows import (
     ALLOC,
+    AT_COUNT,
+    AT_NB,
+    AT_OFFSET,
     ENDED,
     EXP_INFERRED,
     EXP_NB,
@@ -26,11 +29,19 @@ from forensics.exposure.rows import (
     EXP_VERSION,
     EXP_VICTIM,
     EXPOSED,
+    F_PAGE,
+    F_READERS,
+    F_VERSION,
     FRAGS,
     FREE,
+    H_HI,
+    H_LO,
     HELD,
     HELD_LIVE,
     HI,
+    I_INFERRED,
+    I_READER,
+    I_START,
     ISL_INFERRED,
     ISL_NB,
     ISL_READER,
@@ -43,6 +54,8 @@ from forensics.exposure.rows import (
     N_USED,
     NO_VERSION,
     OPEN,
+    S_AT,
+    S_LEN,
     SETS,
     SH_READER,
     SH_VERSION,
@@ -53,6 +66,7 @@ from forensics.exposure.rows import (
     UNINITIALIZED,
     WIDTH,
     WRITE,
+    WRITER,
 )
 
 njit = jit_for(__name__)  # numba's, or nothing in the interpreted twin (forensics.compiled)
@@ -71,6 +85,19 @@ def _room(a: np.ndarray, used: int, need: int) -> np.ndarray:
         for j in range(a.shape[1]):
             bigger[i, j] = a[i, j]
     return bigger
+
+
+# frags and items rows are three columns wide; whole rows are copied and compared as such
+@njit(cache=True, inline="always")
+def _copy_row(dst: np.ndarray, i: int, src: np.ndarray, j: int) -> None:
+    """Row ``j`` of ``src`` into row ``i`` of ``dst`` (both three wide)."""
+    dst[i, 0], dst[i, 1], dst[i, 2] = src[j, 0], src[j, 1], src[j, 2]
+
+
+@njit(cache=True, inline="always")
+def _same_row(a: np.ndarray, i: int, b: np.ndarray, j: int) -> bool:
+    """Whether row ``i`` of ``a`` equals row ``j`` of ``b`` (both three wide)."""
+    return a[i, 0] == b[j, 0] and a[i, 1] == b[j, 1] and a[i, 2] == b[j, 2]
 
 
 @njit("void(int64[:, ::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64, "
@@ -97,8 +124,8 @@ def _emit(rows: np.ndarray, used: np.ndarray, slot: int, k0: int, k1: int, k2: i
 @njit(cache=True)
 def _find(sets: np.ndarray, items: np.ndarray, s: int, rid: int) -> int:
     """The item index of ``rid`` in set ``s``, or -1."""
-    for t in range(sets[s, 0], sets[s, 0] + sets[s, 1]):
-        if items[t, 0] == rid:
+    for t in range(sets[s, S_AT], sets[s, S_AT] + sets[s, S_LEN]):
+        if items[t, I_READER] == rid:
             return t
     return -1
 
@@ -108,18 +135,18 @@ def _with(sets: np.ndarray, items: np.ndarray, used: np.ndarray, s: int, rid: in
           inferred: int) -> int:
     """The id of a new set: set ``s`` and the reader ``rid`` (room made)."""
     new, out = used[SETS], used[ITEMS]
-    size = sets[s, 1]
-    sets[new, 0], sets[new, 1] = out, size + 1
+    size = sets[s, S_LEN]
+    sets[new, S_AT], sets[new, S_LEN] = out, size + 1
     placed = False
-    for t in range(sets[s, 0], sets[s, 0] + size):
-        if not placed and items[t, 0] > rid:
-            items[out, 0], items[out, 1], items[out, 2] = rid, seq, inferred
+    for t in range(sets[s, S_AT], sets[s, S_AT] + size):
+        if not placed and items[t, I_READER] > rid:
+            items[out, I_READER], items[out, I_START], items[out, I_INFERRED] = rid, seq, inferred
             out += 1
             placed = True
-        items[out, 0], items[out, 1], items[out, 2] = items[t, 0], items[t, 1], items[t, 2]
+        _copy_row(items, out, items, t)
         out += 1
     if not placed:
-        items[out, 0], items[out, 1], items[out, 2] = rid, seq, inferred
+        items[out, I_READER], items[out, I_START], items[out, I_INFERRED] = rid, seq, inferred
         out += 1
     used[SETS], used[ITEMS], used[LONGEST] = new + 1, out, max(used[LONGEST], size + 1)
     return new
@@ -128,14 +155,14 @@ def _with(sets: np.ndarray, items: np.ndarray, used: np.ndarray, s: int, rid: in
 @njit(cache=True)
 def _without(sets: np.ndarray, items: np.ndarray, used: np.ndarray, s: int, drop: int) -> int:
     """The id of a new set: set ``s`` without item ``drop`` (room made)."""
-    size = sets[s, 1]
+    size = sets[s, S_LEN]
     if size == 1:
         return 0
     new, out = used[SETS], used[ITEMS]
-    sets[new, 0], sets[new, 1] = out, size - 1
-    for t in range(sets[s, 0], sets[s, 0] + size):
+    sets[new, S_AT], sets[new, S_LEN] = out, size - 1
+    for t in range(sets[s, S_AT], sets[s, S_AT] + size):
         if t != drop:
-            items[out, 0], items[out, 1], items[out, 2] = items[t, 0], items[t, 1], items[t, 2]
+            _copy_row(items, out, items, t)
             out += 1
     used[SETS], used[ITEMS] = new + 1, out
     return new
@@ -145,11 +172,11 @@ def _without(sets: np.ndarray, items: np.ndarray, used: np.ndarray, s: int, drop
 def _same(sets: np.ndarray, items: np.ndarray, a: int, b: int) -> bool:
     if a == b:
         return True
-    if sets[a, 1] != sets[b, 1]:
+    if sets[a, S_LEN] != sets[b, S_LEN]:
         return False
-    for k in range(sets[a, 1]):
-        ta, tb = sets[a, 0] + k, sets[b, 0] + k
-        if items[ta, 0] != items[tb, 0] or items[ta, 1] != items[tb, 1] or items[ta, 2] != items[tb, 2]:
+    for k in range(sets[a, S_LEN]):
+        ta, tb = sets[a, S_AT] + k, sets[b, S_AT] + k
+        if not _same_row(items, ta, items, tb):
             return False
     return True
 
@@ -162,11 +189,11 @@ def _compacted(frags: np.ndarray, sets: np.ndarray, items: np.ndarray,
     renumber[0] = 0
     n_sets, n_items = 1, 0
     for i in range(used[FRAGS]):
-        s = frags[i, 2]
+        s = frags[i, F_READERS]
         if renumber[s] < 0:
             renumber[s] = n_sets
             n_sets += 1
-            n_items += sets[s, 1]
+            n_items += sets[s, S_LEN]
     new_sets = np.zeros((2 * n_sets + 64, 2), np.int64)
     new_items = np.empty((2 * n_items + 256, 3), np.int64)
     out = 0
@@ -174,18 +201,18 @@ def _compacted(frags: np.ndarray, sets: np.ndarray, items: np.ndarray,
         new = renumber[s]
         if new <= 0:
             continue
-        new_sets[new, 0], new_sets[new, 1] = out, sets[s, 1]
-        for t in range(sets[s, 0], sets[s, 0] + sets[s, 1]):
-            new_items[out, 0], new_items[out, 1], new_items[out, 2] = items[t, 0], items[t, 1], items[t, 2]
+        new_sets[new, S_AT], new_sets[new, S_LEN] = out, sets[s, S_LEN]
+        for t in range(sets[s, S_AT], sets[s, S_AT] + sets[s, S_LEN]):
+            _copy_row(new_items, out, items, t)
             out += 1
     for i in range(used[FRAGS]):
-        frags[i, 2] = renumber[frags[i, 2]]
+        frags[i, F_READERS] = renumber[frags[i, F_READERS]]
     used[SETS], used[ITEMS] = n_sets, out
     return new_sets, new_items
 
 
 # --- the interval map: frags rows (first page, version, reader set), sorted by first page -------
-# fragment i covers pages [frags[i, 0], frags[i + 1, 0]); the last one runs to infinity
+# fragment i covers pages [frags[i, F_PAGE], frags[i + 1, F_PAGE]); the last one runs to infinity
 
 
 @njit(cache=True)
@@ -194,7 +221,7 @@ def _fragment_at(frags: np.ndarray, n: int, page: int) -> int:
     lo, hi = 0, n
     while lo < hi:
         mid = (lo + hi) >> 1
-        if frags[mid, 0] <= page:
+        if frags[mid, F_PAGE] <= page:
             lo = mid + 1
         else:
             hi = mid
@@ -206,11 +233,12 @@ def _split(frags: np.ndarray, used: np.ndarray, page: int) -> int:
     """The index of the fragment starting at ``page``, splitting the one holding it (room made)."""
     n = used[FRAGS]
     i = _fragment_at(frags, n, page)
-    if frags[i, 0] == page:
+    if frags[i, F_PAGE] == page:
         return i
     for j in range(n, i + 1, -1):
-        frags[j, 0], frags[j, 1], frags[j, 2] = frags[j - 1, 0], frags[j - 1, 1], frags[j - 1, 2]
-    frags[i + 1, 0], frags[i + 1, 1], frags[i + 1, 2] = page, frags[i, 1], frags[i, 2]
+        _copy_row(frags, j, frags, j - 1)
+    _copy_row(frags, i + 1, frags, i)
+    frags[i + 1, F_PAGE] = page
     used[FRAGS] = n + 1
     return i + 1
 
@@ -223,13 +251,14 @@ def _merge(frags: np.ndarray, sets: np.ndarray, items: np.ndarray, used: np.ndar
     a, b = max(a, 0), min(b, n - 1)
     w = a
     for j in range(a + 1, b + 1):
-        if frags[j, 1] != frags[w, 1] or not _same(sets, items, frags[j, 2], frags[w, 2]):
+        if (frags[j, F_VERSION] != frags[w, F_VERSION]
+                or not _same(sets, items, frags[j, F_READERS], frags[w, F_READERS])):
             w += 1
-            frags[w, 0], frags[w, 1], frags[w, 2] = frags[j, 0], frags[j, 1], frags[j, 2]
+            _copy_row(frags, w, frags, j)
     gone = b - w
     if gone > 0:
         for j in range(b + 1, n):
-            frags[j - gone, 0], frags[j - gone, 1], frags[j - gone, 2] = frags[j, 0], frags[j, 1], frags[j, 2]
+            _copy_row(frags, j - gone, frags, j)
         used[FRAGS] = n - gone
 
 
@@ -239,8 +268,8 @@ def _seen(exposed: np.ndarray, uninitialized: np.ndarray, used: np.ndarray, writ
     """``rid`` sees ``version`` on pages ``[lo, hi]`` at ``seq``."""
     if version == NO_VERSION:
         _emit(uninitialized, used, UNINITIALIZED, nb, rid, seq, inferred, 0, 0, lo, hi)
-    elif writers[version, 0] != rid:
-        _emit(exposed, used, EXPOSED, nb, rid, writers[version, 0], version, seq, inferred, lo, hi)
+    elif writers[version, WRITER] != rid:
+        _emit(exposed, used, EXPOSED, nb, rid, writers[version, WRITER], version, seq, inferred, lo, hi)
 
 
 # --- the ops on the map (room made) -------------------------------------------------------------
@@ -254,11 +283,11 @@ def _write(frags: np.ndarray, sets: np.ndarray, items: np.ndarray, exposed: np.n
     ia = _split(frags, used, lo)
     ib = _split(frags, used, hi + 1)
     for i in range(ia, ib):
-        s = frags[i, 2]
-        for t in range(sets[s, 0], sets[s, 0] + sets[s, 1]):
-            _seen(exposed, uninitialized, used, writers, nb, items[t, 0], version, frags[i, 0],
-                  frags[i + 1, 0] - 1, seq, items[t, 2])
-        frags[i, 1] = version
+        s = frags[i, F_READERS]
+        for t in range(sets[s, S_AT], sets[s, S_AT] + sets[s, S_LEN]):
+            _seen(exposed, uninitialized, used, writers, nb, items[t, I_READER], version, frags[i, F_PAGE],
+                  frags[i + 1, F_PAGE] - 1, seq, items[t, I_INFERRED])
+        frags[i, F_VERSION] = version
     _merge(frags, sets, items, used, ia - 1, ib)
 
 
@@ -270,12 +299,12 @@ def _read(frags: np.ndarray, sets: np.ndarray, items: np.ndarray, exposed: np.nd
     ia = _split(frags, used, lo)
     ib = _split(frags, used, hi + 1)
     for i in range(ia, ib):
-        s = frags[i, 2]
+        s = frags[i, F_READERS]
         if _find(sets, items, s, rid) >= 0:
             continue
-        frags[i, 2] = _with(sets, items, used, s, rid, seq, inferred)
-        _seen(exposed, uninitialized, used, writers, nb, rid, frags[i, 1], frags[i, 0],
-              frags[i + 1, 0] - 1, seq, inferred)
+        frags[i, F_READERS] = _with(sets, items, used, s, rid, seq, inferred)
+        _seen(exposed, uninitialized, used, writers, nb, rid, frags[i, F_VERSION], frags[i, F_PAGE],
+              frags[i + 1, F_PAGE] - 1, seq, inferred)
     _merge(frags, sets, items, used, ia - 1, ib)
 
 
@@ -286,13 +315,13 @@ def _free(frags: np.ndarray, sets: np.ndarray, items: np.ndarray, ended: np.ndar
     ia = _split(frags, used, lo)
     ib = _split(frags, used, hi + 1)
     for i in range(ia, ib):
-        s = frags[i, 2]
+        s = frags[i, F_READERS]
         t = _find(sets, items, s, rid)
         if t < 0:
             continue
-        _emit(ended, used, ENDED, nb, rid, items[t, 1], seq, items[t, 2], 0, frags[i, 0],
-              frags[i + 1, 0] - 1)
-        frags[i, 2] = _without(sets, items, used, s, t)
+        _emit(ended, used, ENDED, nb, rid, items[t, I_START], seq, items[t, I_INFERRED], 0, frags[i, F_PAGE],
+              frags[i + 1, F_PAGE] - 1)
+        frags[i, F_READERS] = _without(sets, items, used, s, t)
     _merge(frags, sets, items, used, ia - 1, ib)
 
 
@@ -302,10 +331,10 @@ def _share(frags: np.ndarray, shared: np.ndarray, used: np.ndarray, rid: int, lo
     """The versions on ``[lo, hi]`` are now ``rid``'s own, seen before or after (room made)."""
     n = used[FRAGS]
     i = _fragment_at(frags, n, lo)
-    while i < n and frags[i, 0] <= hi:
-        if frags[i, 1] != NO_VERSION:
-            end = min(frags[i + 1, 0] - 1, hi) if i + 1 < n else hi
-            _emit(shared, used, SHARED, rid, frags[i, 1], 0, 0, 0, 0, max(frags[i, 0], lo), end)
+    while i < n and frags[i, F_PAGE] <= hi:
+        if frags[i, F_VERSION] != NO_VERSION:
+            end = min(frags[i + 1, F_PAGE] - 1, hi) if i + 1 < n else hi
+            _emit(shared, used, SHARED, rid, frags[i, F_VERSION], 0, 0, 0, 0, max(frags[i, F_PAGE], lo), end)
         i += 1
 
 
@@ -314,10 +343,11 @@ def _finish(frags: np.ndarray, sets: np.ndarray, items: np.ndarray, still_open: 
             used: np.ndarray, nb: int) -> None:
     """Reading intervals still open at the end of the boot (room made; sorted later)."""
     for i in range(used[FRAGS]):
-        s = frags[i, 2]
-        for t in range(sets[s, 0], sets[s, 0] + sets[s, 1]):
-            _emit(still_open, used, STILL_OPEN, nb, items[t, 0], items[t, 1], OPEN, items[t, 2], 0,
-                  frags[i, 0], frags[i + 1, 0] - 1)
+        s = frags[i, F_READERS]
+        for t in range(sets[s, S_AT], sets[s, S_AT] + sets[s, S_LEN]):
+            _emit(still_open, used, STILL_OPEN, nb, items[t, I_READER], items[t, I_START], OPEN,
+                  items[t, I_INFERRED], 0,
+                  frags[i, F_PAGE], frags[i + 1, F_PAGE] - 1)
 
 
 # --- holds: per request, sorted disjoint ranges, copied on change into the pool ``held`` --------
@@ -327,9 +357,9 @@ def _finish(frags: np.ndarray, sets: np.ndarray, items: np.ndarray, still_open: 
 @njit(cache=True)
 def _held_range(held_at: np.ndarray, nb: int, rid: int) -> tuple[int, int]:
     """Where ``rid``'s ranges on ``nb`` are in the pool: offset and count."""
-    if held_at[rid, 2] != nb + 1:
+    if held_at[rid, AT_NB] != nb + 1:
         return 0, 0
-    return held_at[rid, 0], held_at[rid, 1]
+    return held_at[rid, AT_OFFSET], held_at[rid, AT_COUNT]
 
 
 @njit(cache=True)
@@ -340,21 +370,21 @@ def _hold(held_at: np.ndarray, held: np.ndarray, used: np.ndarray, nb: int, rid:
     out = used[HELD]
     placed = False
     for t in range(start, start + count):
-        a, b = held[t, 0], held[t, 1]
+        a, b = held[t, H_LO], held[t, H_HI]
         if b < lo - 1:
-            held[out, 0], held[out, 1] = a, b
+            held[out, H_LO], held[out, H_HI] = a, b
             out += 1
         elif a > hi + 1:
             if not placed:
-                held[out, 0], held[out, 1] = lo, hi
+                held[out, H_LO], held[out, H_HI] = lo, hi
                 out += 1
                 placed = True
-            held[out, 0], held[out, 1] = a, b
+            held[out, H_LO], held[out, H_HI] = a, b
             out += 1
         else:
             lo, hi = min(a, lo), max(b, hi)
     if not placed:
-        held[out, 0], held[out, 1] = lo, hi
+        held[out, H_LO], held[out, H_HI] = lo, hi
         out += 1
     _set_held(held_at, used, nb, rid, count, out)
 
@@ -366,16 +396,16 @@ def _release(held_at: np.ndarray, held: np.ndarray, used: np.ndarray, nb: int, r
     start, count = _held_range(held_at, nb, rid)
     out = used[HELD]
     for t in range(start, start + count):
-        a, b = held[t, 0], held[t, 1]
+        a, b = held[t, H_LO], held[t, H_HI]
         if b < lo or a > hi:
-            held[out, 0], held[out, 1] = a, b
+            held[out, H_LO], held[out, H_HI] = a, b
             out += 1
             continue
         if a < lo:
-            held[out, 0], held[out, 1] = a, lo - 1
+            held[out, H_LO], held[out, H_HI] = a, lo - 1
             out += 1
         if b > hi:
-            held[out, 0], held[out, 1] = hi + 1, b
+            held[out, H_LO], held[out, H_HI] = hi + 1, b
             out += 1
     _set_held(held_at, used, nb, rid, count, out)
 
@@ -384,7 +414,7 @@ def _release(held_at: np.ndarray, held: np.ndarray, used: np.ndarray, nb: int, r
 def _set_held(held_at: np.ndarray, used: np.ndarray, nb: int, rid: int, before: int,
               end: int) -> None:
     """``rid``'s ranges are now the pool rows from ``used[HELD]`` to ``end``."""
-    held_at[rid, 0], held_at[rid, 1], held_at[rid, 2] = used[HELD], end - used[HELD], nb + 1
+    held_at[rid, AT_OFFSET], held_at[rid, AT_COUNT], held_at[rid, AT_NB] = used[HELD], end - used[HELD], nb + 1
     used[HELD_LIVE] += end - used[HELD] - before
     used[HELD] = end
 
@@ -395,12 +425,12 @@ def _compacted_holds(held_at: np.ndarray, held: np.ndarray, used: np.ndarray, nb
     pool = np.empty((2 * used[HELD_LIVE] + 1024, 2), np.int64)
     out = 0
     for rid in range(held_at.shape[0]):
-        if held_at[rid, 2] != nb + 1:
+        if held_at[rid, AT_NB] != nb + 1:
             continue
-        start, count = held_at[rid, 0], held_at[rid, 1]
-        held_at[rid, 0] = out
+        start, count = held_at[rid, AT_OFFSET], held_at[rid, AT_COUNT]
+        held_at[rid, AT_OFFSET] = out
         for t in range(start, start + count):
-            pool[out, 0], pool[out, 1] = held[t, 0], held[t, 1]
+            pool[out, H_LO], pool[out, H_HI] = held[t, H_LO], held[t, H_HI]
             out += 1
     used[HELD] = out
     return pool
@@ -443,7 +473,7 @@ def walk(nbs: np.ndarray, seqs: np.ndarray, rids: np.ndarray, ops: np.ndarray, l
     k = n_versions = 0
     while k < len(nbs):
         nb, last_write = nbs[k], -1
-        frags[0, 0], frags[0, 1], frags[0, 2] = 0, NO_VERSION, 0  # one fragment: all pages
+        frags[0, F_PAGE], frags[0, F_VERSION], frags[0, F_READERS] = 0, NO_VERSION, 0  # one fragment: all pages
         used[FRAGS], used[SETS], used[ITEMS], used[LONGEST], used[HELD], used[HELD_LIVE] = 1, 1, 0, 0, 0, 0
         while k < len(nbs) and nbs[k] == nb:
             seq, rid, op, lo, hi = seqs[k], rids[k], ops[k], los[k], his[k]
@@ -466,12 +496,12 @@ def walk(nbs: np.ndarray, seqs: np.ndarray, rids: np.ndarray, ops: np.ndarray, l
             if op == WRITE and seq != last_write:  # one version per write record, whatever its ranges
                 last_write = seq
                 writers = _room(writers, n_versions, 1)
-                writers[n_versions, 0] = rid
+                writers[n_versions, WRITER] = rid
                 n_versions += 1
             first, n_ranges = _held_range(held_at, nb, rid) if op == START else (0, 1)
             for r in range(first, first + n_ranges):
                 if op == START:
-                    lo, hi = held[r, 0], held[r, 1]
+                    lo, hi = held[r, H_LO], held[r, H_HI]
                 if not _roomy(frags, sets, items, exposed, uninitialized, ended, used):
                     f = used[FRAGS] + 2
                     rows = f * (used[LONGEST] + 1)

@@ -19,3 +19,11 @@ SH_READER, SH_VERSION = 0, 1  # versions a reader took as its own by share
 FRAGS, SETS, ITEMS, LONGEST, HELD, HELD_LIVE = 0, 1, 2, 3, 4, 5
 EXPOSED, UNINITIALIZED, ENDED, STILL_OPEN, SHARED = 6, 7, 8, 9, 10
 N_USED = 11
+
+# columns of the kernel's state arrays
+F_PAGE, F_VERSION, F_READERS = 0, 1, 2  # frags: first page, content version, reader set
+S_AT, S_LEN = 0, 1  # sets: offset and length of a reader set's items
+I_READER, I_START, I_INFERRED = 0, 1, 2  # items: a reader, the seq its read started, inferred
+H_LO, H_HI = 0, 1  # held: a held page range
+AT_OFFSET, AT_COUNT, AT_NB = 0, 1, 2  # held_at: where a request's held ranges are, of which nb (+1)
+WRITER = 0  # writers: the request that wrote a version
