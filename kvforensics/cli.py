@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ EXIT_USAGE = 2  # the command line itself is wrong (unknown option, missing argu
 EXIT_OS = 3  # the system refused a read or a write (permissions, a full disk, a vanished file)
 EXIT_DATABASE = 4  # DuckDB failed outside the toolkit's checks
 EXIT_INTERNAL = 5  # a bug in kvforensics: --debug shows the traceback to report
+EXIT_PIPE = 141  # the output was closed before it was all written (| head): nothing is said
 EXIT_CODES = {EXIT_ERROR: "error", EXIT_USAGE: "usage", EXIT_OS: "system error", EXIT_DATABASE: "database error",
               EXIT_INTERNAL: "internal error"}
 
@@ -56,6 +58,9 @@ class _Commands(TyperGroup):
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, typer.TyperException):  # the command line's own: exits as typer says
             raise
+        except BrokenPipeError:  # the reader went away (| head): stop quietly, as the shell's tools do
+            _quiet_stdout()
+            raise typer.Exit(EXIT_PIPE) from None
         except Exception as exc:
             if ctx.obj is _DEBUG:
                 raise
@@ -65,6 +70,14 @@ class _Commands(TyperGroup):
 
 
 _DEBUG = object()
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that what is still buffered for a closed pipe fails no more."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # not a real file (a test's capture): nothing to quiet
 
 app = typer.Typer(
     name="kvforensics",
@@ -84,7 +97,8 @@ def _options(
     """Find every LLM response that attended to another request's KV-cache pages.
 
     Exit codes: 0 done; 1 the toolkit refused (bad path, option, case or query); 2 usage; 3 the
-    system refused a read or write; 4 DuckDB failed; 5 a bug (--debug shows its traceback).
+    system refused a read or write; 4 DuckDB failed; 5 a bug (--debug shows its traceback);
+    141 the output was closed early (| head).
     """
     if debug or os.environ.get("KVFORENSICS_DEBUG"):
         ctx.obj = _DEBUG
@@ -423,23 +437,24 @@ def sql(
 def findings(db: DbOption, as_json: JsonFlag = False) -> None:
     """Root-cause signatures and evidence gaps, each with its evidence rows and the SQL that found them."""
 
-    def load() -> list[dict[str, Any]]:
+    def load() -> forensics.Findings:
         with forensics.Case(db) as case:
-            return [f.as_dict(rows=None if as_json else 5) for f in case.findings()]
+            return case.findings()
 
     found = load()
     if as_json:
-        _print_json({"findings": found})
+        _print_json({"findings": [f.as_dict(rows=None) for f in found]})
         return
     if not found:
         typer.echo("no findings")
         return
+    shown = 5
     for f in found:
-        typer.echo(f"[{f['severity']}] {f['id']}: {f['title']}")
-        for row in f["evidence"]:
-            typer.echo("    " + ", ".join(f"{k}={v}" for k, v in row.items()))
-        if f["count"] > len(f["evidence"]):
-            typer.echo(f"    ... {f['count'] - len(f['evidence']):,} more (--json for all)")
+        typer.echo(printable(f"[{f.severity}] {f.id}: {f.title}"))
+        for row in f.evidence.head(shown).iter_rows(named=True):
+            typer.echo(printable("    " + ", ".join(f"{k}={v}" for k, v in row.items())))
+        if f.count > shown:
+            typer.echo(f"    ... {f.count - shown:,} more (--json for all)")
 
 
 Engine = StrEnum("Engine", {name: name for name in BEHAVIOURS})  # type: ignore[misc]

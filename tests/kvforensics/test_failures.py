@@ -20,7 +20,7 @@ import replay.replay
 import replay.simulate
 import reports.render
 from forensics.errors import CaseError
-from kvforensics.cli import EXIT_DATABASE, EXIT_ERROR, EXIT_INTERNAL, EXIT_OS, EXIT_USAGE, app
+from kvforensics.cli import EXIT_DATABASE, EXIT_ERROR, EXIT_INTERNAL, EXIT_OS, EXIT_PIPE, EXIT_USAGE, app
 
 RUNNER = CliRunner()
 EXAMPLE = FIXTURES / "examples" / "placeholder" / "events.jsonl"
@@ -87,6 +87,13 @@ def test_a_wrong_command_line_is_a_usage_error(command: str) -> None:
     result = RUNNER.invoke(app, [command, "--no-such-option"])
     assert result.exit_code == EXIT_USAGE
     assert "Traceback" not in result.output
+
+
+def test_output_closed_early_stops_quietly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that goes away (``| head``) ends the command with 141 and no message."""
+    monkeypatch.setattr(forensics, "quarantined", _raiser(BrokenPipeError(errno.EPIPE, "Broken pipe")))
+    result = RUNNER.invoke(app, ["quarantine", "--db", str(tmp_path / "case.duckdb")])
+    assert result.exit_code == EXIT_PIPE and result.stderr == ""
 
 
 def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
