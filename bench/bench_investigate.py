@@ -32,11 +32,11 @@ from logsets import scale_pages  # noqa: E402
 
 def _timed_investigate(logs: Path, db: Path) -> tuple[float, float, dict[str, int]]:
     t = time.perf_counter()
-    forensics.ingest([logs], db)
+    forensics.ingest([logs], db, fast=True)
     ingest_s = time.perf_counter() - t
     con = connect(db)
     t = time.perf_counter()
-    figures = analyse(con)
+    figures = analyse(con, fast=True)
     analyse_s = time.perf_counter() - t
     con.close()
     return ingest_s, analyse_s, figures
@@ -75,12 +75,12 @@ def main() -> None:
         t = time.perf_counter()
         expected = reference.run(records).figures
         oracle_s = time.perf_counter() - t
-        forensics.ingest([small], root / "small.duckdb")
+        forensics.ingest([small], root / "small.duckdb", fast=True)
         runs = []
         for _ in range(3):  # the median of three: one run is at the mercy of the machine's noise
             con = connect(root / "small.duckdb")
             t = time.perf_counter()
-            got = analyse(con)
+            got = analyse(con, fast=True)
             runs.append(time.perf_counter() - t)
             con.close()
         a_s = statistics.median(runs)
@@ -109,12 +109,12 @@ def _cold_compile() -> float:
     numba cache: the compile a new install pays once."""
     script = (
         "import sys, time, forensics\n"
-        "from forensics.analysis import analyse\n"
+        "from forensics.exposure.analysis import analyse\n"
         "from forensics.store import connect\n"
-        "forensics.ingest([sys.argv[1]], sys.argv[2])\n"
+        "forensics.ingest([sys.argv[1]], sys.argv[2], fast=True)\n"
         "times = []\n"
         "for _ in range(2):\n"
-        "    con = connect(sys.argv[2]); t = time.perf_counter(); analyse(con)\n"
+        "    con = connect(sys.argv[2]); t = time.perf_counter(); analyse(con, fast=True)\n"
         "    times.append(time.perf_counter() - t); con.close()\n"
         "print(times[0] - times[1])\n"
     )
