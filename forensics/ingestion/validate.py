@@ -393,10 +393,11 @@ PLAIN_TYPED = tuple(n for n in FIELD_ORDER if n not in ("ts", "event", "op"))
 
 
 def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
-    """The rows :func:`stage_sql` gives, for lines the fast path read (:mod:`forensics.ingestion.fast.jsonlines`).
+    """The rows :func:`stage_sql` gives, for lines the fast path read
+    (:mod:`forensics.ingestion.fast.jsonlines`).
 
     ``source`` has ``line_no, part, raw``, the hash of the canonical JSON as ``hash_hi, hash_lo``
-    (:mod:`forensics.ingestion.recordhash`), the typed fields :data:`PLAIN_TYPED`,
+    (:mod:`forensics.ingestion.fast.rechash`), the typed fields :data:`PLAIN_TYPED`,
     ``event_s``, ``op_s``, the ts as ``ts_text`` (with ``ts_shape``, whether it has the RFC 3339
     shape) or ``ts_int``, and already as a time where the fast path could read it (``ts_us``;
     casting 2 M texts cost DuckDB 0.15 s of CPU), and ``page_ranges`` with ``max_hi`` where

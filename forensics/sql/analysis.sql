@@ -1,5 +1,5 @@
 -- Page timelines and exposures (log-schema.md section 5), on page ranges.
--- forensics/sweep.py has already swept every (node, boot) in seq order over an interval map
+-- forensics/exposure/sweep.py has already swept every (node, boot) in seq order over an interval map
 -- and left sweep_exposures (merged per reader, victim, node, boot), sweep_uninitialized and
 -- sweep_reads (page ranges, integer ids);
 -- this names them and aggregates them into the documented tables.

@@ -143,7 +143,7 @@ CREATE TABLE IF NOT EXISTS duplicates (
 
 -- Every text input file's lines as read (line ends and all; a leading BOM left out), in pieces
 -- of about a MiB, each a zstd frame: the verbatim line of every record, duplicate and quarantined
--- line, without a string per record (forensics/source.py reads them back; Case.verbatim).
+-- line, without a string per record (forensics/ingestion/source.py reads them back; Case.verbatim).
 -- JSON Lines number their lines at newlines; CSV and engine logs, read as text, at "\r" too.
 CREATE TABLE IF NOT EXISTS source_lines (
   file_id INTEGER NOT NULL,

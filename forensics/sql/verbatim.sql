@@ -1,5 +1,5 @@
 -- The text of the lines in wanted_lines (file_id, line_no), as read: from source_lines
--- (wanted_texts, forensics/source.py), or for a file without lines (Parquet) the JSON made of
+-- (wanted_texts, forensics/ingestion/source.py), or for a file without lines (Parquet) the JSON made of
 -- its row (records and duplicates keep it as doc, quarantine as raw).
 WITH wanted AS (
   SELECT DISTINCT file_id, line_no FROM wanted_lines

@@ -5,7 +5,7 @@ plain: strings of printable ASCII without escapes, integers within int64 in cano
 form, spaces or tabs between tokens, no key twice, and each value of its field's JSON type.
 For such a line the canonical JSON is the fields in name order, their values as written, so
 it is built here byte for byte. Every other line (and every line of CSV, Parquet and adapted
-logs) goes to the SQL validator (:func:`forensics.validate.stage_sql`), which is the
+logs) goes to the SQL validator (:func:`forensics.ingestion.validate.stage_sql`), which is the
 reference: the fast path must give the same stage rows, and tests hold it to that.
 
 numba compiles this module on first use and caches the machine code beside it, like
