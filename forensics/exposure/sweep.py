@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from forensics import compiled
-from forensics.exposure import rows as kernel
+from forensics.exposure import rows as vocab
 from forensics.exposure.rows import HI, LO
 
 COMPACT_AFTER = 1 << 16  # rows of garbage the walk's pools carry before it drops them
@@ -36,8 +36,8 @@ COMPACT_AFTER = 1 << 16  # rows of garbage the walk's pools carry before it drop
 COMPILED_FROM = 50_000
 
 OPS = {
-    "alloc": kernel.ALLOC, "share": kernel.SHARE, "write": kernel.WRITE,
-    "read": kernel.READ, "free": kernel.FREE,
+    "alloc": vocab.ALLOC, "share": vocab.SHARE, "write": vocab.WRITE,
+    "read": vocab.READ, "free": vocab.FREE,
 }
 
 # One row per page range of a kv record, plus one per decode_started (``sweep`` keeps those that
@@ -61,7 +61,7 @@ WITH kv AS (
   WHERE r.kind = 'kv' AND r.seq IS NOT NULL
 ), starts AS (
   SELECT nb.nb::BIGINT AS nb, r.seq::BIGINT AS seq, q.rid::BIGINT AS rid,
-         {kernel.START}::BIGINT AS op, r.ts
+         {vocab.START}::BIGINT AS op, r.ts
   FROM records r JOIN sweep_node_boots nb USING (node, boot) JOIN sweep_requests q USING (request_id)
   WHERE r.kind = 'request' AND r.event = 'decode_started' AND r.seq IS NOT NULL
 )
@@ -72,12 +72,12 @@ ORDER BY nb, seq, lo, hi;
 """
 
 # The columns kept of the kernel's rows (booleans are 0/1), by name and column, the range last.
-EXPOSURE_COLUMNS = (("nb", kernel.ISL_NB), ("reader", kernel.ISL_READER), ("victim", kernel.ISL_VICTIM),
-                    ("seq", kernel.ISL_SEQ), ("inferred", kernel.ISL_INFERRED), ("ts", kernel.ISL_TS))
-UNINITIALIZED_COLUMNS = (("nb", kernel.UNI_NB), ("reader", kernel.UNI_READER), ("seq", kernel.UNI_SEQ),
-                         ("inferred", kernel.UNI_INFERRED))
-READ_COLUMNS = (("nb", kernel.RD_NB), ("reader", kernel.RD_READER), ("start_seq", kernel.RD_START),
-                ("end_seq", kernel.RD_END), ("inferred", kernel.RD_INFERRED))
+EXPOSURE_COLUMNS = (("nb", vocab.ISL_NB), ("reader", vocab.ISL_READER), ("victim", vocab.ISL_VICTIM),
+                    ("seq", vocab.ISL_SEQ), ("inferred", vocab.ISL_INFERRED), ("ts", vocab.ISL_TS))
+UNINITIALIZED_COLUMNS = (("nb", vocab.UNI_NB), ("reader", vocab.UNI_READER), ("seq", vocab.UNI_SEQ),
+                         ("inferred", vocab.UNI_INFERRED))
+READ_COLUMNS = (("nb", vocab.RD_NB), ("reader", vocab.RD_READER), ("start_seq", vocab.RD_START),
+                ("end_seq", vocab.RD_END), ("inferred", vocab.RD_INFERRED))
 
 
 def walker(n_events: int, fast: bool | None = None) -> ModuleType:
@@ -95,16 +95,16 @@ def sweep(con: duckdb.DuckDBPyConnection, *, fast: bool | None = None) -> None:
     con.execute(EVENTS_SQL)
     n_requests = con.execute("SELECT count(*) FROM sweep_requests").fetchall()[0][0]
     nbs, seqs, rids, ops, los, his, micros = _events(con, n_requests)
-    walk = walker(len(nbs), fast)
-    exposures, uninitialized, reads, still_open, shared = walk.walk(
+    kernel = walker(len(nbs), fast)
+    exposures, uninitialized, reads, still_open, shared = kernel.walk(
         nbs, seqs, rids, ops, los, his, n_requests, COMPACT_AFTER
     )
-    exposures = walk.without_shared(exposures, _sorted(shared))
-    by_reader_victim_page = [HI, LO, kernel.EXP_VICTIM, kernel.EXP_READER, kernel.EXP_NB]  # last key first
-    exposures = walk.islands(exposures[np.lexsort(exposures[:, by_reader_victim_page].T)])
-    at = walk.event_at(nbs, seqs, exposures[:, kernel.ISL_NB], exposures[:, kernel.ISL_SEQ])
-    exposures[:, kernel.ISL_TS] = micros[at]
-    reads = np.concatenate((reads, walk.merged(_sorted(still_open))))
+    exposures = kernel.without_shared(exposures, _sorted(shared))
+    by_reader_victim_page = [HI, LO, vocab.EXP_VICTIM, vocab.EXP_READER, vocab.EXP_NB]  # last key first
+    exposures = kernel.islands(exposures[np.lexsort(exposures[:, by_reader_victim_page].T)])
+    at = kernel.event_at(nbs, seqs, exposures[:, vocab.ISL_NB], exposures[:, vocab.ISL_SEQ])
+    exposures[:, vocab.ISL_TS] = micros[at]
+    reads = np.concatenate((reads, kernel.merged(_sorted(still_open))))
     for name, rows, names in (
         ("exposures", exposures, EXPOSURE_COLUMNS),
         ("uninitialized", uninitialized, UNINITIALIZED_COLUMNS),
@@ -131,8 +131,8 @@ def _inferring(events: list[np.ndarray], node_of: np.ndarray, n_requests: int) -
     any boot): only the others start an inferred read."""
     nbs, rids, ops = events[0], events[2], events[3]
     key = node_of[nbs].astype(np.int64) * n_requests + rids
-    starts = ops == kernel.START
-    has_read = np.isin(key[starts], key[ops == kernel.READ])
+    starts = ops == vocab.START
+    has_read = np.isin(key[starts], key[ops == vocab.READ])
     if not has_read.any():
         return events
     keep = np.ones(len(ops), dtype=bool)
@@ -157,7 +157,7 @@ def _table(rows: np.ndarray, columns: tuple[tuple[str, int], ...]) -> pa.Table:
         elif name == "ts":
             arrays[name] = pa.array(values).cast(pa.timestamp("us", tz="UTC"))
         elif name == "end_seq":
-            arrays[name] = pa.array(values, mask=values == kernel.OPEN)
+            arrays[name] = pa.array(values, mask=values == vocab.OPEN)
         else:
             arrays[name] = pa.array(values)
     return pa.table(arrays)

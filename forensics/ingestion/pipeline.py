@@ -2,10 +2,10 @@
 
 Canonical files are read as they are; engine logs come translated by an adapter
 (:mod:`forensics.adapters`) and from there on are handled exactly alike. Plain JSON lines (the
-bulk of any real log) are read by a compiled fast path (:mod:`forensics.ingestion.fast`, on
-unless ``ingest(..., fast=False)``) straight into the record tables; every other line is
-validated by SQL (:mod:`forensics.ingestion.validate`), the reference both must agree with. The
-fast path's files are read and split in worker threads ahead of the loading
+bulk of any real log) are read by a compiled fast path (:mod:`forensics.ingestion.fast`, for
+logs large enough to gain from it, or as ``ingest(..., fast=...)`` says) straight into the
+record tables; every other line is validated by SQL (:mod:`forensics.ingestion.validate`), the
+reference both must agree with. The fast path's files are read and split in worker threads ahead of the loading
 (:class:`forensics.ingestion.readers.ReadAhead`), in blocks of whole DuckDB row groups, which
 DuckDB writes straight to the case file. Every line read is kept, compressed, in
 ``source_lines`` (:mod:`forensics.ingestion.source`), not as a string per record.

@@ -47,7 +47,6 @@ _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _INT_CELL = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
-
 @dataclass(frozen=True)
 class LogFile:
     """A file to ingest: where it is and how to decode it."""

@@ -158,6 +158,16 @@ def _scan_line(buf: np.ndarray, p: int, end: int, names: np.ndarray, name_at: np
         return count if _at(buf, p) == 125 and p + 1 == end else -1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _field_line_columns(work: tuple[np.ndarray, np.ndarray, np.ndarray], width: int,
+                        n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (field, line) columns as views of ``work``: how each value is written (all ABSENT to
+    begin with), and where it starts and stops."""
+    kinds = work[0][: width * n].reshape((width, n))
+    kinds[:] = ABSENT
+    return kinds, work[1][: width * n].reshape((width, n)), work[2][: width * n].reshape((width, n))
+
+
 @njit(cache=True, nogil=True)
 def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarray, name_at: np.ndarray,
          bucket: np.ndarray, shapes: np.ndarray, keys: np.ndarray, key_at: np.ndarray, longest: int,
@@ -176,10 +186,7 @@ def scan(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: np.ndarr
     n = len(starts)
     width = len(shapes)
     plain = np.zeros(n, np.bool_)
-    kinds = work[0][: width * n].reshape((width, n))
-    kinds[:] = ABSENT
-    vstart = work[1][: width * n].reshape((width, n))
-    vstop = work[2][: width * n].reshape((width, n))
+    kinds, vstart, vstop = _field_line_columns(work, width, n)
     hash_hi = np.zeros(n, np.uint64)
     hash_lo = np.zeros(n, np.uint64)
     order = np.empty(width, np.int64)
@@ -202,10 +209,7 @@ def _canonicals(buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, names: n
     """The canonical JSON :func:`scan` builds and hashes for each plain line, end to end, and its
     offsets (a line that is not plain has none): to show and check, never on the ingest's path."""
     n, width = len(starts), len(shapes)
-    kinds = work[0][: width * n].reshape((width, n))
-    kinds[:] = ABSENT
-    vstart = work[1][: width * n].reshape((width, n))
-    vstop = work[2][: width * n].reshape((width, n))
+    kinds, vstart, vstop = _field_line_columns(work, width, n)
     order = np.empty(width, np.int64)
     canon = np.empty(len(buf), np.uint8)
     canon_at = np.zeros(n + 1, np.int64)
