@@ -18,14 +18,14 @@ _WHERE = {
     "quarantined": "forensics.case", "KvfError": "forensics.errors", "Finding": "forensics.findings",
     "Findings": "forensics.findings", "Counts": "forensics.ingestion", "FileResult": "forensics.ingestion",
     "IngestResult": "forensics.ingestion", "ingest": "forensics.ingestion", "Investigation": "forensics.investigation",
-    "investigate": "forensics.investigation",
+    "investigate": "forensics.investigation", "Limits": "forensics.ingestion",
 }
 
 if TYPE_CHECKING:
     from forensics.case import Case, RequestReport, Summary, quarantined
     from forensics.errors import KvfError
     from forensics.findings import Finding, Findings
-    from forensics.ingestion import Counts, FileResult, IngestResult, ingest
+    from forensics.ingestion import Counts, FileResult, IngestResult, Limits, ingest
     from forensics.investigation import Investigation, investigate
 
 
@@ -39,5 +39,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Case", "Counts", "FileResult", "Finding", "IngestResult", "Investigation", "Findings", "KvfError",
-    "RequestReport", "Summary", "__version__", "ingest", "investigate", "quarantined",
+    "Limits", "RequestReport", "Summary", "__version__", "ingest", "investigate", "quarantined",
 ]

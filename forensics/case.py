@@ -190,18 +190,49 @@ class Case:
             raise QueryError(str(exc).splitlines()[0]) from exc
 
 
-def run_read_only(path: Path, query: str) -> pl.DataFrame:
-    """Run ``query`` on a read-only connection to the case: writes are refused."""
+#: Rows ``kvforensics sql`` prints unless told otherwise (``--limit``, ``--no-limit``).
+SQL_ROW_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """A query's rows, and whether more were left out by its row limit."""
+
+    frame: pl.DataFrame
+    truncated: bool
+
+
+def run_read_only(path: Path, query: str, *, limit: int | None = SQL_ROW_LIMIT) -> QueryResult:
+    """Run one read-only query on the case in DuckDB's sandbox: the connection is read-only, with
+    external access off and its configuration locked, so the query reads the case's tables and
+    nothing else (no file, no network, no extension, no setting). At most ``limit`` rows (None:
+    every row)."""
     if not query.strip():
         raise QueryError("no SQL query given")
     con = connect(path, read_only=True, create=False)
     try:
-        result = con.sql(query)
-        if result is None:
-            raise QueryError("the SQL gives no rows to show (a statement, not a query)")
-        return result.pl()
-    except duckdb.Error as exc:
-        raise QueryError(str(exc).splitlines()[0]) from exc
+        con.execute("SET enable_external_access = false")
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET lock_configuration = true")
+        try:
+            statements = con.extract_statements(query)
+        except duckdb.Error as exc:
+            raise QueryError(str(exc).splitlines()[0]) from exc
+        if len(statements) != 1:
+            raise QueryError(f"one query at a time: this is {len(statements)} statements")
+        if statements[0].type not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+            kind = statements[0].type.name.lower()
+            raise QueryError(f"only a read-only query (SELECT) runs here, not a {kind} statement")
+        try:
+            result = con.sql(query)
+            if result is None:
+                raise QueryError("the SQL gives no rows to show (a statement, not a query)")
+            frame = (result if limit is None else result.limit(limit + 1)).pl()
+        except duckdb.Error as exc:
+            raise QueryError(str(exc).splitlines()[0]) from exc
+        if limit is not None and frame.height > limit:
+            return QueryResult(frame.head(limit), True)
+        return QueryResult(frame, False)
     finally:
         con.close()
 

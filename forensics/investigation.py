@@ -9,6 +9,7 @@ from pathlib import Path
 from forensics.adapters import Options
 from forensics.exposure.analysis import analyse
 from forensics.ingestion import IngestResult, Progress, ingest
+from forensics.ingestion.readers import Limits
 from forensics.store import connect
 
 
@@ -28,6 +29,7 @@ class Investigation:
             "exposure": self.exposure,
             "files": data["files"],
             "skipped": data["skipped"],
+            "refused": data["refused"],
             "case": data["case"],
         }
 
@@ -40,11 +42,12 @@ def investigate(
     format: str | None = None,
     options: Options | None = None,
     fast: bool | None = None,
+    limits: Limits | None = None,
 ) -> Investigation:
     """Ingest ``paths`` into the case ``db`` (``format`` and ``options`` as for :func:`ingest`),
     rebuild its timelines and exposures. ``fast``: the compiled accelerators (True), none (False),
-    or each where the input is large enough to gain from it (None)."""
-    result = ingest(paths, db, progress=progress, format=format, options=options, fast=fast)
+    or each where the input is large enough to gain from it (None). ``limits``: the reader's bounds."""
+    result = ingest(paths, db, progress=progress, format=format, options=options, fast=fast, limits=limits)
     con = connect(db)
     try:
         figures = analyse(con, fast=fast)

@@ -24,6 +24,12 @@ class Field:
     type: FieldType
     choices: tuple[str, ...] = ()
     min_value: int | None = None
+    max_value: int | None = None  # where larger values cannot be real (they would break analyses)
+
+
+#: The largest count of pages or tokens a record may give: 2^40 (a trillion) is far beyond any
+#: pool or context; a larger value is a corrupt or hostile record, quarantined as bad_value.
+PLAUSIBLE_COUNT = 2**40
 
 
 @dataclass(frozen=True)
@@ -62,8 +68,9 @@ REASON_TEXT: Final[dict[Reason, str]] = {
     Reason.UNKNOWN_EVENT: "event is not one the record kind defines",
     Reason.MISSING_FIELD: "a required field is missing or null",
     Reason.WRONG_TYPE: "a field has the wrong JSON type",
-    Reason.BAD_VALUE: "a field's value is outside what it admits (enumeration or minimum)",
-    Reason.BAD_TS: "ts is neither an RFC 3339 time with offset nor integer nanoseconds",
+    Reason.BAD_VALUE: "a field's value is outside what it admits (enumeration, minimum, or a count past 2^40)",
+    Reason.BAD_TS: "ts is neither an RFC 3339 time with offset nor integer nanoseconds, or is before 1970 or "
+                   "after 2200",
     Reason.NEGATIVE_SEQ: "seq is negative",
     Reason.BAD_PAGES: "a page list is not inclusive ranges a-b with a <= b",
     Reason.PAGE_OUT_OF_RANGE: "a page id is outside [0, pool_pages) of the node's config in force",
@@ -85,23 +92,23 @@ FIELDS: Final[dict[str, Field]] = {
         Field("engine", FieldType.STR),
         Field("engine_version", FieldType.STR),
         Field("model", FieldType.STR),
-        Field("context_length", FieldType.INT, min_value=1),
-        Field("page_size", FieldType.INT, min_value=1),
-        Field("pool_pages", FieldType.INT, min_value=1),
-        Field("kv_bytes_per_token", FieldType.INT, min_value=0),
+        Field("context_length", FieldType.INT, min_value=1, max_value=PLAUSIBLE_COUNT),
+        Field("page_size", FieldType.INT, min_value=1, max_value=PLAUSIBLE_COUNT),
+        Field("pool_pages", FieldType.INT, min_value=1, max_value=PLAUSIBLE_COUNT),
+        Field("kv_bytes_per_token", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
         # request
         Field("request_id", FieldType.STR),
         Field("event", FieldType.STR),
         Field("tenant_id", FieldType.STR),
-        Field("prompt_tokens", FieldType.INT, min_value=0),
-        Field("max_new_tokens", FieldType.INT, min_value=0),
+        Field("prompt_tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
+        Field("max_new_tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
         Field("prefill_node", FieldType.STR),
         Field("decode_node", FieldType.STR),
         Field("reason", FieldType.STR),
-        Field("limit_tokens", FieldType.INT, min_value=0),
-        Field("status", FieldType.INT, min_value=0),
+        Field("limit_tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
+        Field("status", FieldType.INT, min_value=0, max_value=999),
         Field("finish_reason", FieldType.STR),
-        Field("output_tokens", FieldType.INT, min_value=0),
+        Field("output_tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
         # kv
         Field("op", FieldType.STR),
         Field("pages", FieldType.PAGES),
@@ -112,7 +119,7 @@ FIELDS: Final[dict[str, Field]] = {
         Field("dst_node", FieldType.STR),
         Field("src_pages", FieldType.PAGES),
         Field("dst_pages", FieldType.PAGES),
-        Field("tokens", FieldType.INT, min_value=0),
+        Field("tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
         Field("bytes", FieldType.INT, min_value=0),
     )
 }

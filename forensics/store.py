@@ -11,6 +11,7 @@ from typing import Any
 import duckdb
 
 from forensics.errors import CaseError, CaseLocked
+from forensics.text import shown
 
 #: The case format. 3: rec_hash is MurmurHash3 of the canonical JSON (was MD5). 4: one table of
 #: records per kind, ``records`` a view of them. 5: the verbatim lines in ``source_lines``, not a
@@ -46,15 +47,45 @@ def sql_blocks(name: str) -> list[SqlBlock]:
     return out
 
 
+#: A DuckDB database file: its main header's magic bytes, at this offset.
+_DUCKDB_MAGIC, _DUCKDB_MAGIC_AT = b"DUCK", 8
+
+
+def check_case_path(path: Path, *, create: bool) -> None:
+    """Refuse, untouched, what ``--db`` must not open: a path that is not a regular file (a folder,
+    a device, a FIFO), and a file that is not a DuckDB database (a log, a CSV: DuckDB would open it
+    as an empty database). A DuckDB file is further checked for the case schema once open."""
+    if not path.exists():
+        if not create:
+            raise CaseError(f"{shown(path)}: no such case (run 'kvforensics ingest' first)")
+        return
+    if path.is_dir():
+        raise CaseError(f"{shown(path)}: is a folder, not a case file")
+    if not path.is_file():
+        raise CaseError(f"{shown(path)}: not a regular file, so not a case")
+    if path.stat().st_size == 0:
+        if not create:
+            raise CaseError(f"{shown(path)}: an empty file, not a case")
+        return  # an empty file (mktemp's) holds nothing to lose: the case is made in it
+    with path.open("rb") as fh:
+        head = fh.read(_DUCKDB_MAGIC_AT + len(_DUCKDB_MAGIC))
+    if head[_DUCKDB_MAGIC_AT:] != _DUCKDB_MAGIC:
+        raise CaseError(f"{shown(path)}: not a DuckDB file, so not a case (is it a log? --db names the case "
+                        "database, which ingest creates)")
+
+
 def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -> duckdb.DuckDBPyConnection:
-    """A connection to the case at ``path`` (``:memory:`` for a scratch case), schema in place."""
+    """A connection to the case at ``path`` (``:memory:`` for a scratch case), schema in place.
+
+    ``path`` must be new (when ``create``: it is made, and its folder), an empty file, or a DuckDB
+    file holding a case of this schema version; anything else is refused and left untouched.
+    """
     target = str(path)
     if target != ":memory:":
         p = Path(target)
-        if not p.exists() and (read_only or not create):
-            raise CaseError(f"{p}: no such case (run 'kvforensics ingest' first)")
-        if p.exists() and p.is_dir():
-            raise CaseError(f"{p}: is a folder, not a case file")
+        check_case_path(p, create=create and not read_only)
+        if not p.exists():
+            p.parent.mkdir(parents=True, exist_ok=True)
     try:
         con = duckdb.connect(target, read_only=read_only)
     except duckdb.IOException as exc:
@@ -71,23 +102,34 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
         con.execute("SET enable_progress_bar = false")
     except duckdb.InvalidInputException:
         pass  # in Jupyter without ipywidgets DuckDB refuses to touch the setting; there is no bar to hide
-    # the version is read before the schema is applied, so a case of another version is left untouched
+    # the version is read before the schema is applied, so a file of another kind or version is left untouched
     version = _schema_version(con)
-    if version != SCHEMA_VERSION and (version is not None or read_only):
+    fresh = version is None and not _has_any_table(con)
+    if version != SCHEMA_VERSION and not (fresh and not read_only):
         con.close()
         if version is None:
-            raise CaseError(f"{target}: not a kvforensics case (it has no case schema)")
+            raise CaseError(f"{target}: a DuckDB database but not a kvforensics case (it has no case schema); "
+                            "left untouched")
         raise CaseError(
             f"{target}: case schema {version}, this kvforensics reads schema {SCHEMA_VERSION} "
             "(ingest the case's files into a new case)"
         )
     if not read_only:
+        con.execute("BEGIN")
         con.execute(sql_text("schema.sql"))
         con.execute(
             "INSERT INTO case_meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
             [SCHEMA_VERSION],
         )
+        con.execute("COMMIT")
     return con
+
+
+def _has_any_table(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the database holds any table or view of its own (a new case holds none)."""
+    row = one(con, "SELECT (SELECT count(*) FROM duckdb_tables() WHERE NOT internal) "
+                   "+ (SELECT count(*) FROM duckdb_views() WHERE NOT internal)")
+    return row is not None and row[0] > 0
 
 
 def _schema_version(con: duckdb.DuckDBPyConnection) -> str | None:

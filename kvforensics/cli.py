@@ -6,7 +6,6 @@ import io
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable
 from enum import StrEnum
@@ -20,7 +19,9 @@ from typer.core import TyperGroup
 
 import forensics
 from forensics.adapters import ADAPTERS, Options, read_tenant_map
-from forensics.errors import KvfError, OutputExists
+from forensics.errors import BadOption, KvfError, OutputExists
+from forensics.ingestion.readers import Limits
+from forensics.text import csv_cell, printable, shown
 from replay.engine import BEHAVIOURS
 from replay.simulate import Deployment
 
@@ -30,6 +31,7 @@ EXIT_USAGE = 2  # the command line itself is wrong (unknown option, missing argu
 EXIT_OS = 3  # the system refused a read or a write (permissions, a full disk, a vanished file)
 EXIT_DATABASE = 4  # DuckDB failed outside the toolkit's checks
 EXIT_INTERNAL = 5  # a bug in kvforensics: --debug shows the traceback to report
+EXIT_REFUSED_FILES = 6  # the command finished, but some input files could not be read (listed, why)
 EXIT_PIPE = 141  # the output was closed before it was all written (| head): nothing is said
 EXIT_CODES = {EXIT_ERROR: "error", EXIT_USAGE: "usage", EXIT_OS: "system error", EXIT_DATABASE: "database error",
               EXIT_INTERNAL: "internal error"}
@@ -39,15 +41,18 @@ def failure(exc: BaseException) -> tuple[int, str]:
     """The exit code and the one line a failure is reported with."""
     if isinstance(exc, KvfError):
         code, text = EXIT_ERROR, str(exc)
+    elif isinstance(exc, RecursionError | MemoryError):
+        code, text = EXIT_ERROR, (f"the input is nested or sized beyond what can be held ({type(exc).__name__}); "
+                                  "--debug shows where")
     elif isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename is not None else ""
+        where = f"{shown(exc.filename)}: " if exc.filename is not None else ""
         code, text = EXIT_OS, f"{where}{exc.strerror or exc}"
     elif isinstance(exc, duckdb.Error):
         code, text = EXIT_DATABASE, f"{type(exc).__name__}: {str(exc).strip()}"
     else:
         code, text = EXIT_INTERNAL, f"{type(exc).__name__}: {exc} (a bug: run again with --debug for the traceback)"
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return code, f"kvforensics: {EXIT_CODES[code]}: {printable(first)}"
+    return code, f"kvforensics: {EXIT_CODES[code]}: {shown(first)}"
 
 
 class _Commands(TyperGroup):
@@ -153,24 +158,36 @@ def _print_figures(figures: dict[str, int]) -> None:
 def _print_counts(result: forensics.IngestResult) -> None:
     for f in result.files:
         c = f.counts
+        if f.status == "refused":
+            typer.echo(f"{shown(f.path)}: refused, nothing of it ingested: {shown(f.why)}")
+            continue
         note = " (already in the case, unchanged)" if f.status == "already_in_case" else ""
         typer.echo(
-            f"{f.path}: {c.read} read, {c.ingested} ingested, {c.duplicates} duplicates, "
+            f"{shown(f.path)}: {c.read} read, {c.ingested} ingested, {c.duplicates} duplicates, "
             f"{c.quarantined} quarantined{note}"
         )
         if f.adapter != "canonical":
             typer.echo(f"  read as {f.adapter}; {f.ignored} other lines ignored")
         for text in f.notes:
-            typer.echo(f"  note: {text}")
-    for path in result.skipped:
-        typer.echo(f"{path}: passed over (not a log file)")
+            typer.echo(f"  note: {shown(text)}")
+    for passed in result.skipped:
+        typer.echo(f"{shown(passed.path)}: passed over ({shown(passed.why)})")
     r = result.records
+    refused = f"; {len(result.refused)} files refused" if result.refused else ""
     typer.echo(
         f"total: {r.read} read = {r.ingested} ingested + {r.duplicates} duplicates "
-        f"+ {r.quarantined} quarantined"
+        f"+ {r.quarantined} quarantined{refused}"
     )
     if r.quarantined:
-        typer.echo(f"see them with: kvforensics quarantine --db {result.db}")
+        typer.echo(f"see them with: kvforensics quarantine --db {shown(result.db)}")
+
+
+def _refused_exit(result: forensics.IngestResult) -> None:
+    """Exit with :data:`EXIT_REFUSED_FILES`, saying so on stderr, where files could not be read."""
+    if result.refused:
+        typer.echo(f"kvforensics: {len(result.refused)} of the files could not be read (listed above with why); "
+                   "the rest are in the case", err=True)
+        raise typer.Exit(EXIT_REFUSED_FILES)
 
 
 FormatOption = Annotated[str | None, typer.Option(
@@ -193,6 +210,14 @@ YearOption = Annotated[int | None, typer.Option(
     rich_help_panel="Engine logs")]
 
 
+MaxLineOption = Annotated[int, typer.Option(
+    "--max-line-bytes", help="The longest line read; a longer one is quarantined (unreadable) with its start kept, "
+    "never held whole.", rich_help_panel="Bounds")]
+MaxExpansionOption = Annotated[int, typer.Option(
+    "--max-expansion", help="How many times its size a compressed file may decompress to; past it the file is "
+    "refused as a decompression bomb.", rich_help_panel="Bounds")]
+
+
 def _adapter_options(node: str | None, role: str | None, tenant_map: Path | None, tenant_from: str | None,
                      year: int | None) -> Options:
     tenants = read_tenant_map(tenant_map) if tenant_map is not None else None
@@ -210,18 +235,22 @@ def ingest(
     tenant_map: TenantMapOption = None,
     tenant_from: TenantFromOption = None,
     year: YearOption = None,
+    max_line_bytes: MaxLineOption = Limits.max_line_bytes,
+    max_expansion: MaxExpansionOption = Limits.max_expansion,
 ) -> None:
     """Ingest log files into a case: each record ingested, a duplicate, or quarantined.
 
     Canonical logs, and engine logs the adapters translate (see docs/adapters.md).
     """
+    limits = Limits(max_line_bytes=max_line_bytes, max_expansion=max_expansion)
     result = (_with_progress(lambda p: forensics.ingest(
-        paths, db, progress=p, format=format,
+        paths, db, progress=p, format=format, limits=limits,
         options=_adapter_options(node, role, tenant_map, tenant_from, year))))
     if as_json:
         _print_json(result.as_dict())
     else:
         _print_counts(result)
+    _refused_exit(result)
 
 
 class Audience(StrEnum):
@@ -261,6 +290,8 @@ def investigate(
     tenant_map: TenantMapOption = None,
     tenant_from: TenantFromOption = None,
     year: YearOption = None,
+    max_line_bytes: MaxLineOption = Limits.max_line_bytes,
+    max_expansion: MaxExpansionOption = Limits.max_expansion,
 ) -> None:
     """Ingest, rebuild page timelines, find exposures, print the figures; with --out, the whole job.
 
@@ -271,9 +302,11 @@ def investigate(
     found = (_with_progress(lambda p: run(
         paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
         generated_at=generated_at, with_replay=not no_replay, progress=p, format=format,
+        limits=Limits(max_line_bytes=max_line_bytes, max_expansion=max_expansion),
         options=_adapter_options(node, role, tenant_map, tenant_from, year))))
     if as_json:
         _print_json(found.as_dict())
+        _refused_exit(found.investigation.ingest)
         return
     _print_counts(found.investigation.ingest)
     typer.echo("")
@@ -295,7 +328,8 @@ def investigate(
         typer.echo(f"replay skipped: {found.replay_skipped}")
     if found.report is not None:
         typer.echo(f"\nreport: {found.report.out}")
-    typer.echo(f"\nnext: kvforensics exposures --db {db}")
+    typer.echo(f"\nnext: kvforensics exposures --db {shown(db)}")
+    _refused_exit(found.investigation.ingest)
 
 
 @app.command()
@@ -319,10 +353,18 @@ def report(
 
 
 def _emit(frame: pl.DataFrame, fmt: Format) -> None:
+    """Print a table; what came from the logs is made safe for where it goes: a CSV's strings
+    neutralised for spreadsheets (a leading ``=``, ``+``, ``-`` or ``@``), a table's controls shown
+    as escapes, JSON escaped as JSON is."""
+    if fmt is Format.json:
+        _print_json(frame.to_dicts())
+        return
+    safe = csv_cell if fmt is Format.csv else shown
+    strings = [c for c, t in frame.schema.items() if t == pl.String]
+    if strings:
+        frame = frame.with_columns(pl.col(c).map_elements(safe, return_dtype=pl.String) for c in strings)
     if fmt is Format.csv:
         typer.echo(frame.write_csv(), nl=False)
-    elif fmt is Format.json:
-        _print_json(frame.to_dicts())
     else:
         with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
             typer.echo(str(frame))
@@ -381,15 +423,6 @@ def request(
             typer.echo(f"{path}:{line_no}: {printable(text)}")
 
 
-def printable(text: str) -> str:
-    """A log line for the terminal: control characters (an escape sequence in a log would act on
-    the terminal) shown as escapes."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
-
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
 @app.command()
 def page(
     node: Annotated[str, typer.Argument(help="The node, e.g. decode-0.")],
@@ -399,6 +432,11 @@ def page(
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
 ) -> None:
     """A page's timeline on a node: holds, writes and reads in (boot, seq) order."""
+
+    if not 0 <= page_id < 2**63:
+        raise BadOption(f"PAGE must be a page id, 0 or more and below 2^63, not {page_id}")
+    if boot is not None and not 0 <= boot < 2**63:
+        raise BadOption(f"--boot must be 0 or more and below 2^63, not {boot}")
 
     def query() -> pl.DataFrame:
         with forensics.Case(db) as case:
@@ -423,14 +461,24 @@ def quarantine(
 
 @app.command()
 def sql(
-    query: Annotated[str, typer.Argument(help="A read-only SQL query over the case's tables.")],
+    query: Annotated[str, typer.Argument(help="One read-only SQL query over the case's tables.")],
     db: DbOption,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    limit: Annotated[int, typer.Option(help="Print at most this many rows.", min=1)] = 1000,
+    no_limit: Annotated[bool, typer.Option("--no-limit", help="Print every row, however many.")] = False,
 ) -> None:
-    """Run a read-only SQL query over the case (tables in docs/tables.md)."""
+    """Run one read-only SQL query over the case (tables in docs/tables.md).
+
+    The query runs in DuckDB's sandbox: the case opened read-only, external access off and the
+    configuration locked, so it reads the case's tables and nothing else: no files, no network,
+    no extensions, no settings. One statement; a SELECT (or EXPLAIN).
+    """
     from forensics.case import run_read_only
 
-    _emit((run_read_only(db, query)), fmt)
+    result = run_read_only(db, query, limit=None if no_limit else limit)
+    _emit(result.frame, fmt)
+    if result.truncated:
+        typer.echo(f"kvforensics: the first {limit:,} rows shown; --limit N or --no-limit for more", err=True)
 
 
 @app.command()

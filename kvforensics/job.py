@@ -14,6 +14,7 @@ from typing import Any
 from forensics.adapters import Options
 from forensics.exposure.tiers import Filled, fill_from_replay
 from forensics.ingestion import Progress
+from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, investigate
 from forensics.store import connect, one
 from replay.replay import ReplayResult, WhatIf, default_out, replay
@@ -74,9 +75,10 @@ def run(
     progress: Progress | None = None,
     format: str | None = None,
     options: Options | None = None,
+    limits: Limits | None = None,
 ) -> JobResult:
     """Ingest and analyse ``paths`` into ``db``; with ``out``, also replay, fill in and report."""
-    found = investigate(paths, db, progress=progress, format=format, options=options)
+    found = investigate(paths, db, progress=progress, format=format, options=options, limits=limits)
     if out is None:
         return JobResult(found)
     replays: tuple[ReplayResult, ...] = ()

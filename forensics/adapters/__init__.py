@@ -26,6 +26,7 @@ from forensics.adapters.base import (
     Notes,
     Options,
     Outcome,
+    Unreadable,
     Untranslatable,
     chunks,
     first_object,
@@ -71,5 +72,5 @@ def sniff(head: Sequence[str]) -> Adapter | None:
 
 
 __all__ = ["ADAPTERS", "LINES_SCHEMA", "SNIFF_LINES", "Adapter", "Lines", "Notes", "Options", "Outcome",
-           "Untranslatable", "chunks", "first_object", "get", "log_like", "node_of", "read_tenant_map", "sniff",
-           "table"]
+           "Unreadable", "Untranslatable", "chunks", "first_object", "get", "log_like", "node_of", "read_tenant_map",
+           "sniff", "table"]

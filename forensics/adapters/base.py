@@ -51,6 +51,16 @@ class Untranslatable(ValueError):
     """A line the adapter recognised as an event but cannot turn into canonical records."""
 
 
+class Unreadable(Untranslatable):
+    """A line that could not be read at all (too long to hold): quarantined as ``unreadable``."""
+
+
+#: How a line the validator is handed marks, in its ``doc``, a verdict already reached: the
+#: marker, then why. The stage SQL checks these first (forensics.ingestion.validate).
+UNTRANSLATABLE_MARK = "\x01"
+UNREADABLE_MARK = "\x02"
+
+
 @dataclass
 class Notes:
     """What an adapter wants the operator to know about a file (unknown tenants, roles)."""
@@ -119,7 +129,7 @@ def read_tenant_map(path: Path) -> dict[str, str]:
     if text.lstrip().startswith("{"):
         try:
             data = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise BadOption(f"{path}: not a JSON object of request id to tenant ({exc})") from None
         if not all(isinstance(v, (str, int)) for v in data.values()):
             raise BadOption(f"{path}: tenant ids must be strings")
@@ -145,7 +155,7 @@ def first_object(head: Sequence[str]) -> dict[str, Any] | None:
             continue
         try:
             doc = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # (a JSON value nested past Python's stack)
             return None
         return doc if isinstance(doc, dict) else None
     return None
@@ -168,8 +178,10 @@ def chunks(outcomes: Iterable[Outcome], node: str, on_ignored: Callable[[int], N
         if result is None:
             ignored += 1
             continue
-        if isinstance(result, Untranslatable):
-            docs = ["\x01" + str(result)]
+        if isinstance(result, Unreadable):
+            docs = [UNREADABLE_MARK + str(result)]
+        elif isinstance(result, Untranslatable):
+            docs = [UNTRANSLATABLE_MARK + str(result)]
         else:
             docs = [json.dumps({"node": node, **r}, ensure_ascii=False, separators=(",", ":")) for r in result]
         for part, doc in enumerate(docs):

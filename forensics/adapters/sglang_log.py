@@ -55,7 +55,7 @@ def split(text: str, year: int | None) -> LogLine:
     if t.startswith("{"):
         try:
             doc = json.loads(t)
-        except ValueError:
+        except (ValueError, RecursionError):  # (a JSON value nested past Python's stack)
             return LogLine(None, False, t)
         if isinstance(doc, dict):
             ts = iso_time(doc.get("timestamp"))
@@ -103,8 +103,11 @@ def py_value(text: str) -> Any:
     """A Python repr as data: calls become dicts (``__type__`` naming the class), literals
     stay, anything else is kept as its source text. Nothing is evaluated."""
     src = _TRUNCATED.sub(r"\1 + \2", _OPAQUE.sub(lambda m: repr(m.group(0)), text))
-    tree = ast.parse(src, mode="eval")
-    return _value(tree.body, src)
+    try:
+        tree = ast.parse(src, mode="eval")
+        return _value(tree.body, src)
+    except (RecursionError, MemoryError):  # a repr nested (or an expression chained) past what Python parses
+        raise ValueError("nested too deeply to read") from None
 
 
 def _value(node: ast.AST, src: str) -> Any:

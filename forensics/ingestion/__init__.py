@@ -16,5 +16,6 @@
 """
 
 from forensics.ingestion.pipeline import Counts, FileResult, IngestResult, Progress, ingest
+from forensics.ingestion.readers import Limits, PassedOver
 
-__all__ = ["Counts", "FileResult", "IngestResult", "Progress", "ingest"]
+__all__ = ["Counts", "FileResult", "IngestResult", "Limits", "PassedOver", "Progress", "ingest"]

@@ -21,8 +21,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import importlib
-import json
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -41,18 +41,22 @@ from forensics.ingestion import source
 from forensics.ingestion.readers import (
     LINES_SCHEMA,
     ROW_GROUP,
+    Limits,
     LogFile,
+    PassedOver,
     ReadAhead,
     batched,
     discover,
     fast_path,
+    open_regular,
     read_blocks,
     source_pieces,
 )
 from forensics.ingestion.settle import RECORD_TABLES, count, settle
-from forensics.ingestion.validate import PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
+from forensics.ingestion.validate import LENIENT_SUSPECT, PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 from forensics.schema import KINDS, Reason
 from forensics.store import connect, one
+from forensics.text import path_text, shown
 from forensics.version import __version__
 
 #: The table of valid records of each kind (forensics/sql/schema.sql); ``records`` is a view of them.
@@ -114,11 +118,12 @@ class FileResult:
     size: int
     format: str
     compression: str
-    status: str  # "ingested" or "already_in_case"
+    status: str  # "ingested", "already_in_case", or "refused" (``why``: nothing of it is in the case)
     counts: Counts
     adapter: str = "canonical"
     ignored: int = 0  # adapted files: lines that are no event (not records, so not in the counts)
     notes: tuple[str, ...] = ()  # what the adapter wants the operator to know
+    why: str | None = None  # a refused file: why it could not be read
 
     def as_dict(self) -> dict[str, object]:
         """As JSON-ready data."""
@@ -133,6 +138,7 @@ class FileResult:
             **self.counts.as_dict(),
             "lines_ignored": self.ignored,
             "notes": list(self.notes),
+            **({"why": self.why} if self.why is not None else {}),
         }
 
 
@@ -142,9 +148,14 @@ class IngestResult:
 
     db: str
     files: tuple[FileResult, ...]
-    skipped: tuple[str, ...]
+    skipped: tuple[PassedOver, ...]
     records: Counts
     case: Counts
+
+    @property
+    def refused(self) -> tuple[FileResult, ...]:
+        """The files that could not be read (nothing of them is in the case)."""
+        return tuple(f for f in self.files if f.status == "refused")
 
     def as_dict(self) -> dict[str, object]:
         """As JSON-ready data."""
@@ -152,7 +163,8 @@ class IngestResult:
             "db": self.db,
             "records": self.records.as_dict(),
             "files": [f.as_dict() for f in self.files],
-            "skipped": list(self.skipped),
+            "skipped": [p.as_dict() for p in self.skipped],
+            "refused": len(self.refused),
             "case": self.case.as_dict(),
         }
 
@@ -165,6 +177,7 @@ def ingest(
     format: str | None = None,
     options: Options | None = None,
     fast: bool | None = None,
+    limits: Limits | None = None,
 ) -> IngestResult:
     """Ingest the log files at ``paths`` (files or folders) into the case ``db``.
 
@@ -173,16 +186,21 @@ def ingest(
     what the engine's logs do not say (node, role, tenants). ``fast``: plain JSON lines take the
     compiled fast path (True), the SQL validator as every other line does (False: the same
     records, slower on large logs), or the fast path where they add up to
-    :data:`~forensics.ingestion.readers.FAST_FROM_BYTES` (None).
+    :data:`~forensics.ingestion.readers.FAST_FROM_BYTES` (None). ``limits``: the reader's bounds
+    (the longest line, how far a compressed file may expand).
+
+    A file that cannot be read (damaged compression, a bomb, changed while read) is refused: it
+    is rolled back, listed with why in the result and in the case's ``refused_files``, and the
+    other files are ingested.
     """
     if format is not None:
         adapters.get(format)
-    logs, skipped = discover([Path(p) for p in paths], format, fast=fast)
+    logs, skipped = discover([Path(p) for p in paths], format, fast=fast, limits=limits)
     with _ordinary_pages():
         return _ingest(db, logs, skipped, progress, options or Options())
 
 
-def _ingest(db: Path | str, logs: list[LogFile], skipped: list[Path], progress: Progress | None,
+def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], progress: Progress | None,
             options: Options) -> IngestResult:
     """:func:`ingest` of the files found."""
     con = connect(db)
@@ -201,7 +219,7 @@ def _ingest(db: Path | str, logs: list[LogFile], skipped: list[Path], progress: 
                     con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
                 columns = record_columns(con)
                 results = [
-                    _ingest_file(con, log, digest, progress, options, ahead, columns)
+                    _ingest_or_refuse(con, log, digest, progress, options, ahead, columns)
                     for log, digest in zip(logs, hashes, strict=True)
                 ]
             finally:
@@ -209,12 +227,12 @@ def _ingest(db: Path | str, logs: list[LogFile], skipped: list[Path], progress: 
                     digest.cancel()
         final = _with_counts(con, results)
         # a file named twice, or two paths with the same bytes, is one piece of evidence
-        distinct = {r.sha256: r.counts for r in final}
+        distinct = {r.sha256: r.counts for r in final if r.status != "refused"}
         total = sum(distinct.values(), Counts())
         return IngestResult(
             db=str(db),
             files=tuple(final),
-            skipped=tuple(str(p) for p in skipped),
+            skipped=tuple(skipped),
             records=total,
             case=case_counts(con),
         )
@@ -274,7 +292,8 @@ def _with_counts(con: duckdb.DuckDBPyConnection, results: list[FileResult]) -> l
         [[r.sha256 for r in results]],
     ).fetchall()
     counts = {sha: Counts(*(int(v) for v in rest)) for sha, *rest in rows}
-    return [FileResult(**{**r.__dict__, "counts": counts[r.sha256]}) for r in results]
+    return [r if r.status == "refused" else FileResult(**{**r.__dict__, "counts": counts[r.sha256]})
+            for r in results]
 
 
 @dataclass(frozen=True)
@@ -297,14 +316,44 @@ class Hashed:
 def sha256_of(path: Path) -> Hashed:
     """The SHA-256 and size of a file's bytes as stored (compressed files are hashed as they are)."""
     try:
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
             # one buffer, read into again and again: a fresh 8 MB a read cost more than the copying
             digest = hashlib.file_digest(fh, "sha256")
             size = fh.tell()
             mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
     except OSError as exc:
-        raise UnreadableFile(f"{path}: cannot be read ({exc.strerror})") from exc
+        raise UnreadableFile(f"{shown(path)}: cannot be read ({exc.strerror})") from exc
     return Hashed(digest.hexdigest(), size, mtime_ns)
+
+
+def _ingest_or_refuse(
+    con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Future[Hashed], progress: Progress | None,
+    options: Options, ahead: ReadAhead, columns: dict[str, tuple[str, ...]],
+) -> FileResult:
+    """:func:`_ingest_file`, or, for a file that cannot be read, its refusal: recorded in
+    ``refused_files`` (the case holds nothing else of it) and the ingest goes on."""
+    try:
+        return _ingest_file(con, log, hashing, progress, options, ahead, columns)
+    except UnreadableFile as exc:
+        if fast_path(log):
+            ahead.abandon(log)
+        why = str(exc).removeprefix(f"{shown(log.path)}: ")
+        try:
+            hashed = hashing.result()
+        except UnreadableFile:
+            hashed = Hashed("", _size_or_zero(log.path), 0)
+        con.execute("DELETE FROM refused_files WHERE path = ?", [path_text(log.path)])
+        con.execute("INSERT INTO refused_files VALUES (?, ?, ?, ?, ?, ?)",
+                    [path_text(log.path), hashed.size, hashed.sha256 or None, why, dt.datetime.now(dt.UTC),
+                     __version__])
+        return FileResult(status="refused", why=why, **_identity(log, hashed))
+
+
+def _size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _ingest_file(
@@ -331,15 +380,17 @@ def _ingest_file(
         if hashed.size != size or not hashed.unchanged(log.path):
             # a live log, written or truncated (logrotate's copytruncate) while it was read: what was
             # read is not what the manifest's hash stands for
-            raise FileChanged(f"{log.path}: changed while it was read; ingest it again once nothing writes to it")
+            raise FileChanged(
+                f"{shown(log.path)}: changed while it was read; ingest it again once nothing writes to it")
         _check_strict_json(con)
         # the file's row goes in before its records settle: its lines are read back by its format
         con.execute(
             "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [file_id, str(log.path), size, hashed.sha256, log.format, log.compression,
+            [file_id, path_text(log.path), size, hashed.sha256, log.format, log.compression,
              dt.datetime.now(dt.UTC), __version__, read, log.adapter, ignored[0]],
         )
         settle(con, file_id, columns)
+        con.execute("DELETE FROM refused_files WHERE path = ?", [path_text(log.path)])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -351,7 +402,7 @@ def _ingest_file(
 
 def _identity(log: LogFile, hashed: Hashed) -> dict[str, Any]:
     """A file's result fields that say which file it is."""
-    return dict(path=str(log.path), sha256=hashed.sha256, size=hashed.size, format=log.format,
+    return dict(path=path_text(log.path), sha256=hashed.sha256, size=hashed.size, format=log.format,
                 compression=log.compression, counts=Counts(), adapter=log.adapter)
 
 
@@ -359,7 +410,7 @@ def _size_of(path: Path) -> int:
     try:
         return path.stat().st_size
     except OSError as exc:
-        raise UnreadableFile(f"{path}: cannot be read ({exc.strerror})") from exc
+        raise UnreadableFile(f"{shown(path)}: cannot be read ({exc.strerror})") from exc
 
 
 def _next_file_id(con: duckdb.DuckDBPyConnection) -> int:
@@ -401,10 +452,14 @@ def _load(
     waiting: dict[str, list[pa.Table]] = {kind: [] for kind in KINDS}  # not yet in a statement
     held: dict[str, pa.Table] = {}  # whole groups, held back in case the file ends after them
     text: list[source.Piece] = []
+    leap = 0
     for block in read_blocks(log, ahead, options, notes, count_ignored):
         text.extend(block.text)
         for kind, rows in block.kinds:
             plain += rows.num_rows
+            if "ts_text" in rows.column_names and rows["ts_us"].null_count:  # (a leap second is never read there)
+                times = pc.filter(rows["ts_text"].cast(pa.large_string()), pc.is_null(rows["ts_us"]))
+                leap += int(pc.sum(pc.match_substring_regex(times, _LEAP_SECOND)).as_py() or 0)
             if kind is None:  # no known kind: every line breaks a rule, so none waits for a row group
                 _load_plain(con, file_id, None, rows, ())
             else:
@@ -432,7 +487,17 @@ def _load(
         if last:
             _load_plain(con, file_id, kind, pa.concat_tables(last), columns[kind])
     source.store(con, file_id, text if fast_path(log) else list(source_pieces(log)))
+    row = one(con, "SELECT count(*) FROM stage WHERE q_reason IS NULL AND regexp_matches(coalesce(doc, raw), ?)",
+              [_LEAP_IN_LINE])
+    leap += int(row[0]) if row else 0
+    if leap:
+        notes.add("leap", "{n} times at a leap second (hh:59:60) read as the next second", leap)
     return plain + count(con, "stage")
+
+
+#: A time at a leap second, in a time's text and in a record's line.
+_LEAP_SECOND = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}.[0-9]{2}:59:60"
+_LEAP_IN_LINE = r'"ts"\s*:\s*"[0-9]{4}-[0-9]{2}-[0-9]{2}.[0-9]{2}:59:60' 
 
 
 def _load_plain(
@@ -497,15 +562,16 @@ def _has_values(chunk: pa.Table, column: str) -> bool:
     return chunk.column(source).null_count < chunk.num_rows
 
 
-def _strict_json_ok(text: str) -> bool:
-    def refuse(token: str) -> object:
-        raise ValueError(token)
+#: A JSON string (DuckDB has checked the line is JSON: its strings are well formed).
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_LENIENT = re.compile(LENIENT_SUSPECT)
 
-    try:
-        json.loads(text, parse_constant=refuse)
-    except ValueError:
-        return False
-    return True
+
+def _strict_json_ok(text: str) -> bool:
+    """Whether a line DuckDB's parser took is strict JSON too: no trailing comma and no nan or
+    inf outside its strings. A scan, not a parse: a line nested however deep is read in one pass
+    (Python's parser gives up past about a thousand levels)."""
+    return _LENIENT.search(_JSON_STRING.sub('""', text)) is None
 
 
 def _check_strict_json(con: duckdb.DuckDBPyConnection) -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime as dt
+import decimal
 import gzip
 import io
+import itertools
 import json
 import os
 import queue
 import re
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -25,10 +28,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forensics import adapters, compiled
-from forensics.adapters.base import LINES_SCHEMA
-from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
+from forensics.adapters.base import LINES_SCHEMA, UNREADABLE_MARK
+from forensics.errors import BadOption, InputNotFound, UnreadableFile, UnrecognisedFile
 from forensics.ingestion import source
 from forensics.schema import integer_fields
+from forensics.text import path_text, shown
 
 CHUNK_BYTES = 32 << 20
 #: DuckDB's row group. Rows inserted in whole groups are written straight to the case file; an
@@ -48,6 +52,42 @@ _INT_CELL = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
 @dataclass(frozen=True)
+class Limits:
+    """How far the reader goes with one file: its bounds on memory and time, set by options."""
+
+    #: The longest line read (``--max-line-bytes``): a longer line is quarantined as unreadable
+    #: with its first :data:`KEPT_OF_LONG_LINE` bytes, never held whole in memory.
+    max_line_bytes: int = 16 << 20
+    #: How many times its own size a compressed file may decompress to (``--max-expansion``); a
+    #: file that goes past it (a decompression bomb) is refused. Files decompressing to less than
+    #: :data:`EXPANSION_FLOOR` are never refused.
+    max_expansion: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.max_line_bytes < KEPT_OF_LONG_LINE:
+            raise BadOption(f"--max-line-bytes must be at least {KEPT_OF_LONG_LINE}")
+        if self.max_expansion < 1:
+            raise BadOption("--max-expansion must be at least 1")
+
+
+#: What is kept of a line longer than :attr:`Limits.max_line_bytes`: its first bytes.
+KEPT_OF_LONG_LINE = 4096
+EXPANSION_FLOOR = 16 << 20
+
+
+@dataclass(frozen=True)
+class PassedOver:
+    """A file inside a folder that is not read, and why."""
+
+    path: str
+    why: str
+
+    def as_dict(self) -> dict[str, str]:
+        """As JSON-ready data."""
+        return {"path": self.path, "why": self.why}
+
+
+@dataclass(frozen=True)
 class LogFile:
     """A file to ingest: where it is and how to decode it."""
 
@@ -56,6 +96,7 @@ class LogFile:
     compression: str  # none, gzip or zstd
     adapter: str = "canonical"  # the adapter that reads it (forensics.adapters)
     fast: bool = True  # whether its plain JSON lines may take the compiled fast path
+    limits: Limits = Limits()
 
 
 #: Plain JSON lines take the compiled fast path (with ``fast=None``) where their files add up to
@@ -65,39 +106,52 @@ FAST_FROM_BYTES = 32 << 20
 
 
 def discover(
-    paths: list[Path], adapter: str | None = None, *, fast: bool | None = None
-) -> tuple[list[LogFile], list[Path]]:
-    """Files to ingest under ``paths``, in a stable order, and the files passed over.
+    paths: list[Path], adapter: str | None = None, *, fast: bool | None = None, limits: Limits | None = None,
+) -> tuple[list[LogFile], list[PassedOver]]:
+    """Files to ingest under ``paths``, in a stable order, and the files passed over, with why.
 
-    A file named explicitly must be a log file; inside folders, files of other kinds
-    (READMEs, checksums) are passed over and listed. Each file's format is recognised from
+    A file named explicitly must be a regular file and a log file; inside folders, files of other
+    kinds (READMEs, checksums) and anything that is not a regular file (a FIFO, a device, a
+    socket, a broken link) are passed over and listed. Each file's format is recognised from
     its name and first lines, or is ``adapter`` where one is forced (``--format``); ``fast``
     says whether plain JSON lines may take the compiled fast path (None: where they add up to
-    :data:`FAST_FROM_BYTES`). Either path gives the same records.
+    :data:`FAST_FROM_BYTES`). Either path gives the same records. ``limits``: the reader's bounds.
     """
     found: list[LogFile] = []
-    skipped: list[Path] = []
+    skipped: list[PassedOver] = []
     for path in paths:
-        if not path.exists():
-            raise InputNotFound(f"{path}: no such file or folder")
+        if not os.path.lexists(path):
+            raise InputNotFound(f"{shown(path)}: no such file or folder")
         if path.is_dir():
-            for child in sorted(p for p in path.rglob("*") if p.is_file()):
-                if any(part.startswith(".") for part in child.relative_to(path).parts):
+            for child in sorted(path.rglob("*")):
+                if any(part.startswith(".") for part in child.relative_to(path).parts) or child.is_dir():
                     continue
-                log = identify(child, explicit=False, adapter=adapter)
+                special = not_regular(child)
+                if special is not None:
+                    skipped.append(PassedOver(path_text(child), special))
+                    continue
+                try:
+                    log = identify(child, explicit=False, adapter=adapter)
+                except UnreadableFile as exc:
+                    skipped.append(PassedOver(path_text(child), str(exc).split(": ", 1)[-1]))
+                    continue
                 if log is None:
-                    skipped.append(child)
+                    skipped.append(PassedOver(path_text(child), "not a log file"))
                 else:
                     found.append(log)
         else:
+            special = not_regular(path)
+            if special is not None:
+                raise UnreadableFile(f"{shown(path)}: {special}; only regular files are read")
             log = identify(path, explicit=True, adapter=adapter)
             if log is None:
                 raise UnrecognisedFile(
-                    f"{path}: not a log file this tool reads (canonical JSON Lines, CSV or Parquet, "
+                    f"{shown(path)}: not a log file this tool reads (canonical JSON Lines, CSV or Parquet, "
                     f"or an engine log an adapter recognises: {', '.join(adapters.ADAPTERS)}; "
                     "optionally .gz or .zst); name one with --format"
                 )
             found.append(log)
+    found = [dataclasses.replace(log, limits=limits or Limits()) for log in found]
     if fast is None:  # the fast path where it pays: loading its machine code alone takes a second
         plain = [log for log in found if log.adapter == "canonical" and log.format == "jsonl"]
         fast = sum(log.path.stat().st_size for log in plain) >= FAST_FROM_BYTES
@@ -108,6 +162,38 @@ def discover(
     return found, skipped
 
 
+def not_regular(path: Path) -> str | None:
+    """Why ``path`` is not read, if it is not a regular file (links followed): None if it is one."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "a broken symbolic link" if path.is_symlink() else "no such file"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return f"not a regular file ({what})"
+    return "not a regular file"
+
+
+def open_regular(path: Path) -> io.FileIO:
+    """``path`` opened to read, refused unless it is a regular file: opened without blocking (a FIFO
+    put in a file's place would block the open) and checked on the open file itself."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise UnreadableFile(f"{shown(path)}: cannot be read ({exc.strerror})") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnreadableFile(f"{shown(path)}: not a regular file; only regular files are read")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return io.FileIO(fd, "rb", closefd=True)
+
+
 def identify(path: Path, *, explicit: bool, adapter: str | None = None) -> LogFile | None:
     """The format and compression of a file, from its name and first bytes; None if neither fits.
 
@@ -116,10 +202,10 @@ def identify(path: Path, *, explicit: bool, adapter: str | None = None) -> LogFi
     none), are offered to the adapters' sniffs; ``adapter`` forces one.
     """
     try:
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
             head = fh.read(4)
     except OSError as exc:
-        raise UnreadableFile(f"{path}: cannot be read ({exc.strerror})") from exc
+        raise UnreadableFile(f"{shown(path)}: cannot be read ({exc.strerror})") from exc
     suffixes = [s.lower() for s in path.suffixes]
     compression = "none"
     if head.startswith(_GZIP_MAGIC):
@@ -162,18 +248,65 @@ def _head(log: LogFile) -> list[str]:
     return data.decode("utf-8", "replace").splitlines()[: adapters.SNIFF_LINES]
 
 
-def text_lines(log: LogFile) -> adapters.Lines:
-    """The file's non-blank lines as ``(line_no, text)``, from the start at every call."""
+def text_lines(log: LogFile, long_lines: dict[int, int] | None = None) -> adapters.Lines:
+    """The file's non-blank lines as ``(line_no, text)``, from the start at every call; a line
+    longer than the file's limit comes as its first bytes, its number and length put in
+    ``long_lines``."""
 
     def lines() -> Iterator[tuple[int, str]]:
         with open_binary(log) as fh:
-            text = io.TextIOWrapper(fh, encoding="utf-8", errors="backslashreplace")
-            for line_no, line in enumerate(text, 1):
-                line = line.rstrip("\r\n")
+            for line_no, (raw, length) in enumerate(bounded_lines(fh, log.limits.max_line_bytes), 1):
+                line = raw.decode("utf-8", "backslashreplace").rstrip("\r\n")
+                if length is not None and long_lines is not None:
+                    long_lines[line_no] = length
                 if line.strip():
                     yield line_no, line
 
     return lines
+
+
+_TEXT_READ = 1 << 20
+
+
+def bounded_lines(fh: IO[bytes], max_line: int) -> Iterator[tuple[bytes, int | None]]:
+    """A text file's lines, each with its line end (``\n``, ``\r\n`` or ``\r``, as Python reads
+    text), and None; or, for a line longer than ``max_line`` bytes, its first
+    :data:`KEPT_OF_LONG_LINE` bytes with its line end, and its length. Never more than about
+    ``max_line`` bytes are held, however long a line is."""
+    pending = b""
+    long_so_far = -1  # inside a line too long: its length so far (and ``prefix``, its start)
+    prefix = b""
+    while chunk := fh.read(_TEXT_READ):
+        if chunk.endswith(b"\r"):  # a "\r\n" is never cut between two reads
+            chunk += fh.read(1)
+        if long_so_far >= 0:
+            end = _EOL.search(chunk)
+            if end is None:
+                long_so_far += len(chunk)
+                continue
+            yield prefix + end.group(), long_so_far + end.start()
+            long_so_far = -1
+            chunk = chunk[end.end():]
+        lines = (pending + chunk if pending else chunk).splitlines(keepends=True)
+        pending = lines.pop() if lines and not lines[-1].endswith((b"\n", b"\r")) else b""
+        for line in lines:
+            body = len(line.rstrip(b"\r\n"))
+            yield (line, None) if body <= max_line else (line[:KEPT_OF_LONG_LINE] + line[body:], body)
+        if len(pending) > max_line:
+            long_so_far, prefix, pending = len(pending), pending[:KEPT_OF_LONG_LINE], b""
+    if long_so_far >= 0:
+        yield prefix, long_so_far
+    elif pending:
+        yield (pending, None) if len(pending) <= max_line else (pending[:KEPT_OF_LONG_LINE], len(pending))
+
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+def long_line_detail(length: int, limits: Limits) -> str:
+    """Why a line too long is quarantined (its reason: unreadable)."""
+    return (f"a line of {length:,} bytes, longer than the longest read ({limits.max_line_bytes:,}, "
+            f"--max-line-bytes): its first {KEPT_OF_LONG_LINE:,} bytes are kept")
 
 
 def source_pieces(log: LogFile) -> Iterator[source.Piece]:
@@ -184,11 +317,15 @@ def source_pieces(log: LogFile) -> Iterator[source.Piece]:
         return
     with _decoding(log):
         if log.adapter == "canonical" and log.format == "jsonl":
-            for data, first_line, ends in _line_blocks(log, None, CHUNK_BYTES):
+            for data, first_line, ends, _ in _line_blocks(log, None, CHUNK_BYTES):
                 yield from source.pieces(data, first_line, ends)
         else:  # CSV and engine logs are read as text, which ends lines at "\r" too
-            with io.TextIOWrapper(open_binary(log), encoding="utf-8-sig", errors="surrogateescape", newline="") as text:
-                yield from source.text_pieces(text)
+            with open_binary(log) as fh:
+                lines = (raw.decode("utf-8", "surrogateescape")
+                         for raw, _ in bounded_lines(fh, log.limits.max_line_bytes))
+                first = next(lines, None)
+                if first is not None:
+                    yield from source.text_pieces(itertools.chain([first.removeprefix("\ufeff")], lines))
 
 
 class _AsOpened(io.RawIOBase):
@@ -196,8 +333,13 @@ class _AsOpened(io.RawIOBase):
     log) ends where it ended then, and the ingest finds it changed, rather than reading on forever."""
 
     def __init__(self, path: Path) -> None:
-        self._fh = path.open("rb", buffering=0)
+        self._fh = open_regular(path)
         self._size = os.fstat(self._fh.fileno()).st_size
+
+    @property
+    def size(self) -> int:
+        """The file's size when it was opened."""
+        return self._size
 
     def readable(self) -> bool:
         return True
@@ -223,15 +365,43 @@ class _AsOpened(io.RawIOBase):
 
 
 def open_binary(log: LogFile) -> IO[bytes]:
-    """The file's decompressed bytes as a stream, up to the size the file had when opened."""
-    raw = io.BufferedReader(_AsOpened(log.path))
+    """The file's decompressed bytes as a stream, up to the size the file had when opened; a
+    compressed file refused once it decompresses past :attr:`Limits.max_expansion` times its size."""
+    raw_file = _AsOpened(log.path)
+    raw = io.BufferedReader(raw_file)
+    if log.compression == "none":
+        return raw
     if log.compression == "gzip":
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    if log.compression == "zstd":
+        stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+    else:
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
-    return raw
+        stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+    bound = max(EXPANSION_FLOOR, raw_file.size * log.limits.max_expansion)
+    return io.BufferedReader(_Expanding(stream, bound, log), buffer_size=1 << 20)
+
+
+class _Expanding(io.RawIOBase):
+    """A decompressed stream that refuses to give more than ``bound`` bytes (a decompression bomb)."""
+
+    def __init__(self, stream: IO[bytes], bound: int, log: LogFile) -> None:
+        self._stream, self._bound, self._log, self._given = stream, bound, log, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._stream.readinto(buffer)  # type: ignore[attr-defined]
+        self._given += n or 0
+        if self._given > self._bound:
+            raise UnreadableFile(
+                f"{shown(self._log.path)}: decompresses to more than {self._log.limits.max_expansion:,} times its "
+                f"size (past {self._bound:,} bytes): refused as a decompression bomb (--max-expansion to allow more)")
+        return n or 0
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
 
 
 def read_chunks(
@@ -249,15 +419,27 @@ def read_chunks(
             adapter = adapters.get(log.adapter)
             assert adapter.translate is not None
             options = options or adapters.Options()
-            outcomes = adapter.translate(text_lines(log), log.path, options,
+            long_lines: dict[int, int] = {}
+            outcomes = adapter.translate(text_lines(log, long_lines), log.path, options,
                                          notes if notes is not None else adapters.Notes())
-            yield from adapters.chunks(outcomes, options.node_for(log.path), on_ignored or (lambda n: None))
+            yield from adapters.chunks(_long_unreadable(outcomes, long_lines, log.limits),
+                                       options.node_for(log.path), on_ignored or (lambda n: None))
         elif log.format == "jsonl":
             yield from _jsonl_chunks(log)
         elif log.format == "csv":
             yield from _csv_chunks(log)
         else:
             yield from _parquet_chunks(log)
+
+
+def _long_unreadable(outcomes: Iterator[adapters.Outcome], long_lines: dict[int, int],
+                     limits: Limits) -> Iterator[adapters.Outcome]:
+    """An adapter's outcomes, each line too long to read (whatever the adapter made of its start)
+    quarantined as unreadable."""
+    for line_no, raw, result in outcomes:
+        length = long_lines.get(line_no)
+        yield (line_no, raw, result) if length is None else (
+            line_no, raw, adapters.Unreadable(long_line_detail(length, limits)))
 
 
 @contextmanager
@@ -272,29 +454,38 @@ def _decoding(log: LogFile) -> Iterator[None]:
 
 
 def _jsonl_chunks(log: LogFile) -> Iterator[pa.Table]:
-    for data, first_line, ends in _line_blocks(log, None, CHUNK_BYTES):
-        yield _lines_table(data, first_line, ends)
+    for data, first_line, ends, long in _line_blocks(log, None, CHUNK_BYTES):
+        yield _lines_table(data, first_line, ends, _long_details(long, log.limits))
 
 
-def _line_blocks(
-    log: LogFile, lines: int | None, read_bytes: int
-) -> Iterator[tuple[np.ndarray, int, np.ndarray]]:
-    """The file's bytes in blocks of whole lines, each ending with a newline, with its first
-    line's number and where its lines end.
+def _long_details(long: dict[int, int], limits: Limits) -> dict[int, str]:
+    """Why each line too long (index in its block: length) is quarantined."""
+    return {i: long_line_detail(n, limits) for i, n in long.items()}
+
+
+#: A block of whole lines: its bytes, its first line's number, where its lines end, and the
+#: lines too long to read (index in the block: length), which the block holds the start of.
+LineBlock = tuple[np.ndarray, int, np.ndarray, dict[int, int]]
+
+
+def _line_blocks(log: LogFile, lines: int | None, read_bytes: int) -> Iterator[LineBlock]:
+    """The file's bytes in blocks of whole lines, each ending with a newline (see :data:`LineBlock`).
 
     With ``lines``, each block but the last has exactly that many lines, unless they would take
     more than ``read_bytes``; without it, each read's whole lines make a block. The file is read
     into numpy buffers and the blocks are views of them: no copy but the few lines carried from
-    one read to the next.
+    one read to the next. A line longer than the file's ``max_line_bytes`` is cut to its first
+    :data:`KEPT_OF_LONG_LINE` bytes; one that goes on past a read is read on without being held.
     """
     newlines: Callable[[np.ndarray, int], np.ndarray] = _newlines
     if log.fast:
         from forensics.ingestion.fast import jsonlines
 
         newlines = jsonlines.newlines
+    max_line = log.limits.max_line_bytes
     next_line = 1
     carry = np.empty(0, dtype=np.uint8)
-    carry_ends = np.empty(0, dtype=np.int64)  # where the lines in ``carry`` end
+    carry_ends = np.empty(0, dtype=np.int64)  # where the complete lines in ``carry`` end
     with open_binary(log) as fh:
         first = True
         while True:
@@ -310,22 +501,68 @@ def _line_blocks(
                     if data[-1] != 10:
                         data = np.append(data, np.uint8(10))
                         carry_ends = np.append(carry_ends, len(data) - 1)
-                    yield data, next_line, carry_ends
+                    yield _bounded(data, next_line, carry_ends, max_line)
                 return
             ends = np.concatenate([carry_ends, newlines(data[len(carry):], len(carry))])
             start, used = 0, 0
             for last in range(lines - 1, len(ends), lines) if lines else ():
                 stop = int(ends[last]) + 1
-                yield data[start:stop], next_line, ends[used : last + 1] - start
+                yield _bounded(data[start:stop], next_line, ends[used : last + 1] - start, max_line)
                 next_line += last + 1 - used
                 start, used = stop, last + 1
             if used < len(ends) and (lines is None or len(data) - start > read_bytes):
                 stop = int(ends[-1]) + 1  # (with ``lines``: lines too long for a read, cut by size)
-                yield data[start:stop], next_line, ends[used:] - start
+                yield _bounded(data[start:stop], next_line, ends[used:] - start, max_line)
                 next_line += len(ends) - used
                 start, used = stop, len(ends)
             carry = data[start:]
             carry_ends = ends[used:] - start
+            open_from = int(carry_ends[-1]) + 1 if len(carry_ends) else 0  # where the unfinished line starts
+            if len(carry) - open_from <= max_line:
+                continue
+            # the unfinished line is too long already: the lines before it go, then it is read on, not held
+            if len(carry_ends):
+                yield _bounded(carry[:open_from], next_line, carry_ends, max_line)
+                next_line += len(carry_ends)
+            length, rest = _read_past_line(fh, carry[open_from:], read_bytes)
+            piece = np.frombuffer(bytes(carry[open_from : open_from + KEPT_OF_LONG_LINE]) + b"\n", np.uint8)
+            yield piece, next_line, np.array([len(piece) - 1], np.int64), {0: length}
+            next_line += 1
+            if rest is None:
+                return
+            carry, carry_ends = rest, newlines(rest, 0)
+
+
+def _read_past_line(fh: IO[bytes], start: np.ndarray, read_bytes: int) -> tuple[int, np.ndarray | None]:
+    """Read on past the end of a line whose first bytes are ``start``: its length (without its
+    newline or a "\r" before it), and what follows its newline (None: the file ended in it)."""
+    length = len(start)
+    last = int(start[-1]) if len(start) else -1
+    scratch = np.empty(read_bytes, dtype=np.uint8)
+    while got := _read_into(fh, scratch):
+        at = np.flatnonzero(scratch[:got] == 10)
+        if len(at):
+            k = int(at[0])
+            before = int(scratch[k - 1]) if k else last
+            return length + k - (before == 13), scratch[k + 1 : got].copy()
+        length += got
+        last = int(scratch[got - 1])
+    return length - (last == 13), None
+
+
+def _bounded(data: np.ndarray, first_line: int, ends: np.ndarray, max_line: int) -> LineBlock:
+    """A block with its lines longer than ``max_line`` cut to their first :data:`KEPT_OF_LONG_LINE`
+    bytes (rare: the block is copied only where it has one)."""
+    starts, stops = _line_bounds(data, ends)
+    long = np.flatnonzero(stops - starts > max_line)
+    if not len(long):
+        return data, first_line, ends, {}
+    keep = np.ones(len(data), dtype=bool)
+    for i in long.tolist():
+        keep[int(starts[i]) + KEPT_OF_LONG_LINE : int(stops[i])] = False
+    cut = data[keep]
+    new_ends = np.flatnonzero(cut == 10)
+    return cut, first_line, new_ends, {int(i): int(stops[i] - starts[i]) for i in long}
 
 
 #: Bytes searched for newlines at a time by :func:`_newlines` (a mask the size of a whole read
@@ -366,8 +603,10 @@ def _line_bounds(buf: np.ndarray, ends: np.ndarray | None = None) -> tuple[np.nd
     return starts, ends - cr
 
 
-def _lines_table(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = None) -> pa.Table:
-    """Every newline-terminated line of ``data``, numbered from ``first_line``."""
+def _lines_table(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = None,
+                 unreadable: dict[int, str] | None = None) -> pa.Table:
+    """Every newline-terminated line of ``data``, numbered from ``first_line`` (``unreadable``:
+    lines by index that are quarantined as unreadable, and why)."""
     buf = np.frombuffer(data, dtype=np.uint8)
     if ends is None:
         ends = np.flatnonzero(buf == 10)
@@ -378,24 +617,27 @@ def _lines_table(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | N
     keep[ends] = False
     keep[stops[stops < ends]] = False
     offsets = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.int64)
-    return _lines_table_of(data, buf[:covered][keep], offsets, starts, stops, first_line)
+    return _lines_table_of(data, buf[:covered][keep], offsets, starts, stops, first_line, unreadable=unreadable)
 
 
 def _lines_of(
-    data: bytes | np.ndarray, rows: np.ndarray, starts: np.ndarray, stops: np.ndarray, first_line: int
+    data: bytes | np.ndarray, rows: np.ndarray, starts: np.ndarray, stops: np.ndarray, first_line: int,
+    unreadable: dict[int, str] | None = None,
 ) -> pa.Table:
     """The lines ``rows`` of ``data`` as a chunk for the validator; lines that are not UTF-8 kept escaped."""
     from forensics.ingestion.fast import jsonlines
 
     buf = np.frombuffer(data, dtype=np.uint8)
     offsets, text = jsonlines.gather(buf, rows, starts, stops)
-    return _lines_table_of(data, text, offsets, starts[rows], stops[rows], first_line, rows)
+    return _lines_table_of(data, text, offsets, starts[rows], stops[rows], first_line, rows, unreadable)
 
 
 def _lines_table_of(data: bytes | np.ndarray, text: np.ndarray, offsets: np.ndarray, starts: np.ndarray,
-                    stops: np.ndarray, first_line: int, rows: np.ndarray | None = None) -> pa.Table:
+                    stops: np.ndarray, first_line: int, rows: np.ndarray | None = None,
+                    unreadable: dict[int, str] | None = None) -> pa.Table:
     """Lines (their ``text`` end to end at ``offsets``; ``starts``/``stops`` in ``data``) as a chunk
-    for the validator, numbered from ``first_line`` (``rows``: their indices, else 0, 1, ...)."""
+    for the validator, numbered from ``first_line`` (``rows``: their indices, else 0, 1, ...;
+    ``unreadable``: indices of lines quarantined as unreadable, and why)."""
     n = len(starts)
     numbers = (np.arange(n) if rows is None else rows) + first_line
     lines = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
@@ -403,9 +645,13 @@ def _lines_table_of(data: bytes | np.ndarray, text: np.ndarray, offsets: np.ndar
         lines.validate(full=True)
     except pa.ArrowInvalid:
         lines = _decode_lossless(data, starts, stops)
+    docs = pa.nulls(n, pa.large_string())
+    if unreadable:
+        indices = np.arange(n) if rows is None else rows
+        docs = pa.array([None if (why := unreadable.get(int(i))) is None else UNREADABLE_MARK + why
+                         for i in indices.tolist()], pa.large_string())
     table = pa.table(
-        {"line_no": numbers, "part": np.zeros(n, dtype=np.int16), "raw": lines,
-         "doc": pa.nulls(n, pa.large_string())},
+        {"line_no": numbers, "part": np.zeros(n, dtype=np.int16), "raw": lines, "doc": docs},
         schema=LINES_SCHEMA,
     )
     return batched(table)
@@ -493,6 +739,7 @@ class ReadAhead:
         self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in self._logs]
         self._taken = 0
         self._passed: set[int] = set()  # files to pass over: the reader stops reading them
+        self._ended: set[int] = set()  # files whose every block (and end) has been taken
         self._slots = threading.Semaphore(depth)
         self._stop = threading.Event()
         self._nice = background_nice()
@@ -511,7 +758,7 @@ class ReadAhead:
         in_background(self._nice)
         for index, (log, out) in enumerate(zip(self._logs, self._queues, strict=True)):
             try:
-                for data, first_line, ends in _line_blocks(log, PLAIN_BLOCK_LINES, PLAIN_READ_BYTES):
+                for data, first_line, ends, long in _line_blocks(log, PLAIN_BLOCK_LINES, PLAIN_READ_BYTES):
                     while not self._slots.acquire(timeout=0.1):
                         if self._stop.is_set():
                             return
@@ -520,7 +767,7 @@ class ReadAhead:
                     if index in self._passed:
                         self._slots.release()
                         break
-                    out.put(self._pool.submit(_split, data, first_line, ends))
+                    out.put(self._pool.submit(_split, data, first_line, ends, _long_details(long, log.limits)))
             except BaseException as exc:  # handed to the loader, which says what the file is
                 out.put(exc)
             out.put(self._END)
@@ -539,6 +786,7 @@ class ReadAhead:
                     raise item
                 self._slots.release()
                 yield item.result()
+            self._ended.add(self._taken - 1)
 
     def next_ready(self) -> bool:
         """Whether the file being taken (with :meth:`blocks`) has its next block split already, or
@@ -555,7 +803,21 @@ class ReadAhead:
     def skip(self, log: LogFile) -> None:
         """Pass over the next file (already in the case): the reader stops reading it."""
         self._passed.add(self._taken)
-        out = self._next(log)
+        self._drain(self._next(log))
+        self._ended.add(self._taken - 1)
+
+    def abandon(self, log: LogFile) -> None:
+        """Give up a file that failed, wherever its taking stands: the rest of it is passed over."""
+        if self._taken and self._logs[self._taken - 1] is log:
+            index = self._taken - 1
+            if index not in self._ended:
+                self._passed.add(index)
+                self._drain(self._queues[index])
+                self._ended.add(index)
+        elif self._taken < len(self._logs) and self._logs[self._taken] is log:
+            self.skip(log)
+
+    def _drain(self, out: queue.Queue[Any]) -> None:
         while (item := out.get()) is not self._END:
             if not isinstance(item, BaseException):
                 self._slots.release()
@@ -568,8 +830,10 @@ class ReadAhead:
         self._pool.shutdown(cancel_futures=True)
 
 
-def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = None) -> Block:
-    """A block's plain lines, typed, and its other lines (``ends``: where its lines end, if known)."""
+def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = None,
+           unreadable: dict[int, str] | None = None) -> Block:
+    """A block's plain lines, typed, and its other lines (``ends``: where its lines end, if known;
+    ``unreadable``: lines by index quarantined as unreadable, and why: never plain)."""
     from forensics.ingestion.fast import jsonlines
 
     buf = np.frombuffer(data, dtype=np.uint8)
@@ -578,14 +842,33 @@ def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = 
     starts, stops = _line_bounds(buf, ends)
     text = tuple(source.pieces(buf, first_line, ends))
     if len(data) >= 2**31:  # the fast path keeps offsets in int32
-        return Block((), _lines_of(data, np.arange(len(starts)), starts, stops, first_line), len(data), text)
+        return Block((), _lines_of(data, np.arange(len(starts)), starts, stops, first_line, unreadable),
+                     len(data), text)
     plain, kinds = jsonlines.plain_columns(buf, starts, stops)
+    if unreadable and plain[list(unreadable)].any():  # the start of a long line can be a record itself
+        plain, kinds = _not_plain(plain, kinds, list(unreadable))
     parts = tuple(
         (kind, pa.table({"line_no": rows + first_line, "part": np.zeros(len(rows), dtype=np.int16), **cols}))
         for kind, rows, cols in kinds
     )
-    others = _lines_of(data, np.flatnonzero(~plain), starts, stops, first_line)
+    others = _lines_of(data, np.flatnonzero(~plain), starts, stops, first_line, unreadable)
     return Block(parts, others, len(data), text)
+
+
+def _viewless(values: pa.Array) -> pa.Array:
+    """String views as strings (Arrow takes no rows of a view array)."""
+    return values.cast(pa.large_string()) if values.type == pa.string_view() else values
+
+
+def _not_plain(plain: np.ndarray, kinds: Any, rows: list[int]) -> tuple[np.ndarray, Any]:
+    """The fast path's split with ``rows`` taken out of the plain lines."""
+    plain = plain.copy()
+    plain[rows] = False
+    out = []
+    for kind, kind_rows, cols in kinds:
+        keep = ~np.isin(kind_rows, rows)
+        out.append((kind, kind_rows[keep], {k: _viewless(v).filter(pa.array(keep)) for k, v in cols.items()}))
+    return plain, out
 
 
 def _decode_lossless(data: bytes | np.ndarray, starts: np.ndarray, stops: np.ndarray) -> pa.Array:
@@ -608,33 +891,55 @@ def _csv_cell(name: str, value: str, ints: frozenset[str]) -> Any:
 
 
 def _csv_chunks(log: LogFile) -> Iterator[pa.Table]:
+    """A CSV file's rows as records. A row that cannot be read (not UTF-8, a line too long, the
+    wrong number of cells, a cell past the longest line) is quarantined as unreadable; the file
+    goes on."""
     ints = integer_fields()
+    limits = log.limits
     with open_binary(log) as fh:
-        text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="strict", newline="")
         consumed: list[tuple[int, str]] = []
-        counter = [0]
+        trouble: dict[int, str] = {}  # line -> why it cannot be read
 
         def lines() -> Iterator[str]:
-            for line in text:
-                counter[0] += 1
-                consumed.append((counter[0], line))
+            for line_no, (raw, length) in enumerate(bounded_lines(fh, limits.max_line_bytes), 1):
+                if line_no == 1:
+                    raw = raw.removeprefix(b"\xef\xbb\xbf")
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    line = raw.decode("utf-8", "backslashreplace")
+                    trouble[line_no] = f"not valid UTF-8 (a byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+                if length is not None:
+                    trouble[line_no] = long_line_detail(length, limits)
+                consumed.append((line_no, line))
                 yield line
 
         reader = csv.reader(lines())
-        header = next(reader, None)
+        csv.field_size_limit(max(limits.max_line_bytes, 1 << 17))
+        header = _csv_row(reader)
         if header is None:
             return
+        if isinstance(header, str) or trouble:
+            raise UnreadableFile(f"{shown(log.path)}: its CSV header cannot be read "
+                                 f"({header if isinstance(header, str) else next(iter(trouble.values()))})")
         header = [h.strip() for h in header]
         rows: dict[str, list[Any]] = {"line_no": [], "part": [], "raw": [], "doc": []}
         consumed.clear()
-        for cells in reader:
+        trouble.clear()
+        while (cells := _csv_row(reader)) is not None:
             first_no = consumed[0][0]
             raw = "".join(line for _, line in consumed).rstrip("\r\n")
+            why = next((trouble[n] for n, _ in consumed if n in trouble), None)
             consumed.clear()
-            if not raw.strip():
+            trouble.clear()
+            if why is None and isinstance(cells, str):
+                why = cells
+            if why is None and not raw.strip():
                 continue
-            if len(cells) != len(header):
-                doc = f"\x00CSV row has {len(cells)} cells, the header {len(header)}"
+            if why is None and len(cells) != len(header):
+                why = f"a CSV row of {len(cells)} cells, its header has {len(header)}"
+            if why is not None:
+                doc = UNREADABLE_MARK + why
             else:
                 record = {h: _csv_cell(h, c, ints) for h, c in zip(header, cells, strict=True) if c != ""}
                 doc = json.dumps(record, ensure_ascii=False)
@@ -649,27 +954,50 @@ def _csv_chunks(log: LogFile) -> Iterator[pa.Table]:
             yield pa.table(rows, schema=LINES_SCHEMA)
 
 
+def _csv_row(reader: Iterator[list[str]]) -> list[str] | str | None:
+    """The next row's cells; why it cannot be read (a cell past the field limit, a NUL); None at the end."""
+    try:
+        return next(reader)
+    except StopIteration:
+        return None
+    except csv.Error as exc:
+        return f"not readable as CSV ({exc})"
+
+
 def _json_value(value: Any) -> Any:
+    """A Parquet value JSON has no type for, as JSON: times as RFC 3339 text, other values as text
+    (which the validator then quarantines as the wrong type, if the field is one it knows)."""
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
         return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
-    return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() and value.is_finite() else str(value)
+    if isinstance(value, dt.date | dt.time):
+        return value.isoformat()
+    return str(value)  # durations, intervals and whatever else Arrow holds
 
 
 def _parquet_chunks(log: LogFile) -> Iterator[pa.Table]:
+    limits = log.limits
     with open_binary(log) as fh:
         parquet = pq.ParquetFile(io.BytesIO(fh.read()) if log.compression != "none" else fh)
         row = 0
-        for batch in parquet.iter_batches(batch_size=100_000):
-            docs = [
-                json.dumps(
-                    {k: _json_value(v) for k, v in rec.items() if v is not None},
-                    ensure_ascii=False,
-                )
-                for rec in batch.to_pylist()
-            ]
+        for batch in parquet.iter_batches(batch_size=10_000):
+            raws, docs = [], []
+            for rec in batch.to_pylist():
+                doc = json.dumps({k: v if isinstance(v, str | int | float | bool | list | dict) else _json_value(v)
+                                  for k, v in rec.items() if v is not None},
+                                 ensure_ascii=False, default=_json_value)
+                if len(doc) > limits.max_line_bytes:
+                    raws.append(doc[:KEPT_OF_LONG_LINE])
+                    docs.append(UNREADABLE_MARK + long_line_detail(len(doc), limits).replace("a line", "a row"))
+                else:
+                    raws.append(doc)
+                    docs.append(doc)
             numbers = np.arange(row + 1, row + 1 + len(docs), dtype=np.int64)
             row += len(docs)
-            yield pa.table({"line_no": numbers, "part": np.zeros(len(docs), dtype=np.int16), "raw": docs,
+            yield pa.table({"line_no": numbers, "part": np.zeros(len(docs), dtype=np.int16), "raw": raws,
                             "doc": docs}, schema=LINES_SCHEMA)

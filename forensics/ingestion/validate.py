@@ -29,7 +29,13 @@ from forensics.schema import (
     own_fields,
 )
 
-_RFC3339 = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+#: RFC 3339's date-time (section 5.6), every part in its range: ``T`` or ``t`` (or a space, which
+#: its note allows), ``Z`` or ``z``, a leap second only at a minute's end; whether the day exists
+#: in its month is DuckDB's cast to say.
+_RFC3339 = (r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):"
+            r"([0-5][0-9]:[0-5][0-9]|59:60)(\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])")
+#: The times a record may give: later and earlier ones are no incident's (and break analyses).
+PLAUSIBLE_TIMES = ("1970-01-01 00:00:00+00", "2201-01-01 00:00:00+00")
 _PAGES = r"[0-9]{1,12}(-[0-9]{1,12})?(,[0-9]{1,12}(-[0-9]{1,12})?)*"
 _INT = r"-?(0|[1-9][0-9]*)"
 _WS = "' ' || chr(9) || chr(10) || chr(13)"
@@ -119,21 +125,21 @@ def _typed_value(name: str) -> str:
     j = _j(name)
     text = _str_value(name)
     return (
-        f"CASE WHEN {_is_str(name)} THEN "
-        f"CASE WHEN regexp_full_match({text}, {_q(_RFC3339)}) THEN TRY_CAST({text} AS TIMESTAMPTZ) END "
+        f"CASE WHEN {_is_str(name)} THEN rfc3339_ts({text}) "
         f"WHEN {_is_int(name)} THEN "
         f"TRY_CAST(make_timestamp(TRY_CAST({j} AS BIGINT) // 1000) AS TIMESTAMPTZ) END"
     )
 
 
 #: The time check: after the checks of presence and type, before all others.
-#: A fast-path line's ts as its JSON text (``j_ts`` of the SQL path), from its typed columns.
-_PLAIN_J_TS = "CASE WHEN ts_text IS NOT NULL THEN '\"' || ts_text || '\"' ELSE CAST(ts_int AS VARCHAR) END"
 
-
-def _bad_ts(j_ts: str = "j_ts") -> tuple[str, Reason, str]:
-    """The check of the time, its message giving the time as written (``j_ts``: SQL for that)."""
-    return ("ts IS NULL", Reason.BAD_TS, f"'bad ts ' || {j_ts}")
+def _ts_checks(chain: _Chain) -> None:
+    """The checks of the time: that it reads, and that it is a plausible one (messages without the
+    time as written: a record's content is shown only with --show-content)."""
+    chain.add("ts IS NULL", Reason.BAD_TS, _q("ts is not an RFC 3339 time with offset, nor integer nanoseconds"))
+    early, late = PLAUSIBLE_TIMES
+    chain.add(f"ts < TIMESTAMPTZ {_q(early)} OR ts >= TIMESTAMPTZ {_q(late)}", Reason.BAD_TS,
+              _q("ts is before 1970 or after 2200: no time of an incident's logs"))
 
 
 class _Chain:
@@ -179,6 +185,8 @@ def _checks(fields: _Fields) -> _Chain:
     if not fields.typed:  # a typed line is a JSON object without a repeated key, and no adapter's
         # an adapter marks a line it recognised but could not translate: chr(1) and the why
         chain.add("starts_with(doc, chr(1))", Reason.UNTRANSLATABLE, "substr(doc, 2)")
+        # the reader marks a line it could not read (too long, a CSV row of the wrong shape) with chr(2)
+        chain.add("starts_with(doc, chr(2))", Reason.UNREADABLE, "substr(doc, 2)")
         chain.add("NOT is_json", Reason.NOT_JSON, lit("not valid JSON"))
         chain.add("NOT is_obj", Reason.NOT_OBJECT, lit("a JSON value that is not an object"))
         chain.add(
@@ -191,7 +199,7 @@ def _checks(fields: _Fields) -> _Chain:
     chain.add(
         f"kind NOT IN ({', '.join(lit(k) for k in KINDS)})",
         Reason.UNKNOWN_KIND,
-        "'unknown kind ' || to_json(kind)",
+        lit(f"kind is not one of {'/'.join(KINDS)}"),
     )
     for name in ("ts", "node"):
         chain.add("NOT " + fields.present(name), Reason.MISSING_FIELD, lit(f"missing field '{name}'"))
@@ -206,7 +214,7 @@ def _checks(fields: _Fields) -> _Chain:
             Reason.WRONG_TYPE,
             lit(f"'{name}' must be {_type_word(name)}"),
         )
-    chain.add(*_bad_ts())
+    _ts_checks(chain)
     chain.add("seq < 0", Reason.NEGATIVE_SEQ, "'seq is ' || seq")
     for name in COMMON_OPTIONAL:
         chain.add(
@@ -226,7 +234,7 @@ def _checks(fields: _Fields) -> _Chain:
         chain.add(
             f"{k} AND {disc}_s NOT IN ({names})",
             UNKNOWN_VARIANT_REASON[kind],
-            f"'unknown {kind} {disc} ' || to_json({disc}_s)",
+            lit(f"'{disc}' of a {kind} record is not one of {'/'.join(VARIANTS[kind])}"),
         )
     for kind, variant, name in _variants():
         chain.nest(f"variant = {lit(name)}", _variant_checks(kind, variant, fields))
@@ -254,20 +262,20 @@ def _variant_checks(kind: str, variant: str | None, fields: _Fields) -> _Chain:
             chain.add(
                 "page_ranges IS NULL OR list_bool_or(list_transform(page_ranges, lambda r: r.lo > r.hi))",
                 Reason.BAD_PAGES,
-                "'malformed pages ' || to_json(pages)",
+                lit("'pages' is not a list of page ranges a-b with a <= b"),
             )
         elif field.type is FieldType.PAGES:
             chain.add(
                 f"{fields.present(name)} AND NOT pages_ok({name})",
                 Reason.BAD_PAGES,
-                f"'malformed {name} ' || to_json({name})",
+                lit(f"'{name}' is not a list of page ranges a-b with a <= b"),
             )
         elif field.choices:
             choices = ", ".join(lit(c) for c in field.choices)
             chain.add(
                 f"{name} NOT IN ({choices})",
                 Reason.BAD_VALUE,
-                f"'{name} ' || to_json({name}) || ' is not one of {'/'.join(field.choices)}'",
+                lit(f"'{name}' is not one of {'/'.join(field.choices)}"),
             )
         elif field.type is FieldType.INT:
             chain.add(
@@ -280,6 +288,12 @@ def _variant_checks(kind: str, variant: str | None, fields: _Fields) -> _Chain:
                     f"{name} < {field.min_value}",
                     Reason.BAD_VALUE,
                     f"'{name} is ' || {name} || ', below {field.min_value}'",
+                )
+            if field.max_value is not None:
+                chain.add(
+                    f"{name} > {field.max_value}",
+                    Reason.BAD_VALUE,
+                    f"'{name} is ' || {name} || ', beyond {field.max_value:,}: not a real one'",
                 )
     return chain
 
@@ -313,6 +327,12 @@ CREATE OR REPLACE TEMP MACRO page_ranges(p) AS
   list_transform(string_split(p, ','), lambda r: {{
       'lo': CAST(split_part(r, '-', 1) AS BIGINT),
       'hi': CAST(coalesce(nullif(split_part(r, '-', 2), ''), split_part(r, '-', 1)) AS BIGINT)}});
+CREATE OR REPLACE TEMP MACRO rfc3339_ts(t) AS
+  CASE WHEN regexp_full_match(t, {_q(_RFC3339)}) THEN
+    CASE WHEN substr(t, 18, 2) = '60'  -- a leap second: the next second (the 60th is no time DuckDB has)
+         THEN TRY_CAST(upper(substr(t, 1, 17) || '59' || substr(t, 20)) AS TIMESTAMPTZ) + INTERVAL 1 SECOND
+         ELSE TRY_CAST(upper(t) AS TIMESTAMPTZ) END
+  END;
 CREATE OR REPLACE TEMP MACRO pages_ok(p) AS
   CASE WHEN regexp_full_match(p, {_q(_PAGES)})
        THEN NOT list_bool_or(list_transform(page_ranges(p), lambda r: r.lo > r.hi))
@@ -409,20 +429,20 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
     otherwise every check is made.
     """
     if rules_kept:
+        ts_columns = ""
         time_only = _Chain()
-        # the time as written only goes into the message of a line that fails: not a column of every line
-        time_only.add(*_bad_ts(_PLAIN_J_TS))
+        _ts_checks(time_only)
         check = time_only.sql()
-        ts_columns = ", ts_text, ts_int"
     else:
         check = _checks(_TYPED_FIELDS).sql()
-        ts_columns = f",\n    {_PLAIN_J_TS} AS j_ts"
+        # the chain asks whether a ts was given: j_ts, as the SQL path has it (its text is never shown)
+        ts_columns = ",\n    coalesce(ts_text, CAST(ts_int AS VARCHAR)) AS j_ts"
     return f"""
 WITH f AS (
   SELECT line_no, part, raw, NULL::VARCHAR AS doc, hash_hi, hash_lo, page_ranges, max_hi, event_s, op_s,
     {', '.join(PLAIN_TYPED)},
     CASE WHEN ts_us IS NOT NULL THEN ts_us
-         WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN TRY_CAST(ts_text AS TIMESTAMPTZ) END
+         WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN rfc3339_ts(ts_text) END
          WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END AS ts{ts_columns}
   FROM {source}
 ), g AS (

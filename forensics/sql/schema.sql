@@ -21,6 +21,18 @@ CREATE TABLE IF NOT EXISTS files (
   lines_ignored BIGINT NOT NULL  -- adapted files: lines that are no event (other log output)
 );
 
+-- Files the last ingest that named them could not read (damaged compression, a decompression
+-- bomb, a file changed while read): nothing else of them is in the case. A later ingest that
+-- reads one takes it off this list.
+CREATE TABLE IF NOT EXISTS refused_files (
+  path VARCHAR NOT NULL,
+  size BIGINT NOT NULL,
+  sha256 VARCHAR,  -- NULL where the file could not even be hashed
+  why VARCHAR NOT NULL,
+  refused_at TIMESTAMPTZ NOT NULL,
+  toolkit_version VARCHAR NOT NULL
+);
+
 -- Valid records, one table per kind, each with its kind's fields (records is the four as one).
 -- Every table starts with where the record was read and its common fields, and ends with its
 -- hash. Its verbatim line is in source_lines. A field of another kind that a record carries is

@@ -278,7 +278,7 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_logs_it(tmp_
               options=Options(tenants=read_tenant_map(shipped / "tenants.json")))
     found = job.investigation.ingest
     assert found.records.quarantined == 0
-    assert {Path(p) for p in found.skipped} == {shipped / "README.md", shipped / "tenants.json"}
+    assert {Path(p.path) for p in found.skipped} == {shipped / "README.md", shipped / "tenants.json"}
     assert job.replays[0].exposure == logged
     with forensics.Case(tmp_path / "sglang.duckdb") as case:
         rows = case.exposures(delivered_only=True)  # the replay's rows come with their evidence

@@ -30,6 +30,7 @@ ABSENT, STRING, INTEGER = 0, 1, 2
 SHAPE_STR, SHAPE_INT, SHAPE_EITHER = 0, 1, 2
 MAX_DIGITS = 19  # int64's; a 19-digit integer is compared with its bound
 NO_MIN = -(2**63)  # a field without a minimum
+NO_MAX = 2**63 - 1  # a field without a maximum
 _INT64_MAX = np.frombuffer(b"9223372036854775807", np.uint8)
 _INT64_MIN = np.frombuffer(b"9223372036854775808", np.uint8)  # its magnitude
 
@@ -467,6 +468,9 @@ def _rfc3339_end(buf: np.ndarray, p: int, end: int) -> int:
 
 
 _SCALE = np.array([1, 100_000, 10_000, 1_000, 100, 10, 1], np.int64)  # fraction digits -> microseconds
+#: validate.PLAUSIBLE_TIMES in microseconds: a time outside [0, this) is left invalid here, for the
+#: SQL checks to quarantine with the line kept (the fast path keeps the text of lines it leaves)
+_LATE_US = (int(np.datetime64("2201-01-01T00:00:00", "us").astype(np.int64)))
 
 
 @njit(cache=True, nogil=True)
@@ -476,7 +480,7 @@ def times(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
 
     The microseconds are read where the time is written in the forms logs use: integer
     nanoseconds >= 0, or ``YYYY-MM-DDThh:mm:ss`` (``T`` or a space) with up to 6 fraction digits
-    and ``Z`` or ``+hh:mm``/``-hh:mm``, every part in range. Any other time (lowercase, a leap
+    and ``Z`` or ``+hh:mm``/``-hh:mm``, every part in range, from 1970 to 2200. Any other time (lowercase, a leap
     second, nanoseconds, a date that does not exist) is left invalid, for SQL to cast as the
     validator does, where the text has the shape: this gives only what that cast gives.
     """
@@ -490,7 +494,7 @@ def times(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
         end = vstop[f, i]
         if kinds[f, i] == INTEGER:
             v = _integer(buf, p, end)
-            if v >= 0:
+            if 0 <= v // 1000 < _LATE_US:
                 values[k] = v // 1000
                 valid[k] = True
             continue
@@ -516,8 +520,10 @@ def times(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
         else:
             continue
         seconds = _days_since_epoch(year, month, day) * 86400 + hour * 3600 + minute * 60 + second - offset
-        values[k] = seconds * 1_000_000 + (_number(buf, p + 20, digits) * _SCALE[digits] if digits else 0)
-        valid[k] = True
+        us = seconds * 1_000_000 + (_number(buf, p + 20, digits) * _SCALE[digits] if digits else 0)
+        if 0 <= us < _LATE_US:
+            values[k] = us
+            valid[k] = True
     return values, valid, shape
 
 
@@ -628,7 +634,8 @@ def rules(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
           pool: np.ndarray, pool_at: np.ndarray, kind_text: np.ndarray, kind_disc: np.ndarray,
           var_kind: np.ndarray, var_text: np.ndarray, req_at: np.ndarray, req: np.ndarray,
           own_at: np.ndarray, own: np.ndarray, choice_at: np.ndarray, choice_text: np.ndarray,
-          mins: np.ndarray, is_pages: np.ndarray, common: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+          mins: np.ndarray, maxs: np.ndarray, is_pages: np.ndarray,
+          common: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Whether each row meets every rule of the schema but the time's (see :data:`RULES`), and
     its kind: an index of ``schema.KINDS``, or ``len(KINDS)`` for a kind that is none of them.
 
@@ -682,8 +689,9 @@ def rules(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
                     if _same(buf, a, b, pool, pool_at, choice_text[c]):
                         good = True
                         break
-            elif mins[f] != NO_MIN:
-                good = _integer(buf, a, b) >= mins[f]
+            elif mins[f] != NO_MIN or maxs[f] != NO_MAX:
+                v = _integer(buf, a, b)
+                good = mins[f] <= v <= maxs[f]
         ok[k] = good
     return ok, codes
 
@@ -745,12 +753,14 @@ def _rule_tables() -> tuple[np.ndarray, ...]:
     choices = [[texts.add(c) for c in FIELDS[n].choices] for n in FIELD_ORDER]
     mins = np.array([NO_MIN if FIELDS[n].min_value is None else FIELDS[n].min_value for n in FIELD_ORDER],
                     np.int64)
+    maxs = np.array([NO_MAX if FIELDS[n].max_value is None else FIELDS[n].max_value for n in FIELD_ORDER],
+                    np.int64)
     is_pages = np.array([FIELDS[n].type is FieldType.PAGES for n in FIELD_ORDER], np.bool_)
     pool, pool_at = texts.arrays()
     common = np.array([_INDEX["kind"], _INDEX["seq"], _INDEX["boot"]], np.int64)
     choice_at, choice_text = _csr(choices)
     return (pool, pool_at, kind_text, kind_disc, np.array(var_kind, np.int64), np.array(var_text, np.int64),
-            *_csr(required), *_csr(owned), choice_at, choice_text, mins, is_pages, common)
+            *_csr(required), *_csr(owned), choice_at, choice_text, mins, maxs, is_pages, common)
 
 
 #: The rules of log-schema.md section 4 that a plain line can break, but the time's: a known

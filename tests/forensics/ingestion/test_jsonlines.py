@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from pathlib import Path
@@ -18,7 +19,7 @@ from test_ingest import QUARANTINE_CASES
 from forensics.ingestion.fast import jsonlines
 from forensics.ingestion.pipeline import _strict_json_ok, plain_stages
 from forensics.ingestion.readers import _line_bounds, _lines_table, _split
-from forensics.ingestion.validate import plain_stage_sql, prepare, stage_sql
+from forensics.ingestion.validate import PLAUSIBLE_TIMES, plain_stage_sql, prepare, stage_sql
 from forensics.schema import FIELDS, VARIANTS, FieldType, fields_of
 
 STAGE_ORDER = "ORDER BY line_no"
@@ -276,21 +277,26 @@ def test_lines_that_are_not_utf8_are_kept_escaped(tmp_path: Path) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_TS, min_size=1, max_size=40))
 def test_a_time_the_fast_path_reads_is_what_duckdb_casts(times: list[Any]) -> None:
-    """The times the fast path reads itself (``ts_us``) are exactly DuckDB's cast of them, and it
-    leaves every time DuckDB refuses to the cast (which then quarantines the line)."""
+    """The times the fast path reads itself (``ts_us``) are exactly the validator's reading of them
+    (its strict RFC 3339 macro, DuckDB's cast), and it leaves every time the validator refuses, or
+    finds implausible (before 1970, after 2200), to the SQL checks (which then quarantine the line)."""
     lines = [json.dumps({"kind": "config", "ts": t, "node": "n"}) for t in times]
     block = _split("".join(line + "\n" for line in lines).encode(), 1)
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
+    prepare(con)
+    early, late = (dt.datetime.fromisoformat(t) for t in PLAUSIBLE_TIMES)
     for _, rows in block.kinds:  # (an integer beyond int64 makes a line that is not plain)
         con.register("rows", rows)
         triples = con.sql(
-            "SELECT line_no, ts_us, CASE WHEN ts_text IS NOT NULL THEN TRY_CAST(ts_text AS TIMESTAMPTZ) "
+            "SELECT line_no, ts_us, CASE WHEN ts_text IS NOT NULL THEN rfc3339_ts(ts_text) "
             "WHEN ts_int IS NOT NULL THEN TRY_CAST(make_timestamp(ts_int // 1000) AS TIMESTAMPTZ) END FROM rows"
         ).fetchall()
         for line_no, fast, cast in triples:
             t = times[line_no - 1]
             assert fast is None or fast == cast, t
             usual = (isinstance(t, int) and t >= 0) or (isinstance(t, str) and bool(_USUAL_TIME.fullmatch(t)))
-            assert fast is not None or cast is None or not usual, t  # the usual forms it reads itself
+            plausible = isinstance(cast, dt.datetime) and early <= cast < late  # (a year BC comes as text)
+            assert fast is None or plausible, t  # an implausible time is left to the checks, line kept
+            assert fast is not None or not plausible or not usual, t  # the usual forms it reads itself
     con.close()

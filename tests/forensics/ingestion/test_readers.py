@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import forensics
-from forensics.errors import UnreadableFile
 from forensics.ingestion import pipeline, readers
 from forensics.ingestion.readers import LogFile, ReadAhead
 
@@ -43,9 +42,10 @@ def blocks_of(content: bytes, read_bytes: int, lines: int | None) -> list[tuple[
         for path, data in ((Path(tmp) / "a.jsonl", content), (Path(tmp) / "a.jsonl.gz", gzip.compress(content))):
             path.write_bytes(data)
             blocks = list(readers._line_blocks(log_of(path), lines, read_bytes))
-            for block, _, ends in blocks:  # the line ends handed on are the block's newlines
+            for block, _, ends, long in blocks:  # the line ends handed on are the block's newlines
                 assert np.array_equal(ends, np.flatnonzero(block == 10))
-            found.append([(bytes(block), first) for block, first, _ in blocks])
+                assert long == {}  # no line is longer than the reader's limit
+            found.append([(bytes(block), first) for block, first, _, _ in blocks])
     plain, gzipped = found
     assert plain == gzipped
     return plain
@@ -221,9 +221,11 @@ def test_the_reader_and_splitters_run_below_the_loaders_priority(tmp_path: Path)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
 
 
-def test_a_file_that_fails_mid_way_stops_the_ingest_and_keeps_the_files_before(
+def test_a_file_that_fails_mid_way_is_refused_and_the_others_are_ingested(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A truncated .gz between two good files: it is refused with why (nothing of it stays, and it is
+    listed in refused_files), the files before and after it go in, and the counts add up."""
     monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 16384)
     monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 50)
     logs = tmp_path / "logs"
@@ -231,11 +233,32 @@ def test_a_file_that_fails_mid_way_stops_the_ingest_and_keeps_the_files_before(
     packed = gzip.compress("".join(json.dumps(kv("b", s)) + "\n" for s in range(5000)).encode())
     (logs / "b.jsonl.gz").write_bytes(packed[: len(packed) // 2])  # cut short: fails after some blocks
     write_jsonl(logs / "c.jsonl", [kv("c", s) for s in range(500)])
-    with pytest.raises(UnreadableFile, match="b.jsonl.gz"):
-        forensics.ingest([logs], tmp_path / "case.duckdb")
-    con = duckdb.connect(str(tmp_path / "case.duckdb"), read_only=True)
-    try:
-        assert con.execute("SELECT node, count(*) FROM records GROUP BY ALL").fetchall() == [("a", 500)]
-    finally:
-        con.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("kvf-")]
+    for fast in (True, False):
+        db = tmp_path / f"case-{fast}.duckdb"
+        result = forensics.ingest([logs], db, fast=fast)
+        assert [(Path(f.path).name, f.status) for f in result.files] == [
+            ("a.jsonl", "ingested"), ("b.jsonl.gz", "refused"), ("c.jsonl", "ingested")]
+        refused = result.refused[0]
+        assert refused.why is not None and "cannot be decoded" in refused.why and refused.counts.read == 0
+        assert result.records.read == result.records.ingested == 1000
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            assert con.execute("SELECT node, count(*) FROM records GROUP BY ALL ORDER BY 1").fetchall() == [
+                ("a", 500), ("c", 500)]
+            assert con.execute("SELECT count(*) FROM source_lines WHERE file_id NOT IN (SELECT file_id FROM files)"
+                               ).fetchone() == (0,)
+            assert [Path(p).name for (p,) in con.execute("SELECT path FROM refused_files").fetchall()] == [
+                "b.jsonl.gz"]
+        finally:
+            con.close()
+        assert not [t for t in threading.enumerate() if t.name.startswith("kvf-")]
+        # the file mended, a re-run takes it in and off the refused list
+        (logs / "b.jsonl.gz").write_bytes(packed)
+        again = forensics.ingest([logs], db, fast=fast)
+        assert [f.status for f in again.files] == ["already_in_case", "ingested", "already_in_case"]
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            assert con.execute("SELECT count(*) FROM refused_files").fetchone() == (0,)
+        finally:
+            con.close()
+        (logs / "b.jsonl.gz").write_bytes(packed[: len(packed) // 2])
