@@ -39,5 +39,9 @@ class OutputExists(KvfError):
     """An output folder that is not empty: nothing is overwritten."""
 
 
+class OutputRefused(KvfError):
+    """An output path that is not a regular file (a folder, a device, a FIFO, a link): not written."""
+
+
 class BadOption(KvfError):
     """A command option outside what it admits."""

@@ -64,9 +64,8 @@ def check_case_path(path: Path, *, create: bool) -> None:
     if not path.is_file():
         raise CaseError(f"{shown(path)}: not a regular file, so not a case")
     if path.stat().st_size == 0:
-        if not create:
-            raise CaseError(f"{shown(path)}: an empty file, not a case")
-        return  # an empty file (mktemp's) holds nothing to lose: the case is made in it
+        raise CaseError(f"{shown(path)}: an empty file, not a case (name a path that does not exist yet, "
+                        "and ingest makes the case there)")
     with path.open("rb") as fh:
         head = fh.read(_DUCKDB_MAGIC_AT + len(_DUCKDB_MAGIC))
     if head[_DUCKDB_MAGIC_AT:] != _DUCKDB_MAGIC:
@@ -77,8 +76,8 @@ def check_case_path(path: Path, *, create: bool) -> None:
 def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -> duckdb.DuckDBPyConnection:
     """A connection to the case at ``path`` (``:memory:`` for a scratch case), schema in place.
 
-    ``path`` must be new (when ``create``: it is made, and its folder), an empty file, or a DuckDB
-    file holding a case of this schema version; anything else is refused and left untouched.
+    ``path`` must be new (when ``create``: it is made, and its folder) or a DuckDB file holding a
+    case of this schema version; anything else is refused and left untouched.
     """
     target = str(path)
     if target != ":memory:":

@@ -173,7 +173,8 @@ def _print_counts(result: forensics.IngestResult) -> None:
     for passed in result.skipped:
         typer.echo(f"{shown(passed.path)}: passed over ({shown(passed.why)})")
     r = result.records
-    refused = f"; {len(result.refused)} files refused" if result.refused else ""
+    n = len(result.refused)
+    refused = f"; {n} file{'s' if n != 1 else ''} refused" if n else ""
     typer.echo(
         f"total: {r.read} read = {r.ingested} ingested + {r.duplicates} duplicates "
         f"+ {r.quarantined} quarantined{refused}"

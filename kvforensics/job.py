@@ -16,6 +16,7 @@ from forensics.exposure.tiers import Filled, fill_from_replay
 from forensics.ingestion import Progress
 from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, investigate
+from forensics.outputs import check_target
 from forensics.store import connect, one
 from replay.replay import ReplayResult, WhatIf, default_out, replay
 from reports.render import ReportResult, report
@@ -78,6 +79,8 @@ def run(
     limits: Limits | None = None,
 ) -> JobResult:
     """Ingest and analyse ``paths`` into ``db``; with ``out``, also replay, fill in and report."""
+    if out is not None:
+        check_target(Path(out))  # refused before hours of work, not after
     found = investigate(paths, db, progress=progress, format=format, options=options, limits=limits)
     if out is None:
         return JobResult(found)

@@ -11,16 +11,18 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
-import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 import forensics
 from forensics.errors import BadOption
+from forensics.outputs import check_target, write_atomically
+from forensics.text import printable
 from reports import charts
 from reports.data import AUDIENCES, Names, ReportData, gather
 
@@ -51,6 +53,15 @@ def _generated_at(text: str | None) -> str:
     return t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _neutralised(value: Any) -> Any:
+    """Every value the template prints, before it is escaped: text (from the logs) with its
+    controls and direction marks shown as escapes, so that a U+202E in a node name cannot turn the
+    text around it; markup the toolkit made itself (its charts) is left as it is."""
+    if isinstance(value, str) and not isinstance(value, markupsafe.Markup):
+        return printable(value)
+    return value
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(
@@ -61,6 +72,7 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        finalize=_neutralised,
     )
     env.filters["n"] = lambda v: "" if v is None else f"{v:,}" if isinstance(v, int) else v
     return env
@@ -105,13 +117,11 @@ def report(
     else:
         names = Names("ids" if audience == "internal" else "ordinal")
     stamp = _generated_at(generated_at)
+    out = Path(out)
+    check_target(out)  # before the work: a report is not made to be refused
     with forensics.Case(db, read_only=True) as case:
         data = gather(case.connection, audience=audience, names=names, generated_at=stamp,
                       toolkit_version=forensics.__version__)
-    html = render(data)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, out)
-    return ReportResult(out, audience, len(html.encode()), data.figures)
+    html = render(data).encode("utf-8")
+    write_atomically(out, html)
+    return ReportResult(out, audience, len(html), data.figures)

@@ -26,6 +26,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 
 from forensics import adapters, compiled
 from forensics.adapters.base import LINES_SCHEMA, UNREADABLE_MARK
@@ -243,7 +244,7 @@ def _head(log: LogFile) -> list[str]:
     try:
         with open_binary(log) as fh:
             data = fh.read(1 << 20)
-    except (OSError, EOFError, ValueError):
+    except (OSError, EOFError, ValueError, zstandard.ZstdError):
         return []
     return data.decode("utf-8", "replace").splitlines()[: adapters.SNIFF_LINES]
 
@@ -374,8 +375,6 @@ def open_binary(log: LogFile) -> IO[bytes]:
     if log.compression == "gzip":
         stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
     else:
-        import zstandard
-
         stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
     bound = max(EXPANSION_FLOOR, raw_file.size * log.limits.max_expansion)
     return io.BufferedReader(_Expanding(stream, bound, log), buffer_size=1 << 20)
@@ -447,7 +446,7 @@ def _decoding(log: LogFile) -> Iterator[None]:
     """A file that fails to decode (bad compression, not its format) raises UnreadableFile."""
     try:
         yield
-    except (OSError, EOFError, ValueError, pa.ArrowException) as exc:
+    except (OSError, EOFError, ValueError, pa.ArrowException, zstandard.ZstdError) as exc:
         if isinstance(exc, UnreadableFile):
             raise
         raise UnreadableFile(f"{log.path}: cannot be decoded as {log.format} ({exc})") from exc
@@ -558,8 +557,8 @@ def _bounded(data: np.ndarray, first_line: int, ends: np.ndarray, max_line: int)
     if not len(long):
         return data, first_line, ends, {}
     keep = np.ones(len(data), dtype=bool)
-    for i in long.tolist():
-        keep[int(starts[i]) + KEPT_OF_LONG_LINE : int(stops[i])] = False
+    for i in long.tolist():  # (its "\r" too: a long line is kept as its start and a newline, however it ended)
+        keep[int(starts[i]) + KEPT_OF_LONG_LINE : int(ends[i])] = False
     cut = data[keep]
     new_ends = np.flatnonzero(cut == 10)
     return cut, first_line, new_ends, {int(i): int(stops[i] - starts[i]) for i in long}

@@ -106,7 +106,11 @@ def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (["sql", "", "--db", "DB"], EXIT_ERROR, "no SQL query given"),
     (["sql", "SELEC", "--db", "DB"], EXIT_ERROR, "syntax error"),
     (["exposures", "--db", "OUT/none.duckdb"], EXIT_ERROR, "no such case"),
-    (["report", "--db", "DB", "--out", "OUT/missing/dir/"], EXIT_OS, ""),
+    (["report", "--db", "DB", "--out", "OUT/missing/dir/"], EXIT_ERROR, "is not a folder"),
+    (["report", "--db", "DB", "--out", "OUT"], EXIT_ERROR, "a folder; name a file to write"),
+    (["report", "--db", "DB", "--out", "/dev/null"], EXIT_ERROR, "not a regular file"),
+    (["page", "decode-0", "99999999999999999999", "--db", "DB"], EXIT_ERROR, "PAGE must be a page id"),
+    (["sql", "SELECT 1; SELECT 2", "--db", "DB"], EXIT_ERROR, "one query at a time"),
     (["exposures", "--db", "OUT"], EXIT_ERROR, "is a folder, not a case file"),
 ])
 def test_real_failures_are_one_line(args: list[str], code: int, says: str, tmp_path: Path) -> None:

@@ -1,0 +1,348 @@
+"""The misuse campaign of issue #22, re-runnable: every case through the installed ``kvforensics``
+command, each in a fresh folder, each with a time limit; prints per case its exit code, whether
+a traceback showed, its peak memory, and whether what it must do held.
+
+    .venv/bin/python scripts/misuse_campaign.py [--big]      # --big: the multi-GB bombs too
+
+Exit 0 when every case held. Nothing here writes outside its temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "sample_logs" / "glm53-incident"
+SGLANG = ROOT / "sample_logs" / "glm53-incident-sglang"
+KVF = str(Path(sys.executable).with_name("kvforensics"))
+TIMEOUT = 300
+TS = "2026-09-14T08:00:00Z"
+
+
+@dataclass
+class Run:
+    code: int | None  # None: killed at the time limit
+    out: bytes
+    err: bytes
+    peak_mb: float
+    seconds: float
+
+    @property
+    def text(self) -> str:
+        return (self.out + self.err).decode("utf-8", "replace")
+
+
+def kvf(*args: str | Path, cwd: Path) -> Run:
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([KVF, *map(str, args)], cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        deadline = start + TIMEOUT
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                status = -1
+                break
+            time.sleep(0.02)
+        proc.returncode = 0  # reaped by wait4
+        out.seek(0)
+        err.seek(0)
+        code = None if status == -1 else os.waitstatus_to_exitcode(status)
+        return Run(code, out.read(), err.read(), usage.ru_maxrss / 1024, time.monotonic() - start)
+
+
+def config(node: str = "decode-0", **changes: object) -> dict[str, object]:
+    return {"kind": "config", "ts": TS, "node": node, "seq": 0, "role": "decode", "engine": "e",
+            "engine_version": "1", "model": "m", "context_length": 1024, "page_size": 16, "pool_pages": 64,
+            **changes}
+
+
+def jsonl(path: Path, records: list[dict[str, object]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def zeros(path: Path, size: int, how: str) -> Path:
+    chunk = b"\0" * (16 << 20)
+    if how == "zstd":
+        with path.open("wb") as fh, zstandard.ZstdCompressor(level=3).stream_writer(fh) as w:
+            for _ in range(size // len(chunk)):
+                w.write(chunk)
+    elif how == "gzip":
+        with gzip.open(path, "wb", compresslevel=1) as fh:
+            for _ in range(size // len(chunk)):
+                fh.write(chunk)
+    else:
+        with path.open("wb") as fh:
+            for _ in range(size // len(chunk)):
+                fh.write(chunk)
+    return path
+
+
+Case = Callable[[Path], tuple[Run, bool]]
+CASES: dict[str, Case] = {}
+
+
+def case(fn: Case) -> Case:
+    CASES[fn.__name__] = fn
+    return fn
+
+
+@case
+def db_is_a_log(d: Path) -> tuple[Run, bool]:
+    logs = Path(shutil.copytree(SAMPLE, d / "logs"))
+    before = (logs / "router.jsonl").read_bytes()
+    r = kvf("investigate", logs, "--db", logs / "router.jsonl", cwd=d)
+    return r, r.code == 1 and (logs / "router.jsonl").read_bytes() == before and "exposed" not in r.text
+
+
+@case
+def db_is_another_database(d: Path) -> tuple[Run, bool]:
+    import duckdb
+
+    con = duckdb.connect(str(d / "other.duckdb"))
+    con.execute("CREATE TABLE mine (a INTEGER)")
+    con.close()
+    r = kvf("ingest", SAMPLE / "router.jsonl", "--db", d / "other.duckdb", cwd=d)
+    con = duckdb.connect(str(d / "other.duckdb"), read_only=True)
+    tables = con.execute("SELECT count(*) FROM duckdb_tables()").fetchone()
+    con.close()
+    return r, r.code == 1 and tables == (1,)
+
+
+@case
+def db_in_a_missing_folder(d: Path) -> tuple[Run, bool]:
+    r = kvf("ingest", SAMPLE / "router.jsonl", "--db", d / "out" / "x.duckdb", cwd=d)
+    return r, r.code == 0 and (d / "out" / "x.duckdb").is_file()
+
+
+@case
+def deep_json_first_line(d: Path) -> tuple[Run, bool]:
+    (d / "a.jsonl").write_text("[" * 1000 + "NaN" + "]" * 1000 + "\n" + json.dumps(config()) + "\n"
+                               + '{"a": ' + "[" * 1000 + "1," + "]" * 1000 + "}\n")
+    r = kvf("ingest", d / "a.jsonl", "--db", d / "c.duckdb", cwd=d)
+    return r, r.code == 0 and "3 read, 1 ingested, 0 duplicates, 2 quarantined" in r.text
+
+
+@case
+def deep_sglang_request(d: Path) -> tuple[Run, bool]:
+    lines = (SGLANG / "prefill-0.log").read_text().splitlines()
+    hits = [i for i, line in enumerate(lines) if "Receive:" in line][:2]
+    deep, chained = "[" * 5000 + "]" * 5000, "+".join(["1"] * 50_000)
+    lines[hits[0]] = lines[hits[0]].replace("sampling_params={", f"sampling_params={{'x': {deep}, ")
+    lines[hits[1]] = lines[hits[1]].replace("sampling_params={", f"sampling_params={{'x': {chained}, ")
+    (d / "prefill-0.log").write_text("\n".join(lines) + "\n")
+    r = kvf("ingest", d / "prefill-0.log", "--db", d / "c.duckdb", "--role", "prefill", cwd=d)
+    return r, r.code == 0 and "2 quarantined" in r.text
+
+
+@case
+def zstd_bomb(d: Path) -> tuple[Run, bool]:
+    zeros(d / "z.jsonl.zst", 5 << 30 if BIG else 1 << 30, "zstd")
+    r = kvf("ingest", d / "z.jsonl.zst", "--db", d / "c.duckdb", cwd=d)
+    return r, r.code == 6 and "decompression bomb" in r.text
+
+
+@case
+def gzip_of_zeros(d: Path) -> tuple[Run, bool]:
+    zeros(d / "z.jsonl.gz", 5 << 30 if BIG else 1 << 30, "gzip")
+    r = kvf("ingest", d / "z.jsonl.gz", "--db", d / "c.duckdb", cwd=d)
+    return r, r.code == 0 and "1 quarantined" in r.text
+
+
+@case
+def one_line_without_newline(d: Path) -> tuple[Run, bool]:
+    zeros(d / "z.jsonl", 1 << 30, "none")
+    r = kvf("ingest", d / "z.jsonl", "--db", d / "c.duckdb", cwd=d)
+    return r, r.code == 0 and "1 quarantined" in r.text
+
+
+@case
+def parquet_of_odd_types(d: Path) -> tuple[Run, bool]:
+    import datetime as dt
+    import decimal
+
+    pq.write_table(pa.table({
+        "kind": ["config"], "ts": [TS], "node": ["a"], "blob": pa.array([b"\xff"], pa.binary()),
+        "dec": pa.array([decimal.Decimal("1.5")], pa.decimal128(4, 1)), "day": pa.array([dt.date(2026, 9, 14)]),
+        "took": pa.array([dt.timedelta(seconds=3)], pa.duration("s")),
+    }), d / "a.parquet")
+    r = kvf("ingest", d / "a.parquet", "--db", d / "c.duckdb", cwd=d)
+    return r, r.code == 0 and "1 read" in r.text
+
+
+@case
+def non_utf8_name_in_a_folder(d: Path) -> tuple[Run, bool]:
+    logs = d / "logs"
+    jsonl(logs / os.fsdecode(b"bad\xff.jsonl"), [config()])
+    jsonl(logs / "good.jsonl", [config("b")])
+    r = kvf("ingest", logs, "--db", d / "c.duckdb", cwd=d)
+    return r, r.code == 0 and "2 ingested" in r.text and "bad\\xff.jsonl" in r.text
+
+
+@case
+def values_that_break_analyses(d: Path) -> tuple[Run, bool]:
+    log = jsonl(d / "a.jsonl", [config("a", ts="0000-01-01T00:00:00Z"), config("b", ts="0001-01-01T00:00:00+14:00"),
+                                config("c", pool_pages=2**63 - 1), config("d", role="prefill")])
+    runs = [kvf("investigate", log, "--db", d / "c.duckdb", cwd=d), kvf("findings", "--db", d / "c.duckdb", cwd=d),
+            kvf("report", "--db", d / "c.duckdb", "--out", d / "r.html", cwd=d),
+            kvf("replay", "--db", d / "c.duckdb", cwd=d)]
+    worst = max(runs, key=lambda r: r.code or 0)
+    return worst, all(r.code in (0, 1) and "Traceback" not in r.text for r in runs) and "3 quarantined" in runs[0].text
+
+
+@case
+def bad_arguments(d: Path) -> tuple[Run, bool]:
+    kvf("ingest", SAMPLE, "--db", d / "c.duckdb", cwd=d)
+    runs = [kvf("sql", "", "--db", d / "c.duckdb", cwd=d), kvf("page", "decode-0", "99999999999999999999",
+            "--db", d / "c.duckdb", cwd=d), kvf("report", "--db", d / "c.duckdb", "--out", d, cwd=d),
+            kvf("report", "--db", d / "c.duckdb", "--out", "/proc/nope/r.html", cwd=d)]
+    return runs[-1], all(r.code in (1, 3) and len(r.err.strip().splitlines()) == 1 for r in runs)
+
+
+@case
+def one_bad_file_among_good(d: Path) -> tuple[Run, bool]:
+    logs = d / "logs"
+    jsonl(logs / "a.jsonl", [config("a")])
+    packed = gzip.compress((SAMPLE / "prefill-0.jsonl").read_bytes())
+    (logs / "b.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    jsonl(logs / "c.jsonl", [config("c")])
+    r = kvf("ingest", logs, "--db", d / "c.duckdb", cwd=d)
+    return r, r.code == 6 and "c.jsonl: 1 read, 1 ingested" in r.text and "b.jsonl.gz: refused" in r.text
+
+
+@case
+def csv_with_a_bad_byte(d: Path) -> tuple[Run, bool]:
+    (d / "a.csv").write_bytes(b"kind,ts,node\nconfig,x,\xff\nconfig,y,z\n")
+    r = kvf("ingest", d / "a.csv", "--db", d / "c.duckdb", cwd=d)
+    return r, r.code == 0 and "2 read, 0 ingested, 0 duplicates, 2 quarantined" in r.text
+
+
+@case
+def special_files(d: Path) -> tuple[Run, bool]:
+    logs = d / "logs"
+    jsonl(logs / "a.jsonl", [config()])
+    os.mkfifo(logs / "fifo.jsonl")
+    (logs / "zero.jsonl").symlink_to("/dev/zero")
+    (d / "random.jsonl").symlink_to("/dev/urandom")
+    runs = [kvf("ingest", "/dev/zero", "--db", d / "c.duckdb", cwd=d),
+            kvf("ingest", d / "random.jsonl", "--db", d / "c.duckdb", cwd=d),
+            kvf("ingest", logs / "fifo.jsonl", "--db", d / "c.duckdb", cwd=d),
+            kvf("ingest", logs, "--db", d / "c.duckdb", cwd=d)]
+    return runs[-1], [r.code for r in runs] == [1, 1, 1, 0] and runs[-1].text.count("passed over") == 2
+
+
+@case
+def sql_outside_the_case(d: Path) -> tuple[Run, bool]:
+    kvf("ingest", SAMPLE, "--db", d / "c.duckdb", cwd=d)
+    queries = [f"COPY (SELECT 1) TO '{d}/x.csv'", f"EXPORT DATABASE '{d}/export'",
+               "SELECT * FROM read_text('/etc/shadow')", "SELECT * FROM glob('/root/*')", "INSTALL httpfs",
+               "SELECT 1; SELECT 2", "SET enable_external_access = true"]
+    runs = [kvf("sql", q, "--db", d / "c.duckdb", cwd=d) for q in queries]
+    big = kvf("sql", "SELECT * FROM range(10000000)", "--db", d / "c.duckdb", "--format", "json", cwd=d)
+    wrote = sorted(p.name for p in d.iterdir())
+    ok = all(r.code == 1 for r in runs) and wrote == ["c.duckdb"] and big.code == 0 and big.peak_mb < 1000
+    return big, ok
+
+
+@case
+def outputs_that_attack_their_reader(d: Path) -> tuple[Run, bool]:
+    kvf("ingest", SAMPLE, "--db", d / "c.duckdb", cwd=d)
+    q = "SELECT '=cmd|'' /C calc''!A0' AS a, '@SUM(1)' AS b, chr(27) || ']0;owned' || chr(7) AS c"
+    csv_run = kvf("sql", q, "--db", d / "c.duckdb", "--format", "csv", cwd=d)
+    table = kvf("sql", q, "--db", d / "c.duckdb", cwd=d)
+    logs = d / "logs"
+    logs.mkdir()
+    shutil.copy(SAMPLE / "router.jsonl", logs / "x\ntotal: 1 read = 1 ingested.jsonl")
+    forged = kvf("ingest", logs, "--db", d / "c2.duckdb", cwd=d)
+    totals = [line for line in forged.out.decode().splitlines() if line.startswith("total:")]
+    ok = (b"\x1b" not in csv_run.out + table.out and b"'=cmd" in csv_run.out and b"'@SUM" in csv_run.out
+          and len(totals) == 1)
+    return forged, ok
+
+
+@case
+def report_over_what_is_not_a_file(d: Path) -> tuple[Run, bool]:
+    kvf("investigate", SAMPLE, "--db", d / "c.duckdb", cwd=d)
+    os.mkfifo(d / "fifo.html")
+    (d / "target.html").write_text("keep")
+    (d / "link.html").symlink_to(d / "target.html")
+    runs = [kvf("report", "--db", d / "c.duckdb", "--out", t, cwd=d)
+            for t in ("/dev/full", "/dev/null", d / "fifo.html", d / "link.html")]
+    ok = (all(r.code == 1 for r in runs) and Path("/dev/full").is_char_device() and Path("/dev/null").is_char_device()
+          and (d / "target.html").read_text() == "keep" and (d / "link.html").is_symlink())
+    return runs[0], ok
+
+
+@case
+def bidi_in_a_node_name(d: Path) -> tuple[Run, bool]:
+    text = (SAMPLE / "decode-0.jsonl").read_text().replace('"decode-0"', '"\\u202edecode-0"')
+    logs = Path(shutil.copytree(SAMPLE, d / "logs"))
+    (logs / "decode-0.jsonl").write_text(text)
+    r = kvf("investigate", logs, "--db", d / "c.duckdb", "--out", d / "r.html", "--no-replay", cwd=d)
+    html = (d / "r.html").read_text(encoding="utf-8") if (d / "r.html").exists() else ""
+    return r, r.code == 0 and "\u202e" not in html and "\\u202edecode-0" in html
+
+
+@case
+def times_as_rfc_3339_says(d: Path) -> tuple[Run, bool]:
+    times = ["2026-09-14T24:00:00Z", "2026-09-14T08:00:00+25:00", "2026-09-14T08:00:00+05:60",
+             "2026-09-14t08:00:00z", "2016-12-31T23:59:60Z"]
+    log = jsonl(d / "a.jsonl", [config(f"n{i}", ts=t) for i, t in enumerate(times)])
+    r = kvf("ingest", log, "--db", d / "c.duckdb", cwd=d)
+    return r, r.code == 0 and "5 read, 2 ingested, 0 duplicates, 3 quarantined" in r.text and "leap second" in r.text
+
+
+@case
+def quarantine_details_hold_no_values(d: Path) -> tuple[Run, bool]:
+    jsonl(d / "a.jsonl", [{"kind": "SECRET", "ts": TS, "node": "n"}, config(role="SECRET"), config(ts="SECRET")])
+    kvf("ingest", d / "a.jsonl", "--db", d / "c.duckdb", cwd=d)
+    r = kvf("quarantine", "--db", d / "c.duckdb", "--format", "csv", cwd=d)
+    return r, r.code == 0 and b"SECRET" not in r.out and r.out.count(b"\n") == 4
+
+
+def main() -> int:
+    global BIG
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--big", action="store_true", help="the 5 GB bombs of the issue (else 1 GB)")
+    parser.add_argument("cases", nargs="*", help="only these cases")
+    args = parser.parse_args()
+    BIG = args.big
+    failed = 0
+    print(f"{'case':36} {'exit':>4} {'held':>5} {'traceback':>9} {'peak MB':>8} {'s':>6}")
+    for name, fn in CASES.items():
+        if args.cases and name not in args.cases:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            run, held = fn(Path(tmp))
+        trace = "Traceback" in run.text
+        failed += (not held) or trace or run.code is None
+        code = "hang" if run.code is None else str(run.code)
+        print(f"{name:36} {code:>4} {str(held):>5} {str(trace):>9} {run.peak_mb:8.0f} {run.seconds:6.1f}")
+    print(f"\n{len(CASES) if not args.cases else len(args.cases)} cases, {failed} that did not hold")
+    return 1 if failed else 0
+
+
+BIG = False
+
+if __name__ == "__main__":
+    sys.exit(main())
