@@ -21,7 +21,7 @@ import forensics
 from forensics.adapters import ADAPTERS, Options, read_tenant_map
 from forensics.errors import BadOption, KvfError, OutputExists
 from forensics.ingestion.readers import Limits
-from forensics.text import csv_cell, printable, shown
+from forensics.text import csv_cell, shown
 from replay.engine import BEHAVIOURS
 from replay.simulate import Deployment
 
@@ -421,7 +421,7 @@ def request(
     if lines is not None:
         typer.echo(f"\nlog lines ({lines.height})")
         for path, line_no, text in lines.select("path", "line_no", "text").iter_rows():
-            typer.echo(f"{path}:{line_no}: {printable(text)}")
+            typer.echo(f"{shown(path)}:{line_no}: {shown(text)}")
 
 
 @app.command()
@@ -497,13 +497,13 @@ def findings(db: DbOption, as_json: JsonFlag = False) -> None:
     if not found:
         typer.echo("no findings")
         return
-    shown = 5
+    rows_shown = 5
     for f in found:
-        typer.echo(printable(f"[{f.severity}] {f.id}: {f.title}"))
-        for row in f.evidence.head(shown).iter_rows(named=True):
-            typer.echo(printable("    " + ", ".join(f"{k}={v}" for k, v in row.items())))
-        if f.count > shown:
-            typer.echo(f"    ... {f.count - shown:,} more (--json for all)")
+        typer.echo(shown(f"[{f.severity}] {f.id}: {f.title}"))
+        for row in f.evidence.head(rows_shown).iter_rows(named=True):
+            typer.echo("    " + shown(", ".join(f"{k}={v}" for k, v in row.items())))
+        if f.count > rows_shown:
+            typer.echo(f"    ... {f.count - rows_shown:,} more (--json for all)")
 
 
 Engine = StrEnum("Engine", {name: name for name in BEHAVIOURS})  # type: ignore[misc]
