@@ -32,6 +32,7 @@ EXIT_OS = 3  # the system refused a read or a write (permissions, a full disk, a
 EXIT_DATABASE = 4  # DuckDB failed outside the toolkit's checks
 EXIT_INTERNAL = 5  # a bug in kvforensics: --debug shows the traceback to report
 EXIT_REFUSED_FILES = 6  # the command finished, but some input files could not be read (listed, why)
+EXIT_DISAGREES = 7  # a confirming replay finished, but the model could not follow the logs everywhere (listed)
 EXIT_PIPE = 141  # the output was closed before it was all written (| head): nothing is said
 EXIT_CODES = {EXIT_ERROR: "error", EXIT_USAGE: "usage", EXIT_OS: "system error", EXIT_DATABASE: "database error",
               EXIT_INTERNAL: "internal error"}
@@ -308,6 +309,8 @@ def investigate(
     if as_json:
         _print_json(found.as_dict())
         _refused_exit(found.investigation.ingest)
+        for r in found.replays:
+            _disagreement_exit(r)
         return
     _print_counts(found.investigation.ingest)
     typer.echo("")
@@ -317,7 +320,10 @@ def investigate(
         if r.agreement:
             a = r.agreement.exposed_responses
             agreement = f"; {a.confirmed} confirmed, {a.replay_only} replay only, {a.log_only} log only"
-        typer.echo(f"replay under {r.engine}: {r.exposure['exposed_responses']} exposed responses{agreement}")
+        checked = (f"{len(r.disagreements)} disagreements with the logs" if r.mode == "confirm"
+                   else f"what-if, {r.outcomes_changed} logged outcomes changed")
+        typer.echo(f"replay under {r.engine}: {r.exposure['exposed_responses']} exposed responses{agreement} "
+                   f"({checked})")
     filled = found.filled
     if filled and (filled.nodes or filled.gap_windows):
         where = [f"on {', '.join(filled.nodes)}"] if filled.nodes else []
@@ -331,6 +337,8 @@ def investigate(
         typer.echo(f"\nreport: {found.report.out}")
     typer.echo(f"\nnext: kvforensics exposures --db {shown(db)}")
     _refused_exit(found.investigation.ingest)
+    for r in found.replays:
+        _disagreement_exit(r)
 
 
 @app.command()
@@ -602,18 +610,50 @@ def replay(
     result = (run_replay(db, str(engine), target, what_if=what_if))
     if as_json:
         _print_json(result.as_dict())
+        _disagreement_exit(result)
         return
-    typer.echo(f"replayed {result.records:,} records under {engine} into {result.out}")
+    typer.echo(f"replayed {result.records:,} records under {engine} into {shown(result.out)} ({result.mode})")
     if result.not_replayed:
         typer.echo(f"  {result.not_replayed:,} requests could not be placed (no prefill or decode node): not replayed")
     typer.echo("")
     _print_figures(result.exposure)
+    _print_disagreements(result)
     if result.agreement:
         a = result.agreement
         typer.echo(f"\nagreement with the case's page records:\n  allocations reproduced page for page: "
                    f"{a.reproduced_allocations:,} of {a.logged_allocations:,}")
         for name, v in (("exposed responses", a.exposed_responses), ("exposure pairs", a.exposure_pairs)):
             typer.echo(f"  {name}: {v.confirmed:,} confirmed, {v.replay_only:,} replay only, {v.log_only:,} log only")
+    _disagreement_exit(result)
+
+
+def _print_disagreements(result: Any, shown_rows: int = 10) -> None:
+    """A replay's disagreements with the logs (confirm) or the outcomes it changed (what-if)."""
+    if result.mode == "what-if":
+        typer.echo(f"\nwhat-if: {result.outcomes_changed:,} logged outcomes changed (delivered in the logs and not "
+                   "in the replay, or the reverse)")
+        return
+    n = len(result.disagreements)
+    if not n:
+        typer.echo("\nconfirmed: the model followed every logged outcome (0 disagreements)")
+        return
+    kinds: dict[str, int] = {}
+    for d in result.disagreements:
+        kinds[d.kind] = kinds.get(d.kind, 0) + 1
+    typer.echo(f"\nconfirmed, with {n:,} disagreements (where the model could not do what the logs say, the logs "
+               f"were followed): {', '.join(f'{k} {v:,}' for k, v in sorted(kinds.items()))}")
+    for d in result.disagreements[:shown_rows]:
+        typer.echo(f"  {shown(d.request_id)} on {shown(d.node)}: {d.kind} ({shown(d.detail)})")
+    if n > shown_rows:
+        typer.echo(f"  ... {n - shown_rows:,} more (--json, or the case's table replay_disagreements)")
+
+
+def _disagreement_exit(result: Any) -> None:
+    """Exit with :data:`EXIT_DISAGREES` where a confirming replay could not follow the logs everywhere."""
+    if result.mode == "confirm" and result.disagreements:
+        typer.echo(f"kvforensics: the replay confirms with {len(result.disagreements):,} disagreements "
+                   "(listed); exit 7", err=True)
+        raise typer.Exit(EXIT_DISAGREES)
 
 
 def main() -> None:

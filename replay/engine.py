@@ -110,6 +110,30 @@ def plan(request: Request, behaviour: str, prefill: NodeConfig) -> Plan:
     )
 
 
+@dataclass(frozen=True)
+class Disagreement:
+    """Where the model could not do what the logs say happened: the request, the node, what
+    (a kind of :data:`DISAGREEMENTS`), and the detail. Confirmation follows the logs there."""
+
+    request_id: str
+    node: str
+    kind: str
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        """As JSON-ready data."""
+        return {"request_id": self.request_id, "node": self.node, "kind": self.kind, "detail": self.detail}
+
+
+#: The kinds of disagreement between the model and the logs, and what each means.
+DISAGREEMENTS = {
+    "pool_cannot_supply": "the pool could not supply the pages of a request the logs show served",
+    "model_fails_served": "the model would fail a request the logs show served",
+    "model_rejects_served": "the model would reject a request the logs show admitted",
+    "model_admits_rejected": "the model would admit a request the logs show rejected",
+}
+
+
 @dataclass
 class _Held:
     """A request's pages on a node."""
@@ -132,6 +156,10 @@ class NodeEngine:
     plans: dict[str, Plan]
     check_invariants: bool = False
     boot: int = 0
+    #: confirmation: the requests the logs show served; where the model would end one, it is
+    #: listed in ``disagreements`` and the logs are followed instead (None: the model decides)
+    served: frozenset[str] | None = None
+    disagreements: list[Disagreement] = field(default_factory=list)
     pool: PagePool = field(init=False)
     held: dict[str, _Held] = field(init=False)
     tags: np.ndarray = field(init=False)
@@ -279,10 +307,23 @@ class NodeEngine:
             self._free(ts, rid)
         return True
 
+    def _disagrees(self, rid: str, kind: str, detail: str) -> bool:
+        """Whether the logs are followed where the model would end ``rid`` (confirmation of a
+        request the logs show served): then the disagreement is listed."""
+        if self.served is None or rid not in self.served:
+            return False
+        self.disagreements.append(Disagreement(rid, self.config.node, kind, detail))
+        return True
+
     def _take_prompt_pages(self, record: dict[str, Any], h: _Held, need: int, *, log_rejection: bool) -> bool:
         """Emit ``record`` and allocate the prompt's pages; or, when the pool cannot supply
-        them, end the request with 503 instead (decode also logs a ``rejected``)."""
+        them, end the request with 503 instead (decode also logs a ``rejected``). Confirming a
+        request the logs show served, the logs are followed: it goes on holding no pages."""
         ts, rid = record["ts"], record["request_id"]
+        if need > self.pool.available and self._disagrees(
+                rid, "pool_cannot_supply", f"{need} pages wanted, {self.pool.available} free"):
+            self._emit(record)
+            return True
         if need > self.pool.available:
             h.ended = True
             if log_rejection:
@@ -349,7 +390,12 @@ class NodeEngine:
         total = pages_for(request.prompt_tokens + request.max_new_tokens, page_size)
         extra = max(0, total - len(h.prompt))
         if failure is None and extra > self.pool.available:
-            failure = POOL_EXHAUSTED
+            if self._disagrees(rid, "pool_cannot_supply", f"{extra} output pages wanted, {self.pool.available} free"):
+                extra = 0
+            else:
+                failure = POOL_EXHAUSTED
+        if failure is not None and self._disagrees(rid, "model_fails_served", f"{failure[0]} {failure[1]}"):
+            failure = None
         if failure is not None:
             self._finish(ts, rid, failure)
             self._free(ts, rid)

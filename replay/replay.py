@@ -26,7 +26,7 @@ from typing import Any
 import forensics
 from forensics.errors import CaseError, OutputExists
 from forensics.store import connect, one
-from replay.engine import BEHAVIOURS, NodeConfig, NodeEngine, Plan, Request, plan
+from replay.engine import BEHAVIOURS, Disagreement, NodeConfig, NodeEngine, Plan, Request, plan
 from replay.logset import LogSet, ts_ns, ts_text
 from replay.simulate import (
     DECODE_PER_TOKEN,
@@ -113,17 +113,29 @@ class ReplayResult:
     exposure: dict[str, int]
     not_replayed: int  # requests that could not be placed on any node
     agreement: Agreement | None  # None where the case has no page records
+    #: "confirm" (the engine the logs were made with, as configured: the logs are followed where
+    #: the model disagrees) or "what-if" (another engine or configuration: the model decides)
+    mode: str = "confirm"
+    disagreements: tuple[Disagreement, ...] = ()  # confirm: where the model could not follow the logs
+    outcomes_changed: int = 0  # requests delivered in the logs and not in the replay, or the reverse
 
     def as_dict(self) -> dict[str, Any]:
         """The replay as JSON-ready data."""
+        kinds: dict[str, int] = {}
+        for d in self.disagreements:
+            kinds[d.kind] = kinds.get(d.kind, 0) + 1
         return {
             "engine": self.engine,
+            "mode": self.mode,
             "what_if": {k: v for k, v in dataclasses.asdict(self.what_if).items() if v is not None},
             "out": str(self.out),
             "records": self.records,
             "exposure": self.exposure,
             "not_replayed": self.not_replayed,
             "agreement": None if self.agreement is None else self.agreement.as_dict(),
+            "outcomes_changed": self.outcomes_changed,
+            "disagreements": {"count": len(self.disagreements), "by_kind": dict(sorted(kinds.items())),
+                              "list": [d.as_dict() for d in self.disagreements]},
         }
 
 
@@ -142,12 +154,20 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
     if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
         raise CaseError(f"{db}: no prefill or decode config records, nothing to replay")
 
+    events = complete_transfers(events, configs)
     requests, plans, arrivals, unlogged = _plan_requests(configs, events, engine, what_if)
+    confirming = what_if == WhatIf() and engine == (logged_engine(configs) or "sglang-placeholder")
+    mode = "confirm" if confirming else "what-if"
+    disagreements: list[Disagreement] = []
+    served: frozenset[str] | None = None
+    if mode == "confirm":
+        served = delivered(events)
+        plans, unlogged = _follow_logs(events, configs, plans, unlogged, disagreements)
     extra, not_replayed = _arrival_events(unlogged, requests, plans, arrivals, configs)
     log = LogSet()
     for node in sorted(set(configs) | set(events)):
         _replay_node(node, configs.get(node, []), events.get(node, []), engine, what_if, log,
-                     requests, plans, extra.get(node, []), set(unlogged))
+                     requests, plans, extra.get(node, []), set(unlogged), served, disagreements)
 
     if out.exists():
         if not out.is_dir() or not {p.name for p in out.iterdir()} <= _REPLAY_FILES:
@@ -158,9 +178,84 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
     agreement = _agreement(Path(db), case) if has_pages else None
-    done = ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, agreement)
+    done = ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, agreement, mode,
+                        tuple(disagreements), _outcomes_changed(Path(db), case))
     _remember(Path(db), done)
     return done
+
+
+def logged_engine(configs: dict[str, list[tuple[int, int, str, NodeConfig]]]) -> str | None:
+    """The engine behaviour the logs were made with, where the prefill configs say: SGLang before
+    0.5.22 hands a length-rejected prompt off as a placeholder; from 0.5.22 it retires it at
+    prefill (reference-engine.md). None where no config says (another engine, no version)."""
+    versions = {(c.engine, c.engine_version) for per in configs.values() for _, _, _, c in per if c.role == "prefill"}
+    if len(versions) != 1:
+        return None
+    (name, version), = versions
+    parts = version.split(".") if name == "sglang" else []
+    if len(parts) < 3 or not all(p.isdigit() for p in parts[:3]):
+        return None
+    return "sglang-hardened" if tuple(int(p) for p in parts[:3]) >= (0, 5, 22) else "sglang-placeholder"
+
+
+def delivered(events: dict[str, list[dict[str, Any]]]) -> frozenset[str]:
+    """The requests the logs show delivered: a finished with a 2xx status and none of 400 or more."""
+    ok: set[str] = set()
+    failed: set[str] = set()
+    for records in events.values():
+        for r in records:
+            if r["kind"] == "request" and r["event"] == "finished" and r["status"] is not None:
+                (ok if 200 <= r["status"] < 300 else failed if r["status"] >= 400 else set()).add(r["request_id"])
+    return frozenset(ok - failed)
+
+
+def _follow_logs(
+    events: dict[str, list[dict[str, Any]]], configs: dict[str, list[tuple[int, int, str, NodeConfig]]],
+    plans: dict[str, Plan], unlogged: list[str], disagreements: list[Disagreement],
+) -> tuple[dict[str, Plan], list[str]]:
+    """Confirmation: where the model's decision for a request goes against what the logs show
+    (it would reject at the router or at prefill a request the logs show on the engine; it would
+    admit one the logs show rejected and never on the engine), the logs are followed and the
+    disagreement listed."""
+    roles = {node: per[-1][3].role for node, per in configs.items() if per}
+    seen: dict[str, set[str]] = defaultdict(set)  # request -> roles of the nodes that logged it
+    for node, records in events.items():
+        for r in records:
+            if r.get("request_id") is not None:
+                seen[r["request_id"]].add(roles.get(node, "router"))
+    out = dict(plans)
+    for rid, p in plans.items():
+        if p.router_rejects and seen[rid] & {"prefill", "decode"}:
+            disagreements.append(Disagreement(rid, "router", "model_rejects_served",
+                                              f"the router would reject its prompt (context {p.context_length})"))
+            out[rid] = dataclasses.replace(p, router_rejects=False)
+        elif p.prefill_rejects and "decode" in seen[rid]:
+            disagreements.append(Disagreement(rid, "prefill", "model_rejects_served",
+                                              f"prefill would reject its prompt (limit {p.limit_tokens})"))
+            out[rid] = dataclasses.replace(p, prefill_rejects=False)
+    for rid in unlogged:
+        disagreements.append(Disagreement(rid, "router", "model_admits_rejected",
+                                          "the model admits a prompt the logs show rejected, never on the engine"))
+    return out, []
+
+
+def _outcomes_changed(logged: Path, replayed: Path) -> int:
+    """Requests delivered in the logs and not in the replay, or the reverse."""
+    con = connect(replayed, read_only=True, create=False)
+    try:
+        con.execute(f"ATTACH '{_sql_path(logged)}' AS logged (READ_ONLY)")
+        row = one(con, """
+            WITH l AS (
+              SELECT request_id, coalesce(bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400), FALSE)
+                     AS ok FROM logged.request_events WHERE event = 'finished' GROUP BY request_id),
+            r AS (
+              SELECT request_id, coalesce(bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400), FALSE)
+                     AS ok FROM request_events WHERE event = 'finished' GROUP BY request_id)
+            SELECT count(*) FROM l FULL JOIN r USING (request_id)
+            WHERE coalesce(l.ok, FALSE) <> coalesce(r.ok, FALSE)""")
+    finally:
+        con.close()
+    return int(row[0]) if row else 0
 
 
 def default_out(db: Path | str, engine: str, what_if: WhatIf) -> Path:
@@ -177,14 +272,24 @@ def default_out(db: Path | str, engine: str, what_if: WhatIf) -> Path:
 def _remember(db: Path, result: ReplayResult) -> None:
     """Keep the replay's figures in the case's ``replays`` table (for the report)."""
     d = result.as_dict()
+    what_if = json.dumps(d["what_if"], sort_keys=True)
     con = connect(db)
     try:
+        con.execute("BEGIN")
         con.execute(
-            "INSERT OR REPLACE INTO replays VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [result.engine, json.dumps(d["what_if"], sort_keys=True), str(result.out), result.records,
+            "INSERT OR REPLACE INTO replays (engine, what_if, out, records, not_replayed, exposure, agreement, mode, "
+            "outcomes_changed, disagreements) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [result.engine, what_if, str(result.out), result.records,
              result.not_replayed, json.dumps(result.exposure),
-             None if result.agreement is None else json.dumps(result.agreement.as_dict())],
+             None if result.agreement is None else json.dumps(result.agreement.as_dict()), result.mode,
+             result.outcomes_changed, len(result.disagreements)],
         )
+        con.execute("DELETE FROM replay_disagreements WHERE engine = ? AND what_if = ?", [result.engine, what_if])
+        if result.disagreements:
+            con.executemany("INSERT INTO replay_disagreements VALUES (?, ?, ?, ?, ?, ?)",
+                            [[result.engine, what_if, x.request_id, x.node, x.kind, x.detail]
+                             for x in result.disagreements])
+        con.execute("COMMIT")
     finally:
         con.close()
 
@@ -214,6 +319,86 @@ def _events(con: Any) -> dict[str, list[dict[str, Any]]]:
         record = dict(zip(_EVENT_FIELDS, row, strict=True))
         record["ts"] = _ts(record["ts"])
         out[record["node"]].append(record)
+    return out
+
+
+#: A transfer's ends, which act on both sides: the prefill side's pages are released, the decode
+#: side's land. A ``started`` changes no pool, so it is not carried across.
+_TRANSFER_ENDS = ("completed", "failed")
+#: A request's events on a node that come before its transfer ends there, and after.
+_BEFORE_TRANSFER_END = {("request", "received"), ("request", "admitted"), ("request", "prefill_started"),
+                        ("request", "prefill_done"), ("transfer", "started")}
+_AFTER_TRANSFER_END = {("request", "decode_started"), ("request", "finished")}
+#: The sort key of a record without seq (the node's order is then its time's).
+_NO_SEQ = 1 << 62
+
+
+def complete_transfers(
+    events: dict[str, list[dict[str, Any]]], configs: dict[str, list[tuple[int, int, str, NodeConfig]]],
+) -> dict[str, list[dict[str, Any]]]:
+    """Each node's events with the transfer ends it did not log itself but another node did.
+
+    A transfer's ``completed`` or ``failed`` logged by one node is a fact for both sides (the
+    schema's section 3): its prefill node releases its pages then, its decode node has them
+    land. Where a side did not log it, the end is put into that side's order where causality
+    requires (after the request's events there that precede a transfer's end: its admission,
+    prefill, the transfer's start; before those that follow: decode starting, the finish), and
+    within that, by time. Such a record is marked ``_carried`` (from the node that logged it).
+    """
+    roles = {node: per[-1][3].role for node, per in configs.items() if per}
+    ends: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)  # (rid, transfer) -> event -> record
+    logged: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)  # (rid, transfer) -> (node, event)
+    for node, records in events.items():
+        for r in records:
+            if r["kind"] == "transfer" and r["event"] in _TRANSFER_ENDS:
+                key = (r["request_id"], r["transfer_id"])
+                ends[key].setdefault(r["event"], r)
+                logged[key].add((node, r["event"]))
+    carried: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for key, by_event in ends.items():
+        for event, r in by_event.items():
+            for side, role in ((r["src_node"], "prefill"), (r["dst_node"], "decode")):
+                if side is None or roles.get(side) != role or (side, event) in logged[key]:
+                    continue
+                carried[side].append(dict(r, node=side, seq=None, _carried=r["node"]))
+    if not carried:
+        return events
+    out = dict(events)
+    for node, extra in carried.items():
+        out[node] = _placed(events.get(node, []), extra)
+    return out
+
+
+def _placed(records: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` (a node's, in its order) with each of ``extra`` put where causality and then
+    time say; each placed record takes the (boot, seq) of the record before it as its sort key."""
+    by_request: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(records):
+        if r.get("request_id") is not None:
+            by_request[r["request_id"]].append(i)
+    at: list[tuple[int, int, dict[str, Any]]] = []
+    for n, e in enumerate(extra):
+        mine = by_request.get(e["request_id"], [])
+        if not mine:
+            continue  # the node holds nothing of the request: the end acts on nothing there
+        lo = max((i + 1 for i in mine if (records[i]["kind"], records[i]["event"]) in _BEFORE_TRANSFER_END), default=0)
+        hi = min((i for i in mine if (records[i]["kind"], records[i]["event"]) in _AFTER_TRANSFER_END and i >= lo),
+                 default=len(records))
+        pos = next((i for i in range(lo, hi) if records[i]["ts"] > e["ts"]), hi)
+        at.append((pos, n, e))
+    out: list[dict[str, Any]] = []
+    at.sort(key=lambda t: (t[0], t[1]))
+    k = 0
+    for i in range(len(records) + 1):
+        while k < len(at) and at[k][0] == i:
+            e = at[k][2]
+            before = out[-1] if out else (records[i] if i < len(records) else None)
+            boot = before["boot"] if before is not None else 0
+            key = before.get("_seq_key", before["seq"]) if before is not None else None
+            out.append(dict(e, boot=boot, _seq_key=_NO_SEQ if key is None else key))
+            k += 1
+        if i < len(records):
+            out.append(records[i])
     return out
 
 
@@ -326,6 +511,8 @@ def _replay_node(
     plans: dict[str, Plan],
     extra: list[dict[str, Any]],
     unlogged: set[str],
+    served: frozenset[str] | None = None,
+    disagreements: list[Disagreement] | None = None,
 ) -> None:
     """Feed one node's configs and events, merged in (boot, seq) order, to a node engine;
     ``extra`` events (of requests the logs have no engine event for) join by time."""
@@ -334,12 +521,13 @@ def _replay_node(
         for record in events:
             if record["request_id"] in unlogged and record["event"] != "received":
                 continue  # the logged router rejection no longer applies
-            router.handle(dict(record))
+            router.handle(_logged(record))
         return
     pending = list(reversed(extra))
     timeline = sorted(
         [(boot, seq, 0, i) for i, (boot, seq, _, _) in enumerate(configs)]
-        + [(e["boot"], e["seq"] if e["seq"] is not None else 1 << 62, 1, i) for i, e in enumerate(events)]
+        + [(e["boot"], e.get("_seq_key", e["seq"] if e["seq"] is not None else _NO_SEQ), 1, i)
+           for i, e in enumerate(events)]
     )
     node_engine: NodeEngine | None = None
     for boot, _, what, i in timeline:
@@ -348,7 +536,8 @@ def _replay_node(
             if node_engine is None or boot != node_engine.boot:
                 log.new_boot(node)
                 if node_engine is None:
-                    node_engine = NodeEngine(config, engine, log, requests, plans, boot=boot)
+                    node_engine = NodeEngine(config, engine, log, requests, plans, boot=boot, served=served,
+                                             disagreements=disagreements if disagreements is not None else [])
                 else:
                     node_engine.start_boot(boot, config)
             else:
@@ -356,16 +545,21 @@ def _replay_node(
             log.emit(config.record(configs[i][2], boot))
             continue
         if node_engine is None:  # events before any config: no pool to act on
-            log.emit(dict(events[i]))
+            log.emit(_logged(events[i]))
             continue
         if events[i]["boot"] != node_engine.boot:
             log.new_boot(node)
             node_engine.start_boot(events[i]["boot"], node_engine.config)
         while pending and pending[-1]["ts"] < events[i]["ts"]:
             node_engine.handle(dict(pending.pop(), boot=node_engine.boot))
-        node_engine.handle(dict(events[i]))
+        node_engine.handle(_logged(events[i]))
     while pending and node_engine is not None:
         node_engine.handle(dict(pending.pop(), boot=node_engine.boot))
+
+
+def _logged(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as the engine is handed it: the replay's own marks left out."""
+    return {k: v for k, v in record.items() if not k.startswith("_")}
 
 
 def _ts(value: Any) -> str:

@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ import duckdb
 from forensics.exposure import tiers as evidence_tiers
 from forensics.exposure.figures import DEFINITIONS, checked
 from forensics.findings import findings
-from forensics.store import rows
+from forensics.store import has_table, rows
 
 AUDIENCES = ("internal", "regulator", "customer")
 
@@ -132,7 +133,14 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
     tenants = sorted({t for k in matrix for t in k})
 
     replays = rows(con, "SELECT * FROM replays ORDER BY engine, what_if")
+    kinds: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
+    if has_table(con, "replay_disagreements"):
+        listed = con.execute("SELECT engine, what_if, kind, count(*) FROM replay_disagreements "
+                             "GROUP BY ALL ORDER BY ALL").fetchall()
+        for engine, what_if, kind, n in listed:
+            kinds[(engine, what_if)][kind] = n
     for r in replays:
+        r["disagreement_kinds"] = kinds.get((r["engine"], r["what_if"]), {})
         r["exposure"] = json.loads(r["exposure"])
         r["agreement"] = json.loads(r["agreement"]) if r["agreement"] else None
         r["what_if"] = json.loads(r["what_if"])

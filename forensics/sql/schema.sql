@@ -215,6 +215,20 @@ CREATE TABLE IF NOT EXISTS replays (
   agreement VARCHAR,  -- JSON, NULL where the case has no page records
   PRIMARY KEY (engine, what_if)
 );
+-- (added after schema 5 began: a case made before gets them when next opened to write)
+ALTER TABLE replays ADD COLUMN IF NOT EXISTS mode VARCHAR;  -- confirm or what-if (replay/replay.py)
+ALTER TABLE replays ADD COLUMN IF NOT EXISTS outcomes_changed BIGINT;  -- delivered in one and not the other
+ALTER TABLE replays ADD COLUMN IF NOT EXISTS disagreements BIGINT;  -- confirm: where the logs were followed
+
+-- Confirmation: each place the model could not do what the logs say (the logs were followed there).
+CREATE TABLE IF NOT EXISTS replay_disagreements (
+  engine VARCHAR NOT NULL,
+  what_if VARCHAR NOT NULL,
+  request_id VARCHAR NOT NULL,
+  node VARCHAR NOT NULL,
+  kind VARCHAR NOT NULL,  -- pool_cannot_supply, model_fails_served, model_rejects_served, model_admits_rejected
+  detail VARCHAR NOT NULL
+);
 
 -- Gaps in a node's seq: records missing there, and the time window they leave without evidence.
 CREATE OR REPLACE VIEW seq_gaps AS

@@ -1,0 +1,262 @@
+"""An incident generator that shares no code with ``replay/``: written from
+``../shared/spec/reference-engine.md`` and ``log-schema.md`` alone, so that the replay is held to
+an independent reading of the model, not to itself.
+
+It runs a prefill/decode deployment as a discrete-event simulation in global time (a heap of
+timed events), keeps each node's page pool as the spec describes (page 0 reserved; free list
+``1..n-1`` ascending taken from its head; freed pages to a release list, merged in and sorted only
+when the free list is short; never zeroed), and writes the full log set: configs, the router's
+``received``, each node's request and transfer events and its ``kv`` page records.
+
+Layouts (how a deployment logs, all valid under the schema), chosen per log set:
+
+- ``ends``: which side logs a transfer's ``completed``: ``prefill``, ``decode`` or ``both``;
+- ``starts``: which side logs its ``started``: ``prefill``, ``decode``, ``both`` or ``none``;
+- ``skew_ns``: each node's clock is off by up to this much (its ``ts``; never its order);
+- ``restart``: a decode node restarts (a new boot, its pool afresh) once, when nothing is in
+  flight on it;
+- ``seqless_router``: the router's records carry no ``seq``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EPOCH_NS = 1_789_372_800 * 10**9  # 2026-09-14T08:00:00Z
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the deployment logs (module docstring)."""
+
+    ends: str = "both"
+    starts: str = "prefill"
+    skew_ns: int = 0
+    restart: bool = False
+    seqless_router: bool = False
+
+
+@dataclass
+class Pool:
+    """A node's page pool as reference-engine.md states it."""
+
+    pages: int
+    free: list[int] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.free = list(range(1, self.pages))
+
+    def available(self) -> int:
+        return len(self.free) + len(self.released)
+
+    def take(self, n: int) -> list[int]:
+        if len(self.free) < n:
+            self.free = sorted(self.free + self.released)
+            self.released = []
+        out, self.free = self.free[:n], self.free[n:]
+        return out
+
+    def give_back(self, pages: list[int]) -> None:
+        self.released.extend(pages)
+
+
+def ranges(pages: list[int]) -> str:
+    """Pages as the schema's string of inclusive ranges, in the order held."""
+    out: list[str] = []
+    start = prev = pages[0]
+    for p in pages[1:]:
+        if p == prev + 1:
+            prev = p
+            continue
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+        start = prev = p
+    out.append(f"{start}-{prev}" if prev > start else str(start))
+    return ",".join(out)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class Node:
+    name: str
+    role: str
+    pool_pages: int
+    boot: int = 0
+    seq: int = 0
+    pool: Pool = field(init=False)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skew: int = 0
+
+    def __post_init__(self) -> None:
+        self.pool = Pool(self.pool_pages)
+
+
+def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layout()) -> Path:
+    """Write a log set of one simulated incident to ``out`` (one file per node); ``out``."""
+    rng = random.Random(seed)
+    page_size, context = 16, 100_000
+    prefill_pages, decode_pages = 4096, 9000
+    limit = min(context - 1, (prefill_pages - 1) * page_size - 1) - 5  # max_req_input_len
+    prefills = [Node(f"prefill-{i}", "prefill", prefill_pages) for i in range(2)]
+    decodes = [Node(f"decode-{i}", "decode", decode_pages) for i in range(2)]
+    router = Node("router", "router", 2)
+    nodes = {n.name: n for n in (*prefills, *decodes, router)}
+    for n in (*prefills, *decodes):
+        n.skew = rng.randint(-layout.skew_ns, layout.skew_ns) if layout.skew_ns else 0
+
+    def emit(node: Node, t: int, record: dict[str, Any]) -> None:
+        ts = t + node.skew
+        rec = {"kind": record.pop("kind"), "ts": _iso(EPOCH_NS + ts), "node": node.name, **record}
+        if node.role != "router" or not layout.seqless_router:
+            rec["seq"] = node.seq
+            node.seq += 1
+        if node.boot:
+            rec["boot"] = node.boot
+        node.records.append(rec)
+
+    def config(node: Node, t: int) -> None:
+        emit(node, t, {"kind": "config", "role": node.role, "engine": "sglang", "engine_version": "0.5.21",
+                       "model": "glm-5.3", "context_length": context, "page_size": page_size,
+                       "pool_pages": node.pool_pages})
+
+    for n in (*prefills, *decodes):
+        config(n, 0)
+    heap: list[tuple[int, int, str, str, dict[str, Any]]] = []
+    order = 0
+
+    def at(t: int, what: str, rid: str, **data: Any) -> None:
+        nonlocal order
+        heapq.heappush(heap, (t, order, what, rid, data))
+        order += 1
+
+    t = 1_000_000
+    info: dict[str, dict[str, Any]] = {}
+    restart_at = requests // 2 if layout.restart else -1
+    for i in range(requests):
+        t += rng.randint(2, 40) * 1_000_000
+        over = rng.random() < 0.08
+        prompt = rng.randint(limit + 1, context - 1) if over else rng.randint(20, 3000)
+        rid = f"req-{seed}-{i:05d}"
+        info[rid] = {"prompt": prompt, "max_new": rng.randint(1, 300), "tenant": f"t{rng.randint(0, 5)}",
+                     "prefill": prefills[rng.randrange(2)], "decode": decodes[rng.randrange(2)], "over": over,
+                     "restart": i == restart_at}
+        at(t, "arrive", rid)
+    in_flight: dict[str, set[str]] = {n.name: set() for n in decodes}
+    held: dict[tuple[str, str], list[int]] = {}
+
+    def kv(node: Node, t: int, rid: str, op: str, pages: list[int], source: str | None = None) -> None:
+        record: dict[str, Any] = {"kind": "kv", "request_id": rid, "op": op, "pages": ranges(pages)}
+        if source:
+            record["source"] = source
+        emit(node, t, record)
+
+    def request(node: Node, t: int, rid: str, event: str, **extra: Any) -> None:
+        emit(node, t, {"kind": "request", "request_id": rid, "event": event, **extra})
+
+    def transfer(node: Node, t: int, rid: str, event: str, r: dict[str, Any], tokens: int) -> None:
+        emit(node, t, {"kind": "transfer", "transfer_id": f"x-{rid}", "request_id": rid, "event": event,
+                       "src_node": r["prefill"].name, "dst_node": r["decode"].name, "tokens": tokens})
+
+    while heap:
+        t, _, what, rid, data = heapq.heappop(heap)
+        r = info[rid]
+        p, d = r["prefill"], r["decode"]
+        kv_tokens = 1 if r["over"] else r["prompt"]
+        if what == "arrive":
+            if r["restart"] and not in_flight[d.name]:
+                d.boot += 1
+                d.seq = 0
+                d.pool = Pool(d.pool_pages)
+                config(d, t)
+            request(router, t, rid, "received", tenant_id=r["tenant"], prompt_tokens=r["prompt"],
+                    max_new_tokens=r["max_new"], prefill_node=p.name, decode_node=d.name)
+            need = ceil_div(r["prompt"], page_size)
+            if need > d.pool.available():  # decode cannot preallocate: it rejects, allocates nothing
+                request(d, t, rid, "rejected", reason="kv_pool_exhausted")
+                request(d, t, rid, "finished", status=503, finish_reason="kv_pool_exhausted", output_tokens=0)
+                continue
+            request(d, t + 1000, rid, "admitted")
+            held[(d.name, rid)] = d.pool.take(need)
+            kv(d, t + 1000, rid, "alloc", held[(d.name, rid)])
+            in_flight[d.name].add(rid)
+            at(t + 2000, "prefill", rid)
+        elif what == "prefill":
+            request(p, t, rid, "prefill_started")
+            if r["over"]:  # the placeholder: marked rejected, one token computed and sent
+                request(p, t, rid, "rejected", reason="input_too_long", limit_tokens=limit)
+            pages = p.pool.take(ceil_div(kv_tokens, page_size))
+            held[(p.name, rid)] = pages
+            kv(p, t, rid, "alloc", pages)
+            done = t + 50_000 + 30 * kv_tokens
+            at(done, "prefilled", rid)
+        elif what == "prefilled":
+            request(p, t, rid, "prefill_done")
+            kv(p, t, rid, "write", held[(p.name, rid)], "compute")
+            if layout.starts in ("prefill", "both"):
+                transfer(p, t, rid, "started", r, kv_tokens)
+            if layout.starts in ("decode", "both"):
+                transfer(d, t + 100, rid, "started", r, kv_tokens)
+            at(t + 20_000 + 10 * kv_tokens, "sent", rid)
+        elif what == "sent":
+            if layout.ends in ("prefill", "both"):
+                transfer(p, t, rid, "completed", r, kv_tokens)
+            kv_pages = held.pop((p.name, rid))
+            kv(p, t, rid, "free", kv_pages)
+            p.pool.give_back(kv_pages)
+            landed = held[(d.name, rid)][: ceil_div(kv_tokens, page_size)]
+            if layout.ends in ("decode", "both"):
+                transfer(d, t + 200, rid, "completed", r, kv_tokens)
+            kv(d, t + 200, rid, "write", landed, "transfer")
+            at(t + 5_000, "decode", rid)
+        elif what == "decode":
+            request(d, t, rid, "decode_started")
+            prompt_pages = held[(d.name, rid)]
+            kv(d, t, rid, "read", prompt_pages)
+            extra = ceil_div(r["prompt"] + r["max_new"], page_size) - len(prompt_pages)
+            if extra > d.pool.available():  # no pages for the output: decode fails it
+                request(d, t, rid, "finished", status=503, finish_reason="kv_pool_exhausted", output_tokens=0)
+                kv(d, t, rid, "free", prompt_pages)
+                d.pool.give_back(held.pop((d.name, rid)))
+                in_flight[d.name].discard(rid)
+                continue
+            if extra > 0:
+                more = d.pool.take(extra)
+                held[(d.name, rid)] = prompt_pages + more
+                kv(d, t, rid, "alloc", more)
+                kv(d, t, rid, "write", more, "decode")
+                kv(d, t, rid, "read", more)
+            at(t + 200_000 + 20_000 * r["max_new"], "finish", rid)
+        elif what == "finish":
+            request(d, t, rid, "finished", status=200, finish_reason="stop", output_tokens=r["max_new"])
+            pages = held.pop((d.name, rid))
+            kv(d, t, rid, "free", pages)
+            d.pool.give_back(pages)
+            in_flight[d.name].discard(rid)
+    out.mkdir(parents=True, exist_ok=True)
+    for node in nodes.values():
+        (out / f"{node.name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in node.records))
+    return out
+
+
+def _iso(ns: int) -> str:
+    import datetime as dt
+
+    t = dt.datetime.fromtimestamp(ns // 10**9, dt.UTC).replace(microsecond=(ns % 10**9) // 1000)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def strip_pages(src: Path, out: Path) -> Path:
+    """The log set without its page records: the request-level evidence a replay starts from."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.glob("*.jsonl")):
+        kept = [line for line in f.read_text().splitlines() if json.loads(line)["kind"] != "kv"]
+        (out / f.name).write_text("".join(line + "\n" for line in kept))
+    return out

@@ -1,0 +1,111 @@
+"""The replay follows the evidence however the deployment logged it, and never contradicts it
+silently: held to a generator that shares no code with ``replay/`` (tests/independent_logs.py,
+written from reference-engine.md), in each evidence layout, with the page records stripped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from independent_logs import Layout, generate, strip_pages
+from typer.testing import CliRunner
+
+import forensics
+from kvforensics.cli import EXIT_DISAGREES, app
+from replay.engine import NodeConfig
+from replay.replay import logged_engine, replay
+
+LAYOUTS = {
+    "both sides log the transfer": Layout(),
+    "prefill logs its end only": Layout(ends="prefill"),
+    "decode logs start and end only": Layout(ends="decode", starts="decode"),
+    "no start, prefill's end, clocks 30 ms apart": Layout(ends="prefill", starts="none", skew_ns=30_000_000),
+    "a decode node restarts; the router logs no seq": Layout(restart=True, seqless_router=True),
+}
+
+
+def figures_and_replay(tmp: Path, seed: int, layout: Layout, requests: int = 200) -> tuple[dict[str, int], object]:
+    full = generate(tmp / "full", seed=seed, requests=requests, layout=layout)
+    figures = forensics.investigate([full], tmp / "full.duckdb").exposure
+    stripped = strip_pages(full, tmp / "stripped")
+    forensics.investigate([stripped], tmp / "stripped.duckdb")
+    return figures, replay(tmp / "stripped.duckdb", "sglang-placeholder", tmp / "replay")
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_replay_of_request_level_evidence_gives_the_page_logs_figures(tmp_path: Path, name: str) -> None:
+    figures, result = figures_and_replay(tmp_path, seed=11, layout=LAYOUTS[name])
+    assert figures["exposed_responses"] > 0  # (the set holds an incident)
+    assert result.mode == "confirm"
+    assert result.exposure == figures
+    assert result.disagreements == ()
+    assert result.outcomes_changed == 0
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 10_000), st.sampled_from(["prefill", "decode", "both"]),
+       st.sampled_from(["prefill", "decode", "both", "none"]), st.sampled_from([0, 5_000_000]), st.booleans())
+def test_any_layout_of_any_run_replays_exactly(tmp_path: Path, seed: int, ends: str, starts: str, skew: int,
+                                               restart: bool) -> None:
+    tmp = tmp_path / f"run-{seed}-{ends}-{starts}-{skew}-{restart}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    figures, result = figures_and_replay(tmp, seed, Layout(ends=ends, starts=starts, skew_ns=skew, restart=restart),
+                                         requests=120)
+    assert result.exposure == figures
+    assert result.disagreements == ()
+
+
+def test_logs_that_contradict_the_pool_give_listed_disagreements(tmp_path: Path) -> None:
+    """A logged success no allocator could have placed: decode's pool, as its config states it,
+    is far too small for the prompts the logs show served. Confirmation follows the logs and
+    lists each such request; the command exits with its own code."""
+    full = generate(tmp_path / "full", seed=3, requests=80)
+    for f in full.glob("decode-*.jsonl"):
+        records = [json.loads(line) for line in f.read_text().splitlines()]
+        for r in records:
+            if r["kind"] == "config":
+                r["pool_pages"] = 40
+        f.write_text("".join(json.dumps(r) + "\n" for r in records if r["kind"] != "kv"))
+    stripped = strip_pages(full, tmp_path / "stripped")
+    db = tmp_path / "case.duckdb"
+    forensics.investigate([stripped], db)
+    result = replay(db, "sglang-placeholder", tmp_path / "replay")
+    assert result.mode == "confirm" and len(result.disagreements) > 10
+    assert {d.kind for d in result.disagreements} == {"pool_cannot_supply"}
+    assert all(d.node.startswith("decode-") for d in result.disagreements)
+    case = forensics.Case(db, read_only=True)
+    kept = case.sql("SELECT count(*) AS n FROM replay_disagreements")["n"][0]
+    case.close()
+    assert kept == len(result.disagreements)
+    cli = CliRunner().invoke(app, ["replay", "--db", str(db), "--out", str(tmp_path / "again")])
+    assert cli.exit_code == EXIT_DISAGREES
+    assert f"confirmed, with {len(result.disagreements)} disagreements" in cli.stdout
+    as_json = CliRunner().invoke(app, ["replay", "--db", str(db), "--out", str(tmp_path / "again"), "--json"])
+    assert as_json.exit_code == EXIT_DISAGREES
+    assert json.loads(as_json.stdout)["disagreements"]["count"] == len(result.disagreements)
+
+
+def test_a_what_if_says_how_many_logged_outcomes_it_changed(tmp_path: Path) -> None:
+    full = generate(tmp_path / "full", seed=5, requests=150)
+    stripped = strip_pages(full, tmp_path / "stripped")
+    db = tmp_path / "case.duckdb"
+    forensics.investigate([stripped], db)
+    over_long = sum(1 for line in (full / "prefill-0.jsonl").read_text().splitlines()
+                    + (full / "prefill-1.jsonl").read_text().splitlines()
+                    if '"input_too_long"' in line)
+    result = replay(db, "sglang-hardened", tmp_path / "replay")
+    assert result.mode == "what-if" and result.disagreements == ()
+    assert result.exposure["exposed_responses"] == 0
+    assert result.outcomes_changed == over_long > 0  # the over-long prompts, delivered then, rejected now
+
+
+@pytest.mark.parametrize(("version", "engine"), [("0.5.21", "sglang-placeholder"), ("0.5.11", "sglang-placeholder"),
+                                                 ("0.5.22", "sglang-hardened"), ("0.6.0", "sglang-hardened"),
+                                                 ("dev", None)])
+def test_the_logged_engine_comes_from_the_prefill_configs(version: str, engine: str | None) -> None:
+    config = NodeConfig("prefill-0", "prefill", 100, 16, 64, "sglang", version)
+    assert logged_engine({"prefill-0": [(0, 0, "", config)]}) == engine
