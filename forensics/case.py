@@ -15,6 +15,7 @@ import pyarrow as pa
 from forensics.errors import CaseError, QueryError
 from forensics.exposure.analysis import analyse
 from forensics.exposure.figures import summary
+from forensics.exposure.tiers import missing_page_records, tier_figures
 from forensics.findings import Findings, findings
 from forensics.ids import NodeId, PageId, RequestId, TenantId
 from forensics.ingestion import source
@@ -22,14 +23,27 @@ from forensics.store import connect, one, sql_text
 
 
 class Summary(dict[str, int]):
-    """The summary figures: a plain dict that shows itself as a compact table in a notebook."""
+    """The summary figures (of page records): a plain dict that shows itself as a compact table
+    in a notebook. ``tiers`` has the figures by the evidence they rest on (page records, each
+    replay-backed tier, the total), ``without_page_records`` the engine nodes that logged none."""
+
+    tiers: dict[str, dict[str, int | None]]
+    without_page_records: tuple[str, ...]
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{html.escape(name)}</td><td style='text-align:right'>{value:,}</td></tr>"
-            for name, value in self.items()
-        )
-        return f"<table><thead><tr><th>figure</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>"
+        every = getattr(self, "tiers", {})
+        replayed = any(any(v for v in t.values()) for k, t in every.items() if k not in ("page records", "total"))
+        tiers = every if replayed or bool(getattr(self, "without_page_records", None)) else {}
+        head = "".join(f"<th>{html.escape(t)}</th>" for t in tiers) or "<th>value</th>"
+
+        def cells(name: str) -> str:
+            if not tiers:
+                return f"<td style='text-align:right'>{self[name]:,}</td>"
+            return "".join(f"<td style='text-align:right'>{'-' if t[name] is None else f'{t[name]:,}'}</td>"
+                           for t in tiers.values())
+
+        rows = "".join(f"<tr><td>{html.escape(name)}</td>{cells(name)}</tr>" for name in self)
+        return f"<table><thead><tr><th>figure</th>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,12 @@ class Case:
         return self._con.sql(query, params=params or None).pl()
 
     def summary(self) -> Summary:
-        """The eight exposure figures of log-schema.md section 5 (a dict; a table in a notebook)."""
-        return Summary(summary(self._con))
+        """The eight exposure figures of log-schema.md section 5 (a dict; a table in a notebook),
+        with ``.tiers``: the figures by the evidence they rest on, where replay fills in."""
+        out = Summary(summary(self._con))
+        out.tiers = tier_figures(self._con)
+        out.without_page_records = tuple(missing_page_records(self._con))
+        return out
 
     def exposures(
         self,

@@ -156,6 +156,33 @@ def _print_figures(figures: dict[str, int]) -> None:
         typer.echo(f"{name:<{width}}  {value}")
 
 
+def _print_tiers(found: Any) -> None:
+    """The figures with the evidence each rests on: by tier side by side where the replay fills
+    in (page records missing), else the page records' figures and that they cover every node."""
+    from forensics.exposure.tiers import PAGE_EVIDENCE, SUMMARY_TIERS
+
+    tiers, missing = found.tiers, found.without_page_records
+    replay_backed = [t for t in SUMMARY_TIERS[1:-1] if tiers and any(tiers[t].values())]
+    if not missing and not replay_backed:
+        _print_figures(found.investigation.exposure)
+        typer.echo("(evidence: page records, on every engine node that logged requests)")
+        return
+    columns = [PAGE_EVIDENCE, *SUMMARY_TIERS[1:]] if tiers else [PAGE_EVIDENCE]
+    names = list(found.investigation.exposure)
+    width = max(len(n) for n in names)
+    cells = {t: [("-" if (tiers or {}).get(t, {}).get(n) is None else f"{tiers[t][n]:,}") if tiers
+                 else f"{found.investigation.exposure[n]:,}" for n in names] for t in columns}
+    widths = {t: max(len(t), *(len(c) for c in cells[t])) for t in columns}
+    typer.echo(f"{'figure':<{width}}  " + "  ".join(f"{t:>{widths[t]}}" for t in columns))
+    for i, n in enumerate(names):
+        typer.echo(f"{n:<{width}}  " + "  ".join(f"{cells[t][i]:>{widths[t]}}" for t in columns))
+    if missing:
+        rest = ("their exposures come from the confirming replay (the replay-backed columns)" if found.filled
+                else f"not replayed ({found.replay_skipped}): the figures rest on the page records elsewhere only")
+        typer.echo(f"page records missing on {', '.join(shown(m) for m in missing)}: {rest}")
+    typer.echo("(- : not measured by that evidence; total: the union of every tier)")
+
+
 def _print_counts(result: forensics.IngestResult) -> None:
     for f in result.files:
         c = f.counts
@@ -314,7 +341,7 @@ def investigate(
         return
     _print_counts(found.investigation.ingest)
     typer.echo("")
-    _print_figures(found.investigation.exposure)
+    _print_tiers(found)
     for r in found.replays:
         agreement = ""
         if r.agreement:
@@ -325,12 +352,9 @@ def investigate(
         typer.echo(f"replay under {r.engine}: {r.exposure['exposed_responses']} exposed responses{agreement} "
                    f"({checked})")
     filled = found.filled
-    if filled and (filled.nodes or filled.gap_windows):
-        where = [f"on {', '.join(filled.nodes)}"] if filled.nodes else []
-        if filled.gap_windows:
-            where.append(f"in {filled.gap_windows} seq-gap windows")
-        typer.echo(f"page records missing {' and '.join(where)}: filled by replay, "
-                   f"{filled.exposed_responses} exposed responses there (table replay_exposures)")
+    if filled and filled.gap_windows:
+        typer.echo(f"page records missing in {filled.gap_windows} seq-gap windows: filled by replay, "
+                   f"{filled.exposed_responses} exposed responses in all (table replay_exposures)")
     if found.replay_skipped:
         typer.echo(f"replay skipped: {found.replay_skipped}")
     if found.report is not None:

@@ -12,17 +12,24 @@ from pathlib import Path
 from typing import Any
 
 from forensics.adapters import Options
-from forensics.exposure.tiers import Filled, fill_from_replay
+from forensics.exposure.tiers import Filled, fill_from_replay, missing_page_records, tier_figures
 from forensics.ingestion import Progress
 from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, investigate
 from forensics.outputs import check_target
 from forensics.store import connect, one
-from replay.replay import ReplayResult, WhatIf, default_out, replay
+from replay.replay import ReplayResult, WhatIf, default_out, logged_engine_of, replay
 from reports.render import ReportResult, report
 
-#: Replays run by the whole job: the engine the incident ran (confirmation) and the fix (what-if).
+#: Replays run by the whole job: the engine the incident ran (confirmation) and the fix (what-if);
+#: where the logs were made by the fixed engine, the confirmation is under it and the what-if the bug.
 JOB_REPLAYS = ("sglang-placeholder", "sglang-hardened")
+
+
+def job_replays(db: Path | str) -> tuple[str, str]:
+    """The confirmation engine (the one the logs were made with) and the what-if engine."""
+    confirm = logged_engine_of(db) or JOB_REPLAYS[0]
+    return confirm, next(e for e in JOB_REPLAYS if e != confirm)
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,9 @@ class JobResult:
     report: ReportResult | None = None
     replay_skipped: str | None = None
     filled: Filled | None = None  # nodes and windows without page records, filled by replay
+    #: the eight figures by the evidence they rest on (forensics.exposure.tiers.SUMMARY_TIERS)
+    tiers: dict[str, dict[str, int | None]] | None = None
+    without_page_records: tuple[str, ...] = ()  # engine nodes that logged requests but no page records
 
     def as_dict(self) -> dict[str, Any]:
         """The whole job as JSON-ready data (what ``investigate --out --json`` prints)."""
@@ -43,6 +53,9 @@ class JobResult:
             out["replay_skipped"] = self.replay_skipped
         if self.filled is not None:
             out["filled_by_replay"] = self.filled.as_dict()
+        if self.tiers is not None:
+            out["tiers"] = self.tiers
+        out["nodes_without_page_records"] = list(self.without_page_records)
         if self.report is not None:
             out["report"] = self.report.as_dict()
         return out
@@ -78,19 +91,41 @@ def run(
     options: Options | None = None,
     limits: Limits | None = None,
 ) -> JobResult:
-    """Ingest and analyse ``paths`` into ``db``; with ``out``, also replay, fill in and report."""
+    """Ingest and analyse ``paths`` into ``db``; where page records are missing (engine nodes
+    without them, seq gaps), replay to confirm and fill in the replay-backed tiers; with ``out``,
+    also the what-if replay and the report. The figures come per evidence tier."""
     if out is not None:
         check_target(Path(out))  # refused before hours of work, not after
     found = investigate(paths, db, progress=progress, format=format, options=options, limits=limits)
-    if out is None:
-        return JobResult(found)
+    missing, gaps = _evidence_gaps(db)
     replays: tuple[ReplayResult, ...] = ()
     filled = None
     skipped = None if with_replay else "not asked (--no-replay)"
-    if with_replay:
+    if with_replay and (out is not None or missing or gaps):
         skipped = replayable(db)
         if skipped is None:
-            replays = tuple(replay(db, engine, default_out(db, engine, WhatIf())) for engine in JOB_REPLAYS)
+            confirm, what_if = job_replays(db)
+            # without a report, only the replay the figures need
+            engines = (confirm, what_if) if out is not None else (confirm,)
+            replays = tuple(replay(db, engine, default_out(db, engine, WhatIf())) for engine in engines)
             filled = fill_from_replay(db, replays[0].out / "replay.duckdb")
-    written = report(db, out, audience=audience, pseudonymize_key=pseudonymize_key, generated_at=generated_at)
-    return JobResult(found, replays, written, skipped, filled)
+    written = None
+    if out is not None:
+        written = report(db, out, audience=audience, pseudonymize_key=pseudonymize_key, generated_at=generated_at)
+    con = connect(db, read_only=True, create=False)
+    try:
+        tiers = tier_figures(con)
+    finally:
+        con.close()
+    return JobResult(found, replays, written, skipped, filled, tiers, tuple(missing))
+
+
+def _evidence_gaps(db: Path | str) -> tuple[tuple[str, ...], int]:
+    """Engine nodes without page records, and seq gaps on nodes with them."""
+    con = connect(db, read_only=True, create=False)
+    try:
+        missing = missing_page_records(con)
+        row = one(con, "SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)")
+    finally:
+        con.close()
+    return missing, int(row[0]) if row else 0

@@ -19,6 +19,8 @@ import datetime as dt
 import json
 import shutil
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,6 +186,15 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
     return done
 
 
+def logged_engine_of(db: Path | str) -> str | None:
+    """:func:`logged_engine` of the case ``db``."""
+    con = connect(db, read_only=True, create=False)
+    try:
+        return logged_engine(_configs(con))
+    finally:
+        con.close()
+
+
 def logged_engine(configs: dict[str, list[tuple[int, int, str, NodeConfig]]]) -> str | None:
     """The engine behaviour the logs were made with, where the prefill configs say: SGLang before
     0.5.22 hands a length-rejected prompt off as a placeholder; from 0.5.22 it retires it at
@@ -241,20 +252,13 @@ def _follow_logs(
 
 def _outcomes_changed(logged: Path, replayed: Path) -> int:
     """Requests delivered in the logs and not in the replay, or the reverse."""
-    con = connect(replayed, read_only=True, create=False)
-    try:
-        con.execute(f"ATTACH '{_sql_path(logged)}' AS logged (READ_ONLY)")
-        row = one(con, """
-            WITH l AS (
-              SELECT request_id, coalesce(bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400), FALSE)
-                     AS ok FROM logged.request_events WHERE event = 'finished' GROUP BY request_id),
-            r AS (
-              SELECT request_id, coalesce(bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400), FALSE)
-                     AS ok FROM request_events WHERE event = 'finished' GROUP BY request_id)
+    ok = ("SELECT request_id, coalesce(bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400), FALSE) "
+          "AS ok FROM {}request_events WHERE event = 'finished' GROUP BY request_id")
+    with _beside(logged, replayed) as con:
+        row = one(con, f"""
+            WITH l AS ({ok.format("logged.")}), r AS ({ok.format("")})
             SELECT count(*) FROM l FULL JOIN r USING (request_id)
             WHERE coalesce(l.ok, FALSE) <> coalesce(r.ok, FALSE)""")
-    finally:
-        con.close()
     return int(row[0]) if row else 0
 
 
@@ -570,11 +574,20 @@ def _ts(value: Any) -> str:
 # -- agreement --------------------------------------------------------------------------------
 
 
-def _agreement(logged: Path, replayed: Path) -> Agreement:
-    """Allocations reproduced page for page, and exposed responses in both, or one, case."""
+@contextmanager
+def _beside(logged: Path, replayed: Path) -> Iterator[Any]:
+    """A read-only connection to the replay case with the logged case attached as ``logged``."""
     con = connect(replayed, read_only=True, create=False)
     try:
         con.execute(f"ATTACH '{_sql_path(logged)}' AS logged (READ_ONLY)")
+        yield con
+    finally:
+        con.close()
+
+
+def _agreement(logged: Path, replayed: Path) -> Agreement:
+    """Allocations reproduced page for page, and exposed responses in both, or one, case."""
+    with _beside(logged, replayed) as con:
         alloc = one(con, """
             WITH norm AS (
               SELECT src, node, boot, request_id, seq,
@@ -596,8 +609,6 @@ def _agreement(logged: Path, replayed: Path) -> Agreement:
             UNION ALL
             SELECT reader_request, victim_request, 'replay' FROM exposures WHERE reader_delivered
         """).fetchall()
-    finally:
-        con.close()
     logged_allocs, same = alloc or (0, 0)
     log_pairs = {(r, v) for r, v, src in pairs if src == "log"}
     rep_pairs = {(r, v) for r, v, src in pairs if src == "replay"}

@@ -75,6 +75,10 @@ class ReportData:
     tiers: list[dict[str, Any]] = field(default_factory=list)
     #: exposures the replay filled in where page records are missing (replay_exposures), or None
     filled: dict[str, int] | None = None
+    #: the eight figures by the evidence they rest on (tiers.tier_figures), and the engine nodes
+    #: without page records
+    tier_figures: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    without_page_records: list[str] = field(default_factory=list)
 
 
 def _ts(value: dt.datetime | None) -> str | None:
@@ -167,4 +171,6 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         replays=replays, files=files, over_time=over_time, prompts=prompts,
         prompt_limit=min(limits) if limits else None, naming=names.mode, findings=found,
         tiers=evidence_tiers.by_tier(con), filled=evidence_tiers.filled_figures(con),
+        tier_figures=evidence_tiers.tier_figures(con),
+        without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],
     )

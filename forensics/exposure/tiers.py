@@ -10,14 +10,16 @@ each labelled with the evidence it rests on. The tier names below are the values
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
+from forensics.exposure.figures import DEFINITIONS
 from forensics.ids import NodeId
-from forensics.store import connect, one, rows, sql_text
+from forensics.store import connect, has_table, one, rows, sql_text
 
 PAGE_RECORDS = "page records"
 PAGE_RECORDS_INFERRED = "page records, read inferred"  # the read was inferred at decode_started
@@ -53,10 +55,7 @@ def fill_from_replay(db: Path | str, replayed: Path) -> Filled:
         source.close()
     con = connect(db)
     try:
-        missing = tuple(NodeId(n) for (n,) in con.execute(
-            "SELECT DISTINCT node FROM configs WHERE role IN ('prefill', 'decode') "
-            "AND node IN (SELECT node FROM request_events) AND node NOT IN (SELECT node FROM kv_ops) "
-            "ORDER BY node").fetchall())
+        missing = missing_page_records(con)
         con.register("replayed_exposures", replayed_exposures)
         con.execute("BEGIN TRANSACTION")
         con.execute("DELETE FROM replay_exposures")
@@ -92,3 +91,49 @@ def filled_figures(con: duckdb.DuckDBPyConnection) -> dict[str, int] | None:
                count(DISTINCT victim_tenant) AS affected_tenants
         FROM replay_exposures WHERE reader_delivered""")[0]
     return {k: int(v) for k, v in row.items()} if row["exposed_responses"] else None
+
+
+#: The evidence of the summary's columns: page records (both page tiers), each replay-backed tier,
+#: and all of them as one.
+PAGE_EVIDENCE = "page records"
+TOTAL = "total"
+SUMMARY_TIERS = (PAGE_EVIDENCE, TRANSFER_REPLAY, REQUEST_REPLAY, TOTAL)
+_EXPOSURES = re.compile(r"\bexposures\b")
+
+
+def missing_page_records(con: duckdb.DuckDBPyConnection) -> tuple[NodeId, ...]:
+    """Engine nodes that logged requests but no page records: their exposures rest on replay."""
+    return tuple(NodeId(n) for (n,) in con.execute(
+        "SELECT DISTINCT node FROM configs WHERE role IN ('prefill', 'decode') "
+        "AND node IN (SELECT node FROM request_events) AND node NOT IN (SELECT node FROM kv_ops) "
+        "ORDER BY node").fetchall())
+
+
+def tier_figures(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int | None]]:
+    """The eight figures by the evidence they rest on (:data:`SUMMARY_TIERS`), each computed by
+    its definition's query (figures.DEFINITIONS) over that tier's exposures. A replay-backed tier
+    has no uninitialized reads of its own (None: not measured there), nor then has the total."""
+    replayed = has_table(con, "replay_exposures")
+    sources = {
+        PAGE_EVIDENCE: "SELECT * FROM exposures",
+        TRANSFER_REPLAY: f"SELECT * FROM replay_exposures WHERE evidence = '{TRANSFER_REPLAY}'" if replayed else None,
+        REQUEST_REPLAY: f"SELECT * FROM replay_exposures WHERE evidence = '{REQUEST_REPLAY}'" if replayed else None,
+        TOTAL: ("SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures" if replayed
+                else "SELECT * FROM exposures"),
+    }
+    out: dict[str, dict[str, int | None]] = {}
+    for tier, source in sources.items():
+        figures: dict[str, int | None] = {}
+        for figure in DEFINITIONS:
+            if figure.name == "uninitialized_reads":  # of page records only: the total too, where it is theirs
+                replay_rows = replayed and (one(con, "SELECT count(*) FROM replay_exposures") or (0,))[0] > 0
+                row = one(con, figure.sql) if tier == PAGE_EVIDENCE or (tier == TOTAL and not replay_rows) else None
+                figures[figure.name] = int(row[0] or 0) if row else None
+                continue
+            if source is None:
+                figures[figure.name] = 0
+                continue
+            row = one(con, f"WITH tier_rows AS ({source}) " + _EXPOSURES.sub("tier_rows", figure.sql))
+            figures[figure.name] = int(row[0] or 0) if row else 0
+        out[tier] = figures
+    return out

@@ -109,3 +109,38 @@ def test_a_what_if_says_how_many_logged_outcomes_it_changed(tmp_path: Path) -> N
 def test_the_logged_engine_comes_from_the_prefill_configs(version: str, engine: str | None) -> None:
     config = NodeConfig("prefill-0", "prefill", 100, 16, 64, "sglang", version)
     assert logged_engine({"prefill-0": [(0, 0, "", config)]}) == engine
+
+
+def test_no_bare_zero_request_level_evidence_is_summarised_by_tier(tmp_path: Path) -> None:
+    """Without page records, investigate (no --out) runs the confirming replay and shows the figures
+    by evidence tier, with their total and the nodes that lack page records: never a bare 0."""
+    full = generate(tmp_path / "full", seed=13, requests=150)
+    truth = forensics.investigate([full], tmp_path / "full.duckdb").exposure
+    stripped = strip_pages(full, tmp_path / "stripped")
+    db = tmp_path / "case.duckdb"
+    cli = CliRunner().invoke(app, ["investigate", str(stripped), "--db", str(db)])
+    assert cli.exit_code == 0, cli.output
+    header = next(line for line in cli.stdout.splitlines() if line.startswith("figure"))
+    assert "page records" in header and "transfer records + replay" in header and "total" in header
+    row = next(line for line in cli.stdout.splitlines() if line.startswith("exposed_responses"))
+    assert row.split()[1] == "0" and row.split()[-1] == f"{truth['exposed_responses']:,}"
+    assert "page records missing on decode-0, decode-1, prefill-0, prefill-1" in cli.stdout
+    as_json = json.loads(CliRunner().invoke(app, ["investigate", str(stripped), "--db", str(db), "--json"]).stdout)
+    total = as_json["tiers"]["total"]
+    assert {k: v for k, v in total.items() if k != "uninitialized_reads"} == {
+        k: v for k, v in truth.items() if k != "uninitialized_reads"}
+    assert total["uninitialized_reads"] is None  # not measured by replay: not a zero
+    assert as_json["nodes_without_page_records"] == ["decode-0", "decode-1", "prefill-0", "prefill-1"]
+    with forensics.Case(db, read_only=True) as case:
+        summary = case.summary()
+        assert summary["exposed_responses"] == 0 and summary.tiers["total"]["exposed_responses"] == truth[
+            "exposed_responses"]
+        assert "transfer records + replay" in summary._repr_html_()
+
+
+def test_full_page_records_say_so_beside_their_figures(tmp_path: Path) -> None:
+    full = generate(tmp_path / "full", seed=13, requests=60)
+    cli = CliRunner().invoke(app, ["investigate", str(full), "--db", str(tmp_path / "case.duckdb")])
+    assert cli.exit_code == 0
+    assert "(evidence: page records, on every engine node that logged requests)" in cli.stdout
+    assert "replay under" not in cli.stdout  # nothing to fill: no replay
