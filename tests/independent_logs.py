@@ -15,7 +15,9 @@ Layouts (how a deployment logs, all valid under the schema), chosen per log set:
 - ``skew_ns``: each node's clock is off by up to this much (its ``ts``; never its order);
 - ``restart``: a decode node restarts (a new boot, its pool afresh) once, when nothing is in
   flight on it;
-- ``seqless_router``: the router's records carry no ``seq``.
+- ``seqless_router``: the router's records carry no ``seq``;
+- ``chunks``: each request's KV goes in this many transfers (their own ids), each with its
+  records, its share of the tokens and its pages landing when it completes.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Layout:
     skew_ns: int = 0
     restart: bool = False
     seqless_router: bool = False
+    chunks: int = 1
 
 
 @dataclass
@@ -161,9 +164,17 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
     def request(node: Node, t: int, rid: str, event: str, **extra: Any) -> None:
         emit(node, t, {"kind": "request", "request_id": rid, "event": event, **extra})
 
-    def transfer(node: Node, t: int, rid: str, event: str, r: dict[str, Any], tokens: int) -> None:
-        emit(node, t, {"kind": "transfer", "transfer_id": f"x-{rid}", "request_id": rid, "event": event,
+    def transfer(node: Node, t: int, rid: str, event: str, r: dict[str, Any], tokens: int, chunk: int = 0) -> None:
+        tid = f"x-{rid}" if layout.chunks == 1 else f"x-{rid}-{chunk}"
+        emit(node, t, {"kind": "transfer", "transfer_id": tid, "request_id": rid, "event": event,
                        "src_node": r["prefill"].name, "dst_node": r["decode"].name, "tokens": tokens})
+
+    def shares(tokens: int) -> list[tuple[int, int]]:
+        """Each chunk's (first token, tokens): the KV split as evenly as pages allow."""
+        pages = ceil_div(tokens, page_size)
+        n = max(1, min(layout.chunks, pages))
+        bounds = [round(pages * k / n) * page_size for k in range(n + 1)]
+        return [(a, min(tokens, b) - a) for a, b in zip(bounds, bounds[1:], strict=False) if min(tokens, b) > a]
 
     while heap:
         t, _, what, rid, data = heapq.heappop(heap)
@@ -200,22 +211,27 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         elif what == "prefilled":
             request(p, t, rid, "prefill_done")
             kv(p, t, rid, "write", held[(p.name, rid)], "compute")
-            if layout.starts in ("prefill", "both"):
-                transfer(p, t, rid, "started", r, kv_tokens)
-            if layout.starts in ("decode", "both"):
-                transfer(d, t + 100, rid, "started", r, kv_tokens)
+            for c, (_, n) in enumerate(shares(kv_tokens)):
+                if layout.starts in ("prefill", "both"):
+                    transfer(p, t, rid, "started", r, n, c)
+                if layout.starts in ("decode", "both"):
+                    transfer(d, t + 100, rid, "started", r, n, c)
             at(t + 20_000 + 10 * kv_tokens, "sent", rid)
         elif what == "sent":
-            if layout.ends in ("prefill", "both"):
-                transfer(p, t, rid, "completed", r, kv_tokens)
-            kv_pages = held.pop((p.name, rid))
-            kv(p, t, rid, "free", kv_pages)
-            p.pool.give_back(kv_pages)
-            landed = held[(d.name, rid)][: ceil_div(kv_tokens, page_size)]
-            if layout.ends in ("decode", "both"):
-                transfer(d, t + 200, rid, "completed", r, kv_tokens)
-            kv(d, t + 200, rid, "write", landed, "transfer")
-            at(t + 5_000, "decode", rid)
+            chunks = shares(kv_tokens)
+            for c, (first, n) in enumerate(chunks):
+                step = t + 300 * c
+                if layout.ends in ("prefill", "both"):
+                    transfer(p, step, rid, "completed", r, n, c)
+                if c == len(chunks) - 1:  # the prefill side keeps its pages until the last chunk is sent
+                    kv_pages = held.pop((p.name, rid))
+                    kv(p, step, rid, "free", kv_pages)
+                    p.pool.give_back(kv_pages)
+                landed = held[(d.name, rid)][first // page_size: ceil_div(first + n, page_size)]
+                if layout.ends in ("decode", "both"):
+                    transfer(d, step + 200, rid, "completed", r, n, c)
+                kv(d, step + 200, rid, "write", landed, "transfer")
+            at(t + 5_000 + 300 * len(chunks), "decode", rid)
         elif what == "decode":
             request(d, t, rid, "decode_started")
             prompt_pages = held[(d.name, rid)]

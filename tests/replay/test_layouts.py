@@ -25,6 +25,8 @@ LAYOUTS = {
     "decode logs start and end only": Layout(ends="decode", starts="decode"),
     "no start, prefill's end, clocks 30 ms apart": Layout(ends="prefill", starts="none", skew_ns=30_000_000),
     "a decode node restarts; the router logs no seq": Layout(restart=True, seqless_router=True),
+    "each request's KV in three transfers": Layout(chunks=3),
+    "three transfers, decode logs their ends only": Layout(chunks=3, ends="decode", starts="none"),
 }
 
 
