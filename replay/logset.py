@@ -47,6 +47,7 @@ class LogSet:
     def __init__(self) -> None:
         self.lines: dict[str, list[str]] = {}
         self._seq: dict[str, int] = {}
+        self._used: set[str] = set()  # file names written
         self.records = 0
 
     def emit(self, record: dict[str, Any], *, numbered: bool = True) -> None:
@@ -65,21 +66,22 @@ class LogSet:
 
     def write(self, out: Path) -> list[Path]:
         """One ``NODE.jsonl`` per node in ``out``; the files written, in name order."""
+        return [self.flush(node, out) for node in sorted(self.lines)]
+
+    def flush(self, node: str, out: Path) -> Path:
+        """Write ``node``'s records to its file in ``out`` and let them go (a replay writes each
+        node's as soon as it is done with it); the file written."""
         out.mkdir(parents=True, exist_ok=True)
-        paths: list[Path] = []
-        used: set[str] = set()
-        for node in sorted(self.lines):
-            name = _file_name(node)
-            while name in used:  # two node names made safe alike: keep both files
-                name += "_"
-            used.add(name)
-            path = out / f"{name}.jsonl"
-            with path.open("w", encoding="utf-8", newline="\n") as fh:
-                for line in self.lines[node]:
-                    fh.write(line)
-                    fh.write("\n")
-            paths.append(path)
-        return paths
+        name = _file_name(node)
+        while name in self._used:  # two node names made safe alike: keep both files
+            name += "_"
+        self._used.add(name)
+        path = out / f"{name}.jsonl"
+        with path.open("w", encoding="utf-8", newline="\n") as fh:
+            for line in self.lines.pop(node, []):
+                fh.write(line)
+                fh.write("\n")
+        return path
 
 
 def _file_name(node: str) -> str:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 import forensics
 from forensics.errors import CaseError, OutputExists
 from forensics.store import connect, one
@@ -149,34 +151,38 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
     con = connect(db, read_only=True, create=False)
     try:
         configs = _configs(con)
-        events = _events(con)
         has_pages = (one(con, "SELECT count(*) FROM records WHERE kind = 'kv'") or (0,))[0] > 0
+        if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
+            raise CaseError(f"{db}: no prefill or decode config records, nothing to replay")
+        roles = {node: per[-1][3].role for node, per in configs.items() if per}
+        con.register("node_roles", pa.table({"node": list(roles), "role": list(roles.values())}))
+        facts = _request_facts(con)
+        requests, plans, arrivals, unlogged = _plan_requests(configs, facts, engine, what_if)
+        confirming = what_if == WhatIf() and engine == (logged_engine(configs) or "sglang-placeholder")
+        mode = "confirm" if confirming else "what-if"
+        disagreements: list[Disagreement] = []
+        served: frozenset[str] | None = None
+        if mode == "confirm":
+            served = _delivered(con)
+            plans, unlogged = _follow_logs(facts, plans, unlogged, disagreements)
+        del facts
+        extra, not_replayed = _arrival_events(unlogged, requests, plans, arrivals, configs)
+        _make_room(out)
+        logs = out / "logs"
+        log = LogSet()
+        # node by node: only one node's records are held at a time, and its replayed records are
+        # written as soon as it is done
+        for node in sorted(set(configs) | _nodes_with_events(con)):
+            events = _node_events(con, node)
+            carried = _carried_to(con, node, roles.get(node))
+            if carried:
+                events = _placed(events, carried)
+            _replay_node(node, configs.get(node, []), events, engine, what_if, log,
+                         requests, plans, extra.get(node, []), set(unlogged), served, disagreements)
+            log.flush(node, logs)
+        logs.mkdir(parents=True, exist_ok=True)
     finally:
         con.close()
-    if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
-        raise CaseError(f"{db}: no prefill or decode config records, nothing to replay")
-
-    events = complete_transfers(events, configs)
-    requests, plans, arrivals, unlogged = _plan_requests(configs, events, engine, what_if)
-    confirming = what_if == WhatIf() and engine == (logged_engine(configs) or "sglang-placeholder")
-    mode = "confirm" if confirming else "what-if"
-    disagreements: list[Disagreement] = []
-    served: frozenset[str] | None = None
-    if mode == "confirm":
-        served = delivered(events)
-        plans, unlogged = _follow_logs(events, configs, plans, unlogged, disagreements)
-    extra, not_replayed = _arrival_events(unlogged, requests, plans, arrivals, configs)
-    log = LogSet()
-    for node in sorted(set(configs) | set(events)):
-        _replay_node(node, configs.get(node, []), events.get(node, []), engine, what_if, log,
-                     requests, plans, extra.get(node, []), set(unlogged), served, disagreements)
-
-    if out.exists():
-        if not out.is_dir() or not {p.name for p in out.iterdir()} <= _REPLAY_FILES:
-            raise OutputExists(f"{out}: exists and is not an earlier replay's folder; choose another --out")
-        shutil.rmtree(out)
-    logs = out / "logs"
-    log.write(logs)
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
     agreement = _agreement(Path(db), case) if has_pages else None
@@ -184,6 +190,14 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
                         tuple(disagreements), _outcomes_changed(Path(db), case))
     _remember(Path(db), done)
     return done
+
+
+def _make_room(out: Path) -> None:
+    """Clear ``out`` for the replay: an earlier replay's folder is replaced, anything else refused."""
+    if out.exists():
+        if not out.is_dir() or not {p.name for p in out.iterdir()} <= _REPLAY_FILES:
+            raise OutputExists(f"{out}: exists and is not an earlier replay's folder; choose another --out")
+        shutil.rmtree(out)
 
 
 def logged_engine_of(db: Path | str) -> str | None:
@@ -209,38 +223,29 @@ def logged_engine(configs: dict[str, list[tuple[int, int, str, NodeConfig]]]) ->
     return "sglang-hardened" if tuple(int(p) for p in parts[:3]) >= (0, 5, 22) else "sglang-placeholder"
 
 
-def delivered(events: dict[str, list[dict[str, Any]]]) -> frozenset[str]:
+def _delivered(con: Any) -> frozenset[str]:
     """The requests the logs show delivered: a finished with a 2xx status and none of 400 or more."""
-    ok: set[str] = set()
-    failed: set[str] = set()
-    for records in events.values():
-        for r in records:
-            if r["kind"] == "request" and r["event"] == "finished" and r["status"] is not None:
-                (ok if 200 <= r["status"] < 300 else failed if r["status"] >= 400 else set()).add(r["request_id"])
-    return frozenset(ok - failed)
+    return frozenset(rid for (rid,) in con.execute(
+        "SELECT request_id FROM records WHERE kind = 'request' AND event = 'finished' AND status IS NOT NULL "
+        "GROUP BY request_id HAVING bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400)").fetchall())
 
 
 def _follow_logs(
-    events: dict[str, list[dict[str, Any]]], configs: dict[str, list[tuple[int, int, str, NodeConfig]]],
-    plans: dict[str, Plan], unlogged: list[str], disagreements: list[Disagreement],
+    facts: list[RequestFacts], plans: dict[str, Plan], unlogged: list[str], disagreements: list[Disagreement],
 ) -> tuple[dict[str, Plan], list[str]]:
     """Confirmation: where the model's decision for a request goes against what the logs show
     (it would reject at the router or at prefill a request the logs show on the engine; it would
     admit one the logs show rejected and never on the engine), the logs are followed and the
     disagreement listed."""
-    roles = {node: per[-1][3].role for node, per in configs.items() if per}
-    seen: dict[str, set[str]] = defaultdict(set)  # request -> roles of the nodes that logged it
-    for node, records in events.items():
-        for r in records:
-            if r.get("request_id") is not None:
-                seen[r["request_id"]].add(roles.get(node, "router"))
+    on_engine = {f.request_id for f in facts if f.on_prefill or f.on_decode}
+    on_decode = {f.request_id for f in facts if f.on_decode}
     out = dict(plans)
     for rid, p in plans.items():
-        if p.router_rejects and seen[rid] & {"prefill", "decode"}:
+        if p.router_rejects and rid in on_engine:
             disagreements.append(Disagreement(rid, "router", "model_rejects_served",
                                               f"the router would reject its prompt (context {p.context_length})"))
             out[rid] = dataclasses.replace(p, router_rejects=False)
-        elif p.prefill_rejects and "decode" in seen[rid]:
+        elif p.prefill_rejects and rid in on_decode:
             disagreements.append(Disagreement(rid, "prefill", "model_rejects_served",
                                               f"prefill would reject its prompt (limit {p.limit_tokens})"))
             out[rid] = dataclasses.replace(p, prefill_rejects=False)
@@ -313,17 +318,67 @@ def _configs(con: Any) -> dict[str, list[tuple[int, int, str, NodeConfig]]]:
     return out
 
 
-def _events(con: Any) -> dict[str, list[dict[str, Any]]]:
-    rel = con.sql(
-        f"SELECT {', '.join(_EVENT_FIELDS)} FROM records WHERE kind IN ('request', 'transfer') "
-        "ORDER BY node, boot, seq NULLS LAST, ts, file_id, line_no, part"
-    )
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rel.fetchall():
+_ORDER = "boot, seq NULLS LAST, ts, file_id, line_no, part"
+
+
+def _nodes_with_events(con: Any) -> set[str]:
+    return {n for (n,) in con.execute(
+        "SELECT DISTINCT node FROM records WHERE kind IN ('request', 'transfer')").fetchall()}
+
+
+def _node_events(con: Any, node: str) -> list[dict[str, Any]]:
+    """One node's request and transfer records, in its order."""
+    rows = con.execute(
+        f"SELECT {', '.join(_EVENT_FIELDS)} FROM records WHERE kind IN ('request', 'transfer') AND node = ? "
+        f"ORDER BY {_ORDER}", [node]).fetchall()
+    out = []
+    for row in rows:
         record = dict(zip(_EVENT_FIELDS, row, strict=True))
         record["ts"] = _ts(record["ts"])
-        out[record["node"]].append(record)
+        out.append(record)
     return out
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """What planning needs of one request: its first ``received`` (in node order), its largest
+    logged output, and whether a prefill or decode node logged it (the first such prefill node)."""
+
+    request_id: str
+    ts: str
+    tenant_id: str
+    prompt_tokens: int
+    max_new_tokens: int | None
+    prefill_node: str | None
+    decode_node: str | None
+    output: int | None
+    on_prefill: bool
+    on_decode: bool
+    prefill_of: str | None
+
+
+def _request_facts(con: Any) -> list[RequestFacts]:
+    """:class:`RequestFacts` of every received request, by request id (``node_roles`` registered)."""
+    rows = con.execute(f"""
+        WITH ev AS (
+          SELECT r.* EXCLUDE (role), coalesce(n.role, 'router') AS node_role
+          FROM records r LEFT JOIN node_roles n USING (node)
+          WHERE r.kind IN ('request', 'transfer') AND r.request_id IS NOT NULL
+        ), received AS (
+          SELECT request_id, ts, tenant_id, prompt_tokens, max_new_tokens, prefill_node, decode_node,
+                 row_number() OVER (PARTITION BY request_id ORDER BY node, {_ORDER}) AS k
+          FROM ev WHERE kind = 'request' AND event = 'received'
+        ), facts AS (
+          SELECT request_id,
+                 max(output_tokens) FILTER (WHERE kind = 'request' AND event = 'finished') AS output,
+                 bool_or(node_role = 'prefill') AS on_prefill, bool_or(node_role = 'decode') AS on_decode,
+                 min(node) FILTER (WHERE node_role = 'prefill') AS prefill_of
+          FROM ev GROUP BY request_id
+        )
+        SELECT r.request_id, r.ts, r.tenant_id, r.prompt_tokens, r.max_new_tokens, r.prefill_node, r.decode_node,
+               f.output, coalesce(f.on_prefill, FALSE), coalesce(f.on_decode, FALSE), f.prefill_of
+        FROM received r LEFT JOIN facts f USING (request_id) WHERE r.k = 1 ORDER BY r.request_id""").fetchall()
+    return [RequestFacts(rid, _ts(ts), *rest) for rid, ts, *rest in rows]
 
 
 #: A transfer's ends, which act on both sides: the prefill side's pages are released, the decode
@@ -337,39 +392,31 @@ _AFTER_TRANSFER_END = {("request", "decode_started"), ("request", "finished")}
 _NO_SEQ = 1 << 62
 
 
-def complete_transfers(
-    events: dict[str, list[dict[str, Any]]], configs: dict[str, list[tuple[int, int, str, NodeConfig]]],
-) -> dict[str, list[dict[str, Any]]]:
-    """Each node's events with the transfer ends it did not log itself but another node did.
+def _carried_to(con: Any, node: str, role: str | None) -> list[dict[str, Any]]:
+    """The transfer ends ``node`` did not log itself but another node did, for its side.
 
     A transfer's ``completed`` or ``failed`` logged by one node is a fact for both sides (the
-    schema's section 3): its prefill node releases its pages then, its decode node has them
-    land. Where a side did not log it, the end is put into that side's order where causality
-    requires (after the request's events there that precede a transfer's end: its admission,
-    prefill, the transfer's start; before those that follow: decode starting, the finish), and
-    within that, by time. Such a record is marked ``_carried`` (from the node that logged it).
+    schema's section 3): its prefill node (``src_node``) releases its pages then, its decode node
+    (``dst_node``) has them land. Each such end (the first record of it, in node order) comes as
+    the record that node would have logged, marked ``_carried`` with the node that did; where it
+    goes in the node's order is :func:`_placed`'s.
     """
-    roles = {node: per[-1][3].role for node, per in configs.items() if per}
-    ends: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)  # (rid, transfer) -> event -> record
-    logged: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)  # (rid, transfer) -> (node, event)
-    for node, records in events.items():
-        for r in records:
-            if r["kind"] == "transfer" and r["event"] in _TRANSFER_ENDS:
-                key = (r["request_id"], r["transfer_id"])
-                ends[key].setdefault(r["event"], r)
-                logged[key].add((node, r["event"]))
-    carried: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for key, by_event in ends.items():
-        for event, r in by_event.items():
-            for side, role in ((r["src_node"], "prefill"), (r["dst_node"], "decode")):
-                if side is None or roles.get(side) != role or (side, event) in logged[key]:
-                    continue
-                carried[side].append(dict(r, node=side, seq=None, _carried=r["node"]))
-    if not carried:
-        return events
-    out = dict(events)
-    for node, extra in carried.items():
-        out[node] = _placed(events.get(node, []), extra)
+    side = {"prefill": "src_node", "decode": "dst_node"}.get(role or "")
+    if side is None:
+        return []
+    rows = con.execute(f"""
+        WITH ends AS (
+          SELECT *, row_number() OVER (PARTITION BY request_id, transfer_id, event ORDER BY node, {_ORDER}) AS k
+          FROM records WHERE kind = 'transfer' AND event IN ('completed', 'failed') AND {side} = $node)
+        SELECT {', '.join(_EVENT_FIELDS)} FROM ends e
+        WHERE k = 1 AND NOT EXISTS (
+          SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.node = $node AND x.event = e.event
+            AND x.request_id = e.request_id AND x.transfer_id IS NOT DISTINCT FROM e.transfer_id)
+        ORDER BY e.request_id, e.transfer_id, e.event""", {"node": node}).fetchall()
+    out = []
+    for row in rows:
+        record = dict(zip(_EVENT_FIELDS, row, strict=True))
+        out.append(dict(record, ts=_ts(record["ts"]), node=node, seq=None, _carried=record["node"]))
     return out
 
 
@@ -408,7 +455,7 @@ def _placed(records: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[
 
 def _plan_requests(
     configs: dict[str, list[tuple[int, int, str, NodeConfig]]],
-    events: dict[str, list[dict[str, Any]]],
+    facts: list[RequestFacts],
     engine: str,
     what_if: WhatIf,
 ) -> tuple[dict[str, Request], dict[str, Plan], dict[str, str], list[str]]:
@@ -417,35 +464,19 @@ def _plan_requests(
     last_config = {node: what_if.apply(per[-1][3]) for node, per in configs.items() if per}
     prefill_configs = [c for _, c in sorted(last_config.items()) if c.role == "prefill"]
     fallback = prefill_configs[0] if prefill_configs else next(iter(last_config.values()))
-    received: dict[str, dict[str, Any]] = {}
-    output: dict[str, int] = {}
-    engine_nodes: dict[str, set[str]] = defaultdict(set)
-    prefill_of: dict[str, str] = {}
-    for node, records in events.items():
-        role = last_config[node].role if node in last_config else "router"
-        for r in records:
-            rid = r["request_id"]
-            if r["kind"] == "request" and r["event"] == "received":
-                received.setdefault(rid, r)
-            if r["kind"] == "request" and r["event"] == "finished" and r["output_tokens"] is not None:
-                output[rid] = max(output.get(rid, 0), r["output_tokens"])
-            if role in ("prefill", "decode"):
-                engine_nodes[rid].add(node)
-                if role == "prefill":
-                    prefill_of.setdefault(rid, node)
     requests: dict[str, Request] = {}
     plans: dict[str, Plan] = {}
     arrivals: dict[str, str] = {}
-    for rid, r in sorted(received.items()):
-        max_new = r["max_new_tokens"] if r["max_new_tokens"] is not None else output.get(rid, 0)
-        request = Request(rid, r["tenant_id"], r["prompt_tokens"], max_new,
-                          r["prefill_node"], r["decode_node"])
-        prefill_node = r["prefill_node"] or prefill_of.get(rid)
-        prefill = last_config.get(prefill_node or "", fallback)
-        requests[rid] = request
-        plans[rid] = plan(request, engine, prefill)
-        arrivals[rid] = r["ts"]
-    unlogged = [rid for rid, p in plans.items() if not p.router_rejects and not engine_nodes[rid]]
+    unlogged: list[str] = []
+    for f in facts:
+        max_new = f.max_new_tokens if f.max_new_tokens is not None else (f.output or 0)
+        request = Request(f.request_id, f.tenant_id, f.prompt_tokens, max_new, f.prefill_node, f.decode_node)
+        prefill = last_config.get(f.prefill_node or f.prefill_of or "", fallback)
+        requests[f.request_id] = request
+        plans[f.request_id] = p = plan(request, engine, prefill)
+        arrivals[f.request_id] = f.ts
+        if not p.router_rejects and not (f.on_prefill or f.on_decode):
+            unlogged.append(f.request_id)
     return requests, plans, arrivals, unlogged
 
 
