@@ -593,7 +593,9 @@ def _replay_node(
 
 
 def _logged(record: dict[str, Any]) -> dict[str, Any]:
-    """A record as the engine is handed it: the replay's own marks left out."""
+    """A record as the engine is handed it: the replay's own marks left out (a copy)."""
+    if "_carried" not in record and "_seq_key" not in record:
+        return dict(record)
     return {k: v for k, v in record.items() if not k.startswith("_")}
 
 
