@@ -381,9 +381,6 @@ def _request_facts(con: Any) -> list[RequestFacts]:
     return [RequestFacts(rid, _ts(ts), *rest) for rid, ts, *rest in rows]
 
 
-#: A transfer's ends, which act on both sides: the prefill side's pages are released, the decode
-#: side's land. A ``started`` changes no pool, so it is not carried across.
-_TRANSFER_ENDS = ("completed", "failed")
 #: A request's events on a node that come before its transfer ends there, and after.
 _BEFORE_TRANSFER_END = {("request", "received"), ("request", "admitted"), ("request", "prefill_started"),
                         ("request", "prefill_done"), ("transfer", "started")}

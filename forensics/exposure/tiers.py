@@ -17,7 +17,7 @@ from typing import Any
 
 import duckdb
 
-from forensics.exposure.figures import DEFINITIONS
+from forensics.exposure.figures import DEFINITIONS, summary
 from forensics.ids import NodeId
 from forensics.store import connect, has_table, one, rows, sql_text
 
@@ -81,16 +81,12 @@ def by_tier(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 
 def filled_figures(con: duckdb.DuckDBPyConnection) -> dict[str, int] | None:
-    """The replay-backed tiers' figures (delivered readers only), None where they fill in nothing."""
-    row = rows(con, """
-        SELECT count(DISTINCT reader_request) AS exposed_responses,
-               count(DISTINCT victim_request) AS victim_requests,
-               count(DISTINCT (reader_request, victim_request)) AS exposure_pairs,
-               count(DISTINCT (reader_request, victim_request)) FILTER (WHERE reader_tenant <> victim_tenant)
-                 AS cross_tenant_pairs,
-               count(DISTINCT victim_tenant) AS affected_tenants
-        FROM replay_exposures WHERE reader_delivered""")[0]
-    return {k: int(v) for k, v in row.items()} if row["exposed_responses"] else None
+    """The replay-backed tiers' figures together (uninitialized reads are not measured there),
+    None where they name no delivered response."""
+    if not _replay_rows(con):
+        return None
+    found = _figures_of(con, "SELECT * FROM replay_exposures")
+    return {k: v for k, v in found.items() if v is not None} if found["exposed_responses"] else None
 
 
 #: The evidence of the summary's columns: page records (both page tiers), each replay-backed tier,
@@ -109,31 +105,40 @@ def missing_page_records(con: duckdb.DuckDBPyConnection) -> tuple[NodeId, ...]:
         "ORDER BY node").fetchall())
 
 
-def tier_figures(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int | None]]:
-    """The eight figures by the evidence they rest on (:data:`SUMMARY_TIERS`), each computed by
-    its definition's query (figures.DEFINITIONS) over that tier's exposures. A replay-backed tier
-    has no uninitialized reads of its own (None: not measured there), nor then has the total."""
-    replayed = has_table(con, "replay_exposures")
-    sources = {
-        PAGE_EVIDENCE: "SELECT * FROM exposures",
-        TRANSFER_REPLAY: f"SELECT * FROM replay_exposures WHERE evidence = '{TRANSFER_REPLAY}'" if replayed else None,
-        REQUEST_REPLAY: f"SELECT * FROM replay_exposures WHERE evidence = '{REQUEST_REPLAY}'" if replayed else None,
-        TOTAL: ("SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures" if replayed
-                else "SELECT * FROM exposures"),
-    }
-    out: dict[str, dict[str, int | None]] = {}
-    for tier, source in sources.items():
-        figures: dict[str, int | None] = {}
-        for figure in DEFINITIONS:
-            if figure.name == "uninitialized_reads":  # of page records only: the total too, where it is theirs
-                replay_rows = replayed and (one(con, "SELECT count(*) FROM replay_exposures") or (0,))[0] > 0
-                row = one(con, figure.sql) if tier == PAGE_EVIDENCE or (tier == TOTAL and not replay_rows) else None
-                figures[figure.name] = int(row[0] or 0) if row else None
-                continue
-            if source is None:
-                figures[figure.name] = 0
-                continue
-            row = one(con, f"WITH tier_rows AS ({source}) " + _EXPOSURES.sub("tier_rows", figure.sql))
-            figures[figure.name] = int(row[0] or 0) if row else 0
-        out[tier] = figures
+def _replay_rows(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the replay filled in any exposure (a case of before the table has none)."""
+    return has_table(con, "replay_exposures") and (one(con, "SELECT count(*) FROM replay_exposures") or (0,))[0] > 0
+
+
+def _figures_of(con: duckdb.DuckDBPyConnection, source: str) -> dict[str, int | None]:
+    """The figures of exposure rows ``source`` (a SELECT with the columns of ``exposures``), each by
+    its definition's query (figures.DEFINITIONS); uninitialized reads, which are not exposure
+    rows, None."""
+    out: dict[str, int | None] = {}
+    for figure in DEFINITIONS:
+        if figure.name == "uninitialized_reads":
+            out[figure.name] = None
+            continue
+        row = one(con, f"WITH tier_rows AS ({source}) " + _EXPOSURES.sub("tier_rows", figure.sql))
+        out[figure.name] = int(row[0] or 0) if row else 0
     return out
+
+
+def tier_figures(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int | None]]:
+    """The eight figures by the evidence they rest on (:data:`SUMMARY_TIERS`).
+
+    The page records' are the analysed summary (checked against its definitions when reported);
+    each replay-backed tier's, and the total's, are the definitions' queries over those rows. A
+    replay-backed tier has no uninitialized reads of its own (None: not measured there), nor
+    then has the total. Where the replay filled in nothing, the total is the page records'.
+    """
+    pages: dict[str, int | None] = dict(summary(con))
+    if not _replay_rows(con):
+        zero: dict[str, int | None] = {k: (None if k == "uninitialized_reads" else 0) for k in pages}
+        return {PAGE_EVIDENCE: pages, TRANSFER_REPLAY: zero, REQUEST_REPLAY: dict(zero), TOTAL: dict(pages)}
+    return {
+        PAGE_EVIDENCE: pages,
+        TRANSFER_REPLAY: _figures_of(con, f"SELECT * FROM replay_exposures WHERE evidence = '{TRANSFER_REPLAY}'"),
+        REQUEST_REPLAY: _figures_of(con, f"SELECT * FROM replay_exposures WHERE evidence = '{REQUEST_REPLAY}'"),
+        TOTAL: _figures_of(con, "SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures"),
+    }

@@ -21,7 +21,7 @@ import pyarrow as pa
 from numba import njit
 
 from forensics.ingestion.fast import rechash
-from forensics.ingestion.validate import PLAIN_SOURCE
+from forensics.ingestion.validate import PLAIN_SOURCE, PLAUSIBLE_TIMES
 from forensics.schema import DISCRIMINATOR, FIELD_ORDER, FIELDS, KINDS, VARIANTS, FieldType, fields_of, own_fields
 
 #: How a field's value is written on a line of the fast path (``kinds`` array).
@@ -470,7 +470,7 @@ def _rfc3339_end(buf: np.ndarray, p: int, end: int) -> int:
 _SCALE = np.array([1, 100_000, 10_000, 1_000, 100, 10, 1], np.int64)  # fraction digits -> microseconds
 #: validate.PLAUSIBLE_TIMES in microseconds: a time outside [0, this) is left invalid here, for the
 #: SQL checks to quarantine with the line kept (the fast path keeps the text of lines it leaves)
-_LATE_US = (int(np.datetime64("2201-01-01T00:00:00", "us").astype(np.int64)))
+_LATE_US = int(np.datetime64(PLAUSIBLE_TIMES[1].removesuffix("+00"), "us").astype(np.int64))
 
 
 @njit(cache=True, nogil=True)
