@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 import forensics
+from forensics.adapters.sglang_eras import releases_of
 from forensics.errors import CaseError, OutputExists
 from forensics.store import connect, one
 from replay.engine import BEHAVIOURS, Disagreement, NodeConfig, NodeEngine, Plan, Request, plan
@@ -212,15 +213,32 @@ def logged_engine_of(db: Path | str) -> str | None:
 def logged_engine(configs: dict[str, list[tuple[int, int, str, NodeConfig]]]) -> str | None:
     """The engine behaviour the logs were made with, where the prefill configs say: SGLang before
     0.5.22 hands a length-rejected prompt off as a placeholder; from 0.5.22 it retires it at
-    prefill (reference-engine.md). None where no config says (another engine, no version)."""
+    prefill (reference-engine.md; the 0.5.21 wheel already retires, docs/adapters.md). An
+    ``engine_version`` may be a range of releases (what an adapter read from the formats,
+    ``0.5.12-0.5.15``): it decides where all its releases are on one side. None where no config
+    says (another engine, no version, a range across the change)."""
     versions = {(c.engine, c.engine_version) for per in configs.values() for _, _, _, c in per if c.role == "prefill"}
     if len(versions) != 1:
         return None
     (name, version), = versions
-    parts = version.split(".") if name == "sglang" else []
+    if name != "sglang":
+        return None
+    releases = releases_of(version)
+    if releases is not None:
+        sides = {_numbers(r) >= HARDENED_FROM for r in releases}
+        return None if len(sides) != 1 else ("sglang-hardened" if sides.pop() else "sglang-placeholder")
+    parts = version.split(".")
     if len(parts) < 3 or not all(p.isdigit() for p in parts[:3]):
         return None
-    return "sglang-hardened" if tuple(int(p) for p in parts[:3]) >= (0, 5, 22) else "sglang-placeholder"
+    return "sglang-hardened" if _numbers(version) >= HARDENED_FROM else "sglang-placeholder"
+
+
+#: The release from which reference-engine.md has SGLang retire a length-rejected prompt.
+HARDENED_FROM = (0, 5, 22)
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".")[:3])
 
 
 def _delivered(con: Any) -> frozenset[str]:

@@ -1,6 +1,6 @@
 """Fixtures printed by SGLang's own code: one small prefill/decode run per release wheel.
 
-    python scripts/make_sglang_fixtures.py WHEEL... [--out tests/adapters/fixtures/sglang-real]
+    python scripts/make_sglang_fixtures.py WHEEL... [--out tests/adapters/releases]
 
 Each wheel (``pip download --no-deps sglang==X``) is run in a subprocess of its own. The run is
 scripted (which requests arrive, how long their prompts are, which transfer fails), but
@@ -34,6 +34,7 @@ import io
 import json
 import logging
 import os
+import random
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ EPOCH = dt.datetime(2026, 11, 2, 8, 0, 0, tzinfo=dt.UTC).timestamp()
 PERF0 = 5000.0  # the schedulers' perf_counter at EPOCH
 CONTEXT = 1_048_576
 POOL = 681_280  # the prefill pool, tokens
+MAX_REQ_INPUT_LEN = POOL - 2  # what the prefill scheduler admits (validate_input_length's limit)
 DECODE_POOL = 1_114_112  # the decode pool (each DP rank's): a 700,000-token prompt fits
 PAGE = 64
 HOSTS = {"prefill": "10.0.0.11", "decode": "10.0.0.21"}
@@ -58,12 +60,12 @@ BOOTSTRAP_PORT = 8998
 SCENARIO = [
     ("req-a1", 1200, 64, "served", 0, 2.0),
     ("req-a2", 30500, 128, "served", 1, 3.5),
-    ("req-long", 700_000, 32, "over_pool", 0, 5.0),
-    ("req-huge", 1_200_000, 16, "over_context", 1, 7.0),
-    ("req-fail", 4096, 32, "transfer_failed", 1, 9.0),
-    ("req-room", 2048, 16, "room_mismatch", 0, 11.0),  # releases that check it (0.5.11 on)
-    ("req-sum", 2048, 16, "checksum_mismatch", 1, 13.0),  # releases with --disaggregation-enable-kv-checksum
-    ("req-a3", 900, 8, "served", 0, 15.0),
+    ("req-long", 700_000, 32, "over_pool", 0, 6.0),
+    ("req-huge", 1_200_000, 16, "over_context", 1, 8.0),
+    ("req-fail", 4096, 32, "transfer_failed", 1, 10.0),
+    ("req-room", 2048, 16, "room_mismatch", 0, 12.0),  # releases that check it (0.5.11 on)
+    ("req-sum", 2048, 16, "checksum_mismatch", 1, 14.0),  # releases with --disaggregation-enable-kv-checksum
+    ("req-a3", 900, 8, "served", 0, 16.0),
 ]
 
 
@@ -133,7 +135,8 @@ class Server:
         """The scheduler's logger prefix, from the release's own fragments."""
         mod = "sglang.srt.managers.scheduler"
         src = self.r.source(mod)
-        within = "configure_scheduler_process" if "def configure_scheduler_process" in src else "run_scheduler_process"
+        within = next(f for f in ("configure_scheduler_process", "configure_scheduler", "run_scheduler_process")
+                      if f"def {f}(" in src)
         out = ""
         if dp is not None:
             out += self.r.message(mod, " DP", within=within)(dp_rank=dp, shown_dp=dp)
@@ -157,9 +160,11 @@ def run(release: Release, out: Path) -> None:
     folder = out / release.version
     folder.mkdir(parents=True, exist_ok=True)
     sources: dict[str, str] = {}
-    for form in ("text", "json"):
+    forms = ("text", "json") if release.has("sglang.srt.utils.request_logger") else ("text",)
+    for form in forms:
         for role in ("prefill", "decode"):
-            target = folder / form / f"{role}-0.requests" if form == "json" and _has_targets(release) else None
+            # --log-requests-target: a folder named after the server, beside its stdout capture
+            target = folder / form / f"{role}-0" if form == "json" and _has_targets(release) else None
             server = Server(release, role, form, target)
             Scenario(server).play()
             (folder / form).mkdir(parents=True, exist_ok=True)
@@ -169,6 +174,7 @@ def run(release: Release, out: Path) -> None:
         "release": release.version, "wheel": release.wheel.name, "sha256": release.sha256,
         "made_by": "scripts/make_sglang_fixtures.py", "context_length": CONTEXT,
         "pool_tokens": {"prefill": POOL, "decode": DECODE_POOL},
+        "max_req_input_len": MAX_REQ_INPUT_LEN, "page_size": PAGE,
         "retires_rejected_at_intake": retires(release),
         "scenario": [dict(zip(("rid", "prompt_tokens", "output_tokens", "outcome", "decode_dp_rank", "at_s"), s,
                               strict=True)) for s in SCENARIO],
@@ -286,7 +292,7 @@ class Scenario:
         self._uvicorn_startup()
         for rid, prompt, output, outcome, dp_rank, at in SCENARIO:
             self._request(rid, prompt, output, outcome, dp_rank, at)
-        CLOCK.at(15.5)
+        CLOCK.at(17.0)
         s.configure(s.schedulers(0)[0])
         self._batch_line()
 
@@ -510,7 +516,7 @@ class Scenario:
     def _validate(self, req: Any, schedulers: list[str]) -> dict[str, Any]:
         mod = "sglang.srt.managers.utils"
         utils = self.r.module(mod, ["validate_input_length"])
-        error = utils.validate_input_length(req, POOL - 2, False)
+        error = utils.validate_input_length(req, MAX_REQ_INPUT_LEN, False)
         self.s.note("length_abort", mod, "exceeds ")
         rank = [0]
         abort = self.r.method("sglang.srt.managers.schedule_batch", "Req", "set_finish_with_abort", {
@@ -657,17 +663,40 @@ class _InlineRequestLog:
                                   max_length=1 << 30, skip_names=self.skip, out_skip_names=self.out_skip))
 
 
+def vary(seed: int) -> None:
+    """Another run of the same shape: request ids, prompt and output lengths, DP ranks and
+    arrival times drawn from ``seed`` (each outcome keeps a prompt length that gives it)."""
+    rng = random.Random(seed)
+    at, out = 2.0, []
+    for rid, prompt, output, outcome, _, _ in SCENARIO:
+        if outcome == "over_pool":
+            prompt = rng.randrange(MAX_REQ_INPUT_LEN + 1, min(CONTEXT, DECODE_POOL) - 1)
+        elif outcome == "over_context":
+            prompt = rng.randrange(CONTEXT, 2 * CONTEXT)
+        else:
+            prompt = rng.randrange(16, 60_000)
+        output = rng.randrange(1, 200)
+        out.append((f"{rid}-{rng.randrange(16**6):06x}", prompt, output, outcome, rng.randrange(2), round(at, 3)))
+        at += 0.05 + prompt / 400_000 + output * 0.012 + rng.uniform(0.5, 1.5)
+    SCENARIO[:] = out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("wheels", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("tests/adapters/fixtures/sglang-real"))
+    parser.add_argument("--out", type=Path, default=Path("tests/adapters/releases"))
+    parser.add_argument("--seed", type=int, help="another run of the same shape (scripts/check_sglang_releases.py)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.seed is not None:
+        vary(args.seed)
     if args.one:
         run(Release(args.wheels[0]), args.out)
         return 0
+    seed = ["--seed", str(args.seed)] if args.seed is not None else []
     for wheel in args.wheels:
-        done = subprocess.run([sys.executable, __file__, "--one", "--out", str(args.out), str(wheel)], check=False)
+        done = subprocess.run([sys.executable, __file__, "--one", "--out", str(args.out), *seed, str(wheel)],
+                              check=False)
         print(f"{wheel.name}: {'ok' if done.returncode == 0 else 'FAILED'}")
         if done.returncode:
             return 1

@@ -77,6 +77,10 @@ class Notes:
         """The notes as lines for the terminal, each with its count."""
         return [self.texts[k].format(n=self.counts[k]) for k in sorted(self.counts)]
 
+    def rows(self) -> list[tuple[str, int, str]]:
+        """The notes as ``(key, count, text)`` rows, for the case's ``file_notes``."""
+        return [(k, self.counts[k], self.texts[k].format(n=self.counts[k])) for k in sorted(self.counts)]
+
 
 #: One source line's outcome: (line_no, raw, records), records a list of canonical records
 #: (without ``node``/``boot``, which the adapter sets), or an :class:`Untranslatable`, or

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from forensics.adapters import sglang_config, sglang_mooncake, sglang_requests, sglang_timestats
+from forensics.adapters import sglang_config, sglang_errors, sglang_mooncake, sglang_requests, sglang_timestats
 from forensics.adapters.base import (
     Adapter,
     Lines,
@@ -24,31 +24,111 @@ from forensics.adapters.base import (
     Outcome,
     Untranslatable,
     first_object,
+    node_of,
 )
+from forensics.adapters.sglang_eras import era
 from forensics.adapters.sglang_log import Facts, LogLine, split
 
 #: The line formats, in the order a line is offered to them.
-_FORMATS = (sglang_requests, sglang_timestats, sglang_mooncake, sglang_config)
-_SERVER_MARKS = ("server_args=ServerArgs(", "Req Time Stats(", "Receive: obj=", "Finish: obj=",
-                 "failed for request rank=", "max_total_num_tokens=", '"event": "request.')
+_FORMATS = (sglang_requests, sglang_timestats, sglang_mooncake, sglang_errors, sglang_config)
+_SERVER_MARKS = ("server_args=ServerArgs(", "server_args={", "Req Time Stats(", "ReqTimeStats(", "Receive: obj=",
+                 "Finish: obj=", "failed for request rank=", "max_total_num_tokens=", '"event": "request.')
 _EVIDENCE = ("request level: who was served where and when, and the handoff's token counts; "
              "no page records, so victims are named by replay")
 
 
 def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iterator[Outcome]:
-    facts = Facts(node=options.node_for(path))
+    facts = _learn(lines, Facts(node=options.node_for(path)), options)
+    if facts.role_for(options) is None and not facts.roles_seen:
+        server = _server_beside(path)
+        if server is not None:  # a --log-requests-target file: its server's log says the rest
+            facts = _learn(server[1], Facts(node=options.node or node_of(server[0])), options)
+            facts = _learn(lines, facts, options)
+            facts.tie_pending_context()
+            notes.add("server", f"{{n}} request-log file(s) read with the server log beside them ({server[0].name})")
+    else:
+        for _, beside in _requests_beside(path, facts.node):  # its --log-requests-target folder
+            theirs = _learn(beside, Facts(node=facts.node), options)
+            facts.finished |= theirs.finished
+            for rid, at in theirs.finish_ts.items():
+                facts.finish_ts.setdefault(rid, at)
+            for rid, at in theirs.received_at.items():
+                facts.received_at.setdefault(rid, at)
+    facts.calibrate()
+    facts.era = era(facts.marks)
+    if facts.era is not None:
+        notes.add("era", f"{{n}} file(s) in the format of SGLang {facts.era}")
+    if facts.role_for(options) is None:
+        notes.add("role", "{n} file(s) say nothing of their server's role (no server_args, no time stats): "
+                  "read as a unified server, whose finishes are the client's answers; pass --role prefill "
+                  "or --role decode (finding evidence.role_unknown)")
+    facts.last_ts = None
+    for line_no, text in lines():
+        line = split(text, options.year)
+        yield line_no, text, _records(line, facts, options, notes)
+        if line.ts is not None:
+            facts.last_ts = line.ts
+
+
+def _learn(lines: Lines, facts: Facts, options: Options) -> Facts:
+    """The first pass over a file's lines, into ``facts``."""
+    facts.last_ts = None
     for _, text in lines():
         line = split(text, options.year)
         for fmt in _FORMATS:
             if fmt.learn(line, facts, options):
                 break
-    facts.calibrate()
-    if facts.role_for(options) is None:
-        notes.add("role", "{n} file(s) of unknown role read as a unified server, whose finishes are the "
-                  "client's answers (pass --role prefill or --role decode)")
-    for line_no, text in lines():
-        line = split(text, options.year)
-        yield line_no, text, _records(line, facts, options, notes)
+        if line.ts is not None:
+            facts.last_ts = line.ts
+    return facts
+
+
+def _requests_beside(path: Path, node: str) -> list[tuple[Path, Lines]]:
+    """The request-log files of a server log's ``--log-requests-target`` folder: the folder
+    named after its node beside it (``prefill-0.log`` and ``prefill-0/HOST_RANK.log``)."""
+    from forensics.ingestion.readers import identify, text_lines  # (readers imports the adapters)
+
+    folder = path.parent / node
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in sorted(folder.iterdir()):
+        try:
+            log = identify(p, explicit=False) if p.is_file() else None
+        except Exception:  # noqa: BLE001 (an unreadable neighbour is no request log)
+            continue
+        if log is not None and log.adapter in ("sglang-requests", "sglang-server"):
+            found.append((p, text_lines(log)))
+    return found
+
+
+def _server_beside(path: Path) -> tuple[Path, Lines] | None:
+    """The server log a request-log file (``--log-requests-target DIR``) belongs to: the
+    ``NODE.log`` beside a folder ``NODE`` holding the file, else the one SGLang server log in the
+    file's own folder; None where there is none or more than one."""
+    from forensics.ingestion.readers import identify, text_lines  # (readers imports the adapters)
+
+    def servers(folder: Path, named: str | None) -> list[tuple[Path, Lines]]:
+        found = []
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError:
+            return []
+        for p in entries:
+            if p == path or not p.is_file() or (named is not None and node_of(p) != named):
+                continue
+            try:
+                log = identify(p, explicit=False)
+            except Exception:  # noqa: BLE001 (an unreadable neighbour is no server log)
+                continue
+            if log is not None and log.adapter == "sglang-server":
+                found.append((p, text_lines(log)))
+        return found
+
+    for candidates in (servers(path.parent.parent, path.parent.name), servers(path.parent, None)):
+        if len(candidates) == 1:
+            return candidates[0]
+    return None
 
 
 def _records(
@@ -66,6 +146,9 @@ def _records(
 
 def _requests_sniff(head: Sequence[str]) -> bool:
     doc = first_object(head)
+    if doc is None:  # from 0.5.12 the JSON lines come after a time: [2026-11-02 08:00:02] {...}
+        first = next((t for t in head if t.strip()), "")
+        doc = split(first, None).doc
     return doc is not None and str(doc.get("event", "")).startswith("request.") and "kind" not in doc
 
 

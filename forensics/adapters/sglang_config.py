@@ -1,17 +1,19 @@
 """An SGLang server's configuration, from its start-up lines.
 
-Reference: ``python/sglang/srt/server_args.py`` (the launcher logs
-``server_args=ServerArgs(model_path='...', context_length=..., page_size=64,
-disaggregation_mode='prefill', ...)``) and the scheduler's start-up line
-``max_total_num_tokens=681280, chunked_prefill_size=..., max_running_requests=...,
-context_len=1048576, ...``, which states the KV pool the server really got. The length error
-of ``validate_input_length`` (``Input length (N tokens) exceeds the maximum allowed length
-(M tokens)``) is read for the prompt length it reveals; its record comes from the finish line.
+References: the launcher's ``server_args`` line (``entrypoints/engine.py``): the dataclass
+repr ``server_args=ServerArgs(model_path='...', context_length=..., page_size=64,
+disaggregation_mode='prefill', ...)`` up to 0.5.18, a dict ``server_args={'model_path': ...}``
+from 0.5.19; the scheduler's start-up line (``managers/scheduler.py``, TP rank 0 of each DP
+rank) ``max_total_num_tokens=681280, chunked_prefill_size=..., context_len=1048576, ...``,
+which states the KV pool the server really got; and, from 0.5.23, the warning of
+``managers/tp_worker.py`` ``KV pool holds N tokens, fewer than --context-length C``, which
+gives the same where the pool line is missing.
 
-Canonical record: a ``config`` at the pool line, for a prefill or decode server:
-``pool_pages = max_total_num_tokens / page_size + 1`` (page 0 is reserved), so that
-``(pool_pages - 1) * page_size`` is the pool in tokens. SGLang does not log its version: the
-record says ``engine_version: unknown``.
+Canonical record: a ``config`` at the pool line (one per DP rank: each has its own pool), for a
+prefill or decode server: ``pool_pages = max_total_num_tokens / page_size + 1`` (page 0 is
+reserved), so that ``(pool_pages - 1) * page_size`` is the pool in tokens. SGLang does not log
+its version: ``engine_version`` is the range of releases whose formats the file shows
+(:mod:`forensics.adapters.sglang_eras`), ``unknown`` where it shows none.
 """
 
 from __future__ import annotations
@@ -21,20 +23,22 @@ from typing import Any
 
 from forensics.adapters.base import Notes, Options, Untranslatable
 from forensics.adapters.sglang_log import Facts, LogLine, py_value, rfc3339
-from forensics.adapters.sglang_requests import LENGTH_ERROR
 
-_SERVER_ARGS = re.compile(r"server_args=(ServerArgs\(.*\))\s*$", re.S)
+_SERVER_ARGS = re.compile(r"server_args=(ServerArgs\(.*\)|\{.*\})\s*$", re.S)
 _POOL = re.compile(r"max_total_num_tokens=(?P<tokens>\d+),.*?context_len=(?P<context>\d+)")
-_RID = re.compile(r"rid='(?P<rid>[^']*)'")
+_POOL_WARNING = re.compile(r"KV pool holds (?P<tokens>\d+) tokens, fewer than --context-length (?P<context>\d+)")
 _ROLES = {"prefill": "prefill", "decode": "decode", "null": "unified"}
 
 
 def learn(line: LogLine, facts: Facts, options: Options) -> bool:
-    """First pass: the model, page size, context and pool from a start-up line; whether it was one."""
-    if (m := _SERVER_ARGS.search(line.msg)) is not None:
+    """First pass: the model, page size, context and role from a start-up line; whether it was one."""
+    if "server_args=" in line.msg and (m := _SERVER_ARGS.search(line.msg)) is not None:
+        facts.mark("server_args.repr" if m.group(1).startswith("ServerArgs(") else "server_args.dict")
         try:
             args = py_value(m.group(1))
         except (SyntaxError, ValueError):
+            return True
+        if not isinstance(args, dict):
             return True
         if isinstance(args.get("page_size"), int):
             facts.page_size = args["page_size"]
@@ -47,24 +51,26 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         if role is not None:
             facts.role = role
         return True
-    if (m := LENGTH_ERROR.search(line.msg)) is not None:  # (finish lines quoting it are read before)
-        rid = _RID.search(line.msg)
-        if rid is not None:
-            facts.learn_prompt(rid["rid"], int(m.group(1)), 3)
-            facts.limit[rid["rid"]] = int(m.group(2))
+    if "max_total_num_tokens=" in line.msg and _POOL.search(line.msg) is not None:
+        facts.pool_seen = True
         return True
-    return _POOL.search(line.msg) is not None
+    if "KV pool holds" in line.msg and _POOL_WARNING.search(line.msg) is not None:
+        facts.mark("pool_warning")
+        return True
+    return False
 
 
 def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
-    """The records of a server_args, pool or length-error line; None for a line of another kind."""
-    if _SERVER_ARGS.search(line.msg) is not None:
+    """The records of a server_args, pool or pool-warning line; None for a line of another kind."""
+    if "server_args=" in line.msg and _SERVER_ARGS.search(line.msg) is not None:
         return []
-    if LENGTH_ERROR.search(line.msg) is not None:  # (finish lines that quote it are read before)
-        return []  # its facts are learnt; the rejection is recorded from the request's finish
-    m = _POOL.search(line.msg)
+    m = _POOL.search(line.msg) if "max_total_num_tokens=" in line.msg else None
     if m is None:
-        return None
+        m = _POOL_WARNING.search(line.msg) if "KV pool holds" in line.msg else None
+        if m is None:
+            return None
+        if facts.pool_seen:
+            return []  # the pool line says it, and more
     role = facts.role_for(options)
     if role not in ("prefill", "decode"):
         notes.add("config", "{n} pool lines of a server whose role is unknown or unified: no config "
@@ -74,8 +80,8 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
         raise Untranslatable("the pool line's page size is unknown: no server_args line in this file")
     tokens = int(m["tokens"])
     return [{
-        "kind": "config", "ts": rfc3339(line.when()), "role": role, "engine": "sglang",
-        "engine_version": "unknown", "model": facts.model or "unknown",
+        "kind": "config", "ts": rfc3339(line.when()), "node": facts.node_of_line(line), "role": role,
+        "engine": "sglang", "engine_version": facts.era or "unknown", "model": facts.model or "unknown",
         "context_length": int(m["context"]), "page_size": facts.page_size,
         "pool_pages": tokens // facts.page_size + 1,
     }]

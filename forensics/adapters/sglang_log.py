@@ -1,17 +1,22 @@
 """What every SGLang log format shares: the line prefix, Python reprs, and per-file facts.
 
 SGLang writes through Python's logging: ``[%(asctime)s{prefix}] %(message)s`` with the date
-as ``%Y-%m-%d %H:%M:%S`` (older releases) or ``%m-%d %H:%M:%S`` (newer, no year), the prefix
-naming the rank (`` TP0``, `` DP0 TP1``). The request logger's JSON form writes bare JSON
-objects (``%(message)s``) with an ISO ``timestamp``. Times are the server's clock, read as
-UTC. Objects in the text forms are Python reprs (``GenerateReqInput(rid='a', ...)``), which
-:func:`py_value` reads without evaluating anything.
+as ``%Y-%m-%d %H:%M:%S`` (every release from 0.5.5 to 0.5.23; ``.%(msecs)03d`` follows with
+``SGLANG_LOG_MS``), the prefix naming the scheduler's ranks (`` TP0``, `` DP1 TP1``; none for the
+HTTP and tokenizer process). The request log has its own handlers: up to 0.5.7 the tokenizer's
+module logger (the same prefix) and, for JSON, a bare ``%(message)s``; 0.5.8 to 0.5.11 print
+``%(message)s`` only (text lines carry no time at all); from 0.5.12 ``[%(asctime)s] %(message)s``,
+on stdout and in the ``--log-requests-target`` files alike. The JSON form's own ``timestamp`` is
+``datetime.now().isoformat()``. Times are the server's clock, read as UTC. Objects in the text
+forms are Python reprs (``GenerateReqInput(rid='a', ...)``), which :func:`py_value` reads
+without evaluating anything.
 """
 
 from __future__ import annotations
 
 import ast
 import datetime as dt
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -23,6 +28,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(
     r"\[(?P<date>\d{4}-\d\d-\d\d |\d\d-\d\d )?(?P<time>\d\d:\d\d:\d\d)(?P<frac>[.,]\d{1,9})?(?P<tags>[^\]]*)\] ?"
 )
+_DP = re.compile(r"\bDP(\d+)\b")
 #: ``<Foo object at 0x7f..>``, ``<HTTPStatus.BAD_REQUEST: 400>``: reprs that are not Python syntax.
 _OPAQUE = re.compile(r"<[^<>'\"]*>")
 #: Truncated values: ``'abc' ... 'xyz'`` and ``[1, 2] ... [8, 9]`` (_dataclass_to_string_truncated).
@@ -39,6 +45,8 @@ class LogLine:
     msg: str
     doc: dict[str, Any] | None = None
     undated: bool = False  # a prefix time without a year (and no --year)
+    dp: int | None = None  # the DP rank the prefix names (DP attention: its own KV pool)
+    prefixed: bool = False  # the line has a logging prefix with a time
 
     def when(self) -> dt.datetime:
         """The line's time, or the reason the line cannot be placed in time."""
@@ -50,37 +58,60 @@ class LogLine:
 
 
 def split(text: str, year: int | None) -> LogLine:
-    """A raw line as time and message (a line that is neither prefixed nor JSON keeps its text)."""
-    t = _ANSI.sub("", text).strip().lstrip("\ufeff")
+    """A raw line as time and message (a line that is neither prefixed nor JSON keeps its text).
+    A JSON object after the prefix (the request log from 0.5.12) is read as JSON, its own
+    ``timestamp`` first, the prefix's time failing that."""
+    t = (_ANSI.sub("", text) if "\x1b" in text else text).strip().lstrip("\ufeff")
     if t.startswith("{"):
-        try:
-            doc = json.loads(t)
-        except (ValueError, RecursionError):  # (a JSON value nested past Python's stack)
-            return LogLine(None, False, t)
-        if isinstance(doc, dict):
-            ts = iso_time(doc.get("timestamp"))
-            # isoformat() gives microseconds (and leaves out a fraction only when it is zero)
-            return LogLine(ts, ts is not None, t, doc)
+        return _json_line(t, None, False)
+    if not t.startswith("["):
         return LogLine(None, False, t)
     m = _PREFIX.match(t)
     if m is None:
         return LogLine(None, False, t)
     msg = t[m.end():]
+    tags = m["tags"] or ""
+    dp = _DP.search(tags) if "DP" in tags else None
+    dp_rank = int(dp.group(1)) if dp else None
     date = (m["date"] or "").strip()
-    if not date:
-        return LogLine(None, False, msg)
+    ts: dt.datetime | None = None
+    frac = (m["frac"] or "")[1:]
+    undated = False
     if len(date) == 5:  # MM-DD
         if year is None:
-            return LogLine(None, False, msg, undated=True)
-        date = f"{year:04d}-{date}"
-    frac = (m["frac"] or "")[1:]
+            undated = True
+        else:
+            date = f"{year:04d}-{date}"
+    if date and not undated:
+        ts = _second(f"{date}T{m['time']}")
+        if ts is not None and frac:
+            ts += dt.timedelta(microseconds=int(frac.ljust(6, "0")[:6]))
+    if msg.startswith("{"):
+        return _json_line(msg, ts, bool(frac))
+    return LogLine(ts, ts is not None and bool(frac), msg, undated=undated, dp=dp_rank, prefixed=ts is not None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _second(text: str) -> dt.datetime | None:
+    """A prefix's ``YYYY-MM-DDTHH:MM:SS`` as UTC (lines of one second share it: cached)."""
     try:
-        ts = dt.datetime.fromisoformat(f"{date}T{m['time']}").replace(tzinfo=dt.UTC)
+        return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
     except ValueError:
-        return LogLine(None, False, msg)
-    if frac:
-        ts += dt.timedelta(microseconds=int(frac.ljust(6, "0")[:6]))
-    return LogLine(ts, bool(frac), msg)
+        return None
+
+
+def _json_line(t: str, prefix_ts: dt.datetime | None, prefix_precise: bool) -> LogLine:
+    try:
+        doc = json.loads(t)
+    except (ValueError, RecursionError):  # (a JSON value nested past Python's stack)
+        return LogLine(prefix_ts, prefix_precise, t, prefixed=prefix_ts is not None)
+    if not isinstance(doc, dict):
+        return LogLine(prefix_ts, prefix_precise, t, prefixed=prefix_ts is not None)
+    ts = iso_time(doc.get("timestamp"))
+    if ts is None:
+        return LogLine(prefix_ts, prefix_precise, t, doc, prefixed=prefix_ts is not None)
+    # isoformat() gives microseconds (and leaves out a fraction only when it is zero)
+    return LogLine(ts, True, t, doc, prefixed=prefix_ts is not None)
 
 
 def iso_time(value: Any) -> dt.datetime | None:
@@ -183,6 +214,58 @@ class Facts:
     offset: dt.datetime | None = None  # wall-clock time of perf_counter 0 (calibrate())
     last_decode_line: dt.datetime | None = None  # (translation) time of the last decode request line
     parsed: dict[str, Any] = field(default_factory=dict)  # request lines parsed by the first pass
+    #: decode time stats with ``entry_time`` (0.5.12 on): rid -> (admitted, finished), wall clock
+    entry_times: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)
+    dp_of: dict[str, int] = field(default_factory=dict)  # rid -> the DP rank whose scheduler logged it
+    dp_ranks: set[int] = field(default_factory=set)  # DP ranks the prefixes name
+    marks: set[str] = field(default_factory=set)  # format marks seen (eras.py turns them into releases)
+    last_ts: dt.datetime | None = None  # (both passes) the time of the last line that had one
+    #: (first pass) received, not finished, in order: rid -> the time it was received
+    open_receives: dict[str, dt.datetime | None] = field(default_factory=dict)
+    #: context-length rejections no receive of the file named yet: (time, tokens, context)
+    pending_context: list[tuple[dt.datetime | None, int, int]] = field(default_factory=list)
+    #: requests a context-length rejection in another file (the server log) is tied to: rid -> (time, context)
+    rejected_on_receive: dict[str, tuple[dt.datetime, int]] = field(default_factory=dict)
+    finished: set[str] = field(default_factory=set)  # requests with a finish line in the file
+    #: context-length rejections tied to their request, in file order per line text: (rid, tokens, context)
+    context_rejected: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
+    pool_seen: bool = False  # the file has the scheduler's pool line
+    received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
+    era: str | None = None  # the releases whose formats the file shows (sglang_eras.era)
+
+    def tie_pending_context(self) -> None:
+        """Tie the server log's context-length rejections to this file's requests: each to the
+        latest request received at or before it and never finished (the one being tokenized)."""
+        for when, tokens, context in self.pending_context:
+            # (the error line's time is to the second, a JSON receive's to the microsecond)
+            rids = [r for r, at in self.open_receives.items()
+                    if when is None or at is None or at < when + dt.timedelta(seconds=1)]
+            if not rids:
+                continue
+            rid = rids[-1]
+            del self.open_receives[rid]
+            self.learn_prompt(rid, tokens, 3)
+            self.finished.add(rid)
+            if when is not None:
+                self.rejected_on_receive[rid] = (when, context)
+        self.pending_context = []
+
+    def mark(self, name: str) -> None:
+        """Note a format mark seen in the file (``time_stats.attempts``): see :mod:`eras`."""
+        self.marks.add(name)
+
+    def learn_dp(self, rid: str, line: LogLine) -> None:
+        """Note the DP rank a scheduler line about ``rid`` names (its prefix's ``DPk``)."""
+        if line.dp is not None:
+            self.dp_ranks.add(line.dp)
+            self.dp_of.setdefault(rid, line.dp)
+
+    def node_of_line(self, line: LogLine, rid: str | None = None) -> str:
+        """The node a line's records are on: with DP attention each DP rank has its own KV pool,
+        so it is a node of its own (``decode-0.dp1``), named by the line's prefix or, for the
+        tokenizer's lines (no ranks), by the DP rank that served the request; else the file's."""
+        dp = line.dp if line.dp is not None else (self.dp_of.get(rid) if rid is not None else None)
+        return self.node if dp is None else f"{self.node}.dp{dp}"
 
     def calibrate(self) -> None:
         """Find the wall-clock time of the scheduler's ``perf_counter`` zero from the decode
@@ -197,6 +280,13 @@ class Facts:
             hi = lo + 1.0 + 2 * CLOCK_SLACK
             lower = lo if lower is None else max(lower, lo)
             upper = hi if upper is None else min(upper, hi)
+        for rid, ((start, *_), _) in self.steps.items():
+            # and the request was admitted (start) no earlier than its request line was logged
+            # (to the second, or the microsecond): with few requests the first constraints leave
+            # up to a second open
+            received = self.received_at.get(rid)
+            if received is not None and lower is not None:
+                lower = max(lower, received.timestamp() - start - CLOCK_SLACK)
         if lower is not None and upper is not None and lower < upper:
             self.offset = dt.datetime.fromtimestamp((lower + upper) / 2, tz=dt.UTC)
 

@@ -30,24 +30,29 @@ _LINE = re.compile(
 )
 
 
+def _search(msg: str) -> re.Match[str] | None:
+    return _LINE.search(msg) if " failed for request rank=" in msg else None
+
+
 def learn(line: LogLine, facts: Facts, options: Options) -> bool:
     """First pass: note the request a transfer-failure line names as failed; whether the line was one."""
-    m = _LINE.search(line.msg)
+    m = _search(line.msg)
     if m is None:
         return False
     facts.failed.add(m["rid"])
+    facts.learn_dp(m["rid"], line)
     return True
 
 
 def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
     """The transfer records of a KV-transfer failure line; None for a line of another kind."""
-    m = _LINE.search(line.msg)
+    m = _search(line.msg)
     if m is None:
         return None
     prefill = m["side"] == "Prefill"
+    node = facts.node_of_line(line, m["rid"])
     return [{
         "kind": "transfer", "ts": rfc3339(line.when()), "transfer_id": transfer_id(m["rid"], m["room"]),
         "request_id": m["rid"], "event": "failed",
-        "src_node": facts.node if prefill else UNKNOWN_NODE,
-        "dst_node": UNKNOWN_NODE if prefill else facts.node,
+        "src_node": node if prefill else UNKNOWN_NODE, "dst_node": UNKNOWN_NODE if prefill else node, "node": node,
     }]

@@ -1,69 +1,144 @@
 """SGLang's per-request timing statistics (``--enable-request-time-stats-logging``).
 
-Reference: ``Req.log_time_stats`` in ``python/sglang/srt/managers/schedule_batch.py`` and
-the ``TimeStats`` formatting beside it. The scheduler logs one line per request when it
-completes::
+Reference: ``Req.log_time_stats`` in ``python/sglang/srt/managers/schedule_batch.py``, with the
+time-stats class beside it (``TimeStats`` in ``metrics/collector.py`` up to 0.5.8,
+``SchedulerReqTimeStats`` in ``observability/req_time_stats.py`` from 0.5.11). The scheduler
+logs one line per request when it is done with it, on every TP rank. Two heads::
 
-    Req Time Stats(rid=R, bootstrap_room=B, input len=L, output len=O, type=decode): \
-prealloc_duration=0.00ms, transfer_duration=12.00ms, queue_duration=0.00ms, forward_duration=800.00ms, start_time=...
+    Req Time Stats(rid=R, bootstrap_room=B, input len=L, output len=O, type=decode): ...   (0.5.5-0.5.11)
+    ReqTimeStats(rid=R, bootstrap_room=B, input_len=L, cached_input_len=C, output_len=O, attempts=A, type=prefill): ...
+                                                     (0.5.12 on; ``attempts`` from 0.5.16)
+
+and the steps after the colon, ``name=12.00ms`` or ``name(12.00ms)``, with ``start=`` (the
+stage's ``perf_counter``) up to 0.5.11, ``entry_time=`` (its wall-clock time, seconds since the
+epoch) from 0.5.12, ``transfer_speed``/``transfer_total`` on prefill from 0.5.7 and
+``#retries=`` 0.5.8 to 0.5.15. The fields are read by name, so a release that adds or reorders
+one still reads.
 
 ``input len`` is the prompt the node worked on. After the placeholder swap a prefill node
 reports 1 while the decode node reports the whole prompt: the incident's signature, kept as
 the transfer's ``tokens``.
 
-Times of the steps: where the file has the request's finish to the microsecond (the JSON
-request log), they are counted back from it. Otherwise (text logs, whole seconds) they come
-from ``start_time``, the scheduler's ``perf_counter`` when the request entered the prealloc
-queue, put on the wall clock by :meth:`Facts.calibrate`: every request ended inside the second
-its line was logged in, and together those seconds pin the clock offset to a millisecond or so.
-The decode node's admission and finish records take those times too (within their logged
-second). Failing both, the line's own time is the finish.
+Times of the steps: from ``entry_time`` where the line has it (each step's duration added in
+turn); else where the file has the request's finish to the microsecond (the JSON request log),
+counted back from it; else from ``start``, put on the wall clock by :meth:`Facts.calibrate`
+(every request ended inside the second its line was logged in, and together those seconds pin
+the clock offset to a millisecond or so). Failing all, the line's own time is the finish.
 
 Canonical records: on a prefill node (``type=prefill``) ``prefill_started``, ``prefill_done``
-and the transfer ``completed`` with ``tokens = input len``; on a decode node the transfer
-``completed`` (landing) and ``decode_started``. Where the request's transfer failed, no
-``completed`` (nor, on decode, ``decode_started``). The
-transfer id is ``room-B``, the bootstrap room both sides log; the other side's node is not in
-the line and is written ``unknown``.
+and the transfer ``completed`` with ``tokens = input len`` (and ``bytes`` from
+``transfer_total``, in MiB); on a decode node the transfer ``completed`` (landing) and
+``decode_started``. Where the request's transfer failed, no ``completed`` (nor, on decode,
+``decode_started``). The transfer id is ``room-B``, the bootstrap room both sides log; the
+other side's node is not in the line and is written ``unknown``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from forensics.adapters.base import Notes, Options
 from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
 
-_LINE = re.compile(
-    r"Req Time Stats\(rid=(?P<rid>[^,]+?)(?:, bootstrap_room=(?P<room>-?\d+|None))?, "
-    r"input len=(?P<input>\d+), output len=(?P<output>\d+), type=(?P<type>\w+)\)(?:: (?P<stats>.*))?$",
-    re.S,
-)
-_DURATION = re.compile(r"\b(prealloc(?:_queue)?|transfer|queue|forward)_duration[=(]([0-9.]+)ms")
-_START = re.compile(r"\bstart(?:_time)?=([0-9.]+)")
+_LINE = re.compile(r"(?P<head>Req Time Stats|ReqTimeStats)\((?P<fields>[^)]*)\)(?::\s*(?P<stats>.*))?$", re.S)
+_FIELD = re.compile(r"\s*([a-z_ ]+?)=([^,]*)")
+_STAT = re.compile(r"(#?[a-z_]+)\s*[=(]\s*(-?[0-9]+(?:\.[0-9]+)?)\s*(ms|GB/s|MB)?")
 UNKNOWN_NODE = "unknown"
+_MIB = 1024 * 1024
 
 
-def _parse(line: LogLine) -> re.Match[str] | None:
-    return _LINE.search(line.msg) if "Req Time Stats(" in line.msg else None
+@dataclass(frozen=True)
+class TimeStats:
+    """A time-stats line read: its head fields and its numbers (durations in seconds)."""
+
+    old_head: bool  # ``Req Time Stats(`` (0.5.5-0.5.11)
+    rid: str
+    room: str | None
+    kind: str  # prefill, decode, unified (or what the release prints)
+    input_len: int
+    output_len: int | None
+    cached: int | None
+    attempts: int | None
+    durations: dict[str, float]  # prealloc, transfer, queue, forward, bootstrap, alloc_wait ...
+    start: float | None  # perf_counter seconds (up to 0.5.11)
+    entry: float | None  # wall-clock seconds since the epoch (from 0.5.12)
+    transfer_mib: float | None
+    transfer_gbs: float | None
+    retries: int | None
+
+    @property
+    def steps(self) -> tuple[float, float, float, float] | None:
+        """Decode's (prealloc, transfer, queue, forward), if the line has them all."""
+        d = self.durations
+        if not {"prealloc", "transfer", "queue", "forward"} <= d.keys():
+            return None
+        return d["prealloc"], d["transfer"], d["queue"], d["forward"]
+
+
+def parse(line: LogLine) -> TimeStats | None:
+    """The time-stats line's fields, None for a line of another kind."""
+    if "Time Stats(" not in line.msg and "TimeStats(" not in line.msg:
+        return None
+    m = _LINE.search(line.msg)
+    if m is None:
+        return None
+    head = {k.strip().replace(" ", "_"): v.strip() for k, v in _FIELD.findall(m["fields"])}
+    if "rid" not in head or "type" not in head or not head.get("input_len", "").isdigit():
+        return None
+    durations: dict[str, float] = {}
+    numbers: dict[str, float] = {}
+    for name, value, unit in _STAT.findall(m["stats"] or ""):
+        if unit == "ms" and name.endswith("_duration"):
+            durations.setdefault(name[: -len("_duration")].replace("_queue", ""), float(value) / 1000)
+        elif unit == "ms":  # the parts of a step: bootstrap(4.00ms) + alloc_wait(1.00ms)
+            durations.setdefault(f"part.{name}", float(value) / 1000)
+        else:
+            numbers.setdefault(name, float(value))
+    room = head.get("bootstrap_room")
+    return TimeStats(
+        old_head=m["head"] == "Req Time Stats", rid=head["rid"], room=None if room in (None, "None") else room,
+        kind=head["type"], input_len=int(head["input_len"]), output_len=_int(head.get("output_len")),
+        cached=_int(head.get("cached_input_len")), attempts=_int(head.get("attempts")), durations=durations,
+        start=numbers.get("start", numbers.get("start_time")), entry=numbers.get("entry_time"),
+        transfer_mib=numbers.get("transfer_total"),
+        transfer_gbs=numbers.get("transfer_speed"),
+        retries=int(numbers["#retries"]) if "#retries" in numbers else None,
+    )
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def learn(line: LogLine, facts: Facts, options: Options) -> bool:
-    """First pass: a time-stats line's role, prompt length and steps; whether the line was one."""
-    m = _parse(line)
-    if m is None:
+    """First pass: a time-stats line's role, prompt length, DP rank and steps; whether the line was one."""
+    t = parse(line)
+    if t is None:
         return False
-    kind, tokens = m["type"], int(m["input"])
-    facts.roles_seen.add(kind)
-    if kind == "decode":
-        facts.learn_prompt(m["rid"], tokens, 2)
-        steps = _steps(m["stats"] or "")
-        if steps is not None and line.ts is not None and not line.precise:
-            facts.steps[m["rid"]] = (steps, line.ts)
-    elif kind == "prefill" and tokens > 1:
-        facts.learn_prompt(m["rid"], tokens, 1)
+    facts.roles_seen.add(t.kind)
+    facts.mark("time_stats.old_head" if t.old_head else "time_stats.new_head")
+    if t.attempts is not None:
+        facts.mark("time_stats.attempts")
+    elif not t.old_head:
+        facts.mark("time_stats.no_attempts")
+    if t.retries is not None:
+        facts.mark("time_stats.retries")
+    if t.kind == "prefill":
+        facts.mark("time_stats.transfer_speed" if t.transfer_gbs is not None else "time_stats.no_transfer_speed")
+    facts.learn_dp(t.rid, line)
+    if t.kind == "decode":
+        facts.learn_prompt(t.rid, t.input_len, 2)
+        steps = t.steps
+        if steps is not None and t.entry is not None:
+            admitted = _epoch(t.entry)
+            facts.entry_times[t.rid] = (admitted, admitted + _s(sum(steps)))
+        elif steps is not None and t.start is not None and line.ts is not None and not line.precise:
+            facts.steps[t.rid] = ((t.start, *steps), line.ts)
+    elif t.kind == "prefill" and t.input_len > 1:
+        facts.learn_prompt(t.rid, t.input_len, 1)
     return True
 
 
@@ -74,48 +149,59 @@ def transfer_id(rid: str, room: str | None) -> str:
 
 def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
     """The request and transfer records of a time-stats line; None for a line of another kind."""
-    m = _parse(line)
-    if m is None:
+    t = parse(line)
+    if t is None:
         return None
-    rid, kind = m["rid"], m["type"]
+    rid, kind = t.rid, t.kind
     if kind not in ("prefill", "decode"):
         return []  # a unified server: no handoff to record
     end = line.when()
-    base = {"request_id": rid}
-    xfer = {"kind": "transfer", "transfer_id": transfer_id(rid, m["room"]), "request_id": rid,
-            "event": "completed"}
+    node = facts.node_of_line(line, rid)
+    base = {"request_id": rid, "node": node}
+    xfer: dict[str, Any] = {"kind": "transfer", "transfer_id": transfer_id(rid, t.room), "request_id": rid,
+                            "event": "completed", "node": node}
+    d = t.durations
     if kind == "prefill":
-        ts = rfc3339(end)
-        done = [{"kind": "request", "ts": ts, **base, "event": "prefill_started"},
-                {"kind": "request", "ts": ts, **base, "event": "prefill_done"}]
+        started = done = end
+        if t.entry is not None:  # entry into the bootstrap queue, then its steps
+            at = _epoch(t.entry)
+            wait = d.get("bootstrap", 0.0) + d.get("alloc_wait", 0.0) if "bootstrap" in d else 0.0
+            started = at + _s(wait + d.get("queue", 0.0))
+            done = min(started + _s(d.get("forward", 0.0)), end + dt.timedelta(seconds=1))
+            started = min(started, done)
+        done_records = [{"kind": "request", "ts": rfc3339(started), **base, "event": "prefill_started"},
+                        {"kind": "request", "ts": rfc3339(done), **base, "event": "prefill_done"}]
         if rid in facts.failed:  # the failure is on its own line; nothing completed
-            return done
-        return [*done, {**xfer, "ts": ts, "src_node": facts.node, "dst_node": UNKNOWN_NODE, "tokens": int(m["input"])}]
+            return done_records
+        sent = {**xfer, "ts": rfc3339(max(done, end)), "src_node": node, "dst_node": UNKNOWN_NODE,
+                "tokens": t.input_len}
+        if t.transfer_mib:
+            sent["bytes"] = round(t.transfer_mib * _MIB)
+        return [*done_records, sent]
     if rid in facts.failed:
         return []  # nothing landed: the transfer failure is on its own line
-    durations = {k.replace("_queue", ""): float(v) for k, v in _DURATION.findall(m["stats"] or "")}
-    calibrated = facts.step_times(rid)
-    if rid not in facts.finish_ts and calibrated is not None:
-        _, landed, started, _ = calibrated
+    steps = t.steps
+    if t.entry is not None and steps is not None:
+        prealloc, transfer, queue, _ = steps
+        landed = _epoch(t.entry) + _s(prealloc + transfer)
+        started = landed + _s(queue)
     else:
-        finish = facts.finish_ts.get(rid, end)
-        started = finish - _ms(durations.get("forward", 0.0))
-        landed = started - _ms(durations.get("queue", 0.0))
+        calibrated = facts.step_times(rid)
+        if rid not in facts.finish_ts and calibrated is not None:
+            _, landed, started, _ = calibrated
+        else:
+            finish = facts.finish_ts.get(rid, end)
+            started = finish - _s(d.get("forward", 0.0))
+            landed = started - _s(d.get("queue", 0.0))
     return [
-        {**xfer, "ts": rfc3339(landed), "src_node": UNKNOWN_NODE, "dst_node": facts.node},
+        {**xfer, "ts": rfc3339(landed), "src_node": UNKNOWN_NODE, "dst_node": node},
         {"kind": "request", "ts": rfc3339(started), **base, "event": "decode_started"},
     ]
 
 
-def _steps(stats: str) -> tuple[float, float, float, float, float] | None:
-    """(start, prealloc, transfer, queue, forward) in seconds, if the line has them all."""
-    durations = {k.replace("_queue", ""): float(v) / 1000 for k, v in _DURATION.findall(stats)}
-    start = _START.search(stats)
-    if start is None or not {"prealloc", "transfer", "queue", "forward"} <= durations.keys():
-        return None
-    return (float(start.group(1)), durations["prealloc"], durations["transfer"], durations["queue"],
-            durations["forward"])
+def _epoch(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
 
 
-def _ms(value: float) -> dt.timedelta:
-    return dt.timedelta(microseconds=round(value * 1000))
+def _s(seconds: float) -> dt.timedelta:
+    return dt.timedelta(microseconds=round(seconds * 1_000_000))

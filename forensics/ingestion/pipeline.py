@@ -389,6 +389,9 @@ def _ingest_file(
             [file_id, path_text(log.path), size, hashed.sha256, log.format, log.compression,
              dt.datetime.now(dt.UTC), __version__, read, log.adapter, ignored[0]],
         )
+        if notes.counts:
+            con.executemany("INSERT INTO file_notes VALUES (?, ?, ?, ?)",
+                            [[file_id, key, count, text] for key, count, text in notes.rows()])
         settle(con, file_id, columns)
         con.execute("DELETE FROM refused_files WHERE path = ?", [path_text(log.path)])
         con.execute("COMMIT")

@@ -29,6 +29,18 @@ FROM rejected j LEFT JOIN requests q USING (request_id)
 WHERE transfers_completed > 0 OR decode_starts > 0 OR coalesce(q.delivered, FALSE)
 ORDER BY rejected_at, request_id;
 
+-- name: integrity.engine_caught_corruption
+-- severity: critical
+-- title: {count} request(s) the engine itself caught receiving another handoff's metadata or KV (bootstrap_room or KV checksum mismatch)
+-- SGLang's own integrity checks on decode (0.5.9 on: bootstrap_room; 0.5.21 on, with
+-- --disaggregation-enable-kv-checksum: a checksum of the KV received). The request was aborted
+-- (HTTP 500), so its response carried nothing stale; the handoff that failed the check is the
+-- evidence that pages or metadata crossed between requests.
+SELECT e.request_id, e.node, e.ts, e.finish_reason, e.status, q.tenant_id, q.prompt_tokens, e.file_id, e.line_no
+FROM request_events e LEFT JOIN requests q USING (request_id)
+WHERE e.event = 'finished' AND e.finish_reason IN ('bootstrap_room_mismatch', 'kv_checksum_mismatch')
+ORDER BY e.ts, e.request_id;
+
 -- name: handoff.coverage_mismatch
 -- severity: high
 -- title: {count} transfer(s) carried fewer KV tokens than the prompt, and decode went on to read
@@ -111,6 +123,17 @@ SELECT signal, node_a, node_b, n, min_seconds, max_seconds,
             ELSE 'node_a''s ts went back by up to ' || round(-min_seconds, 6) || ' s between consecutive seq' END AS bound
 FROM (SELECT * FROM by_link UNION ALL SELECT * FROM backwards)
 ORDER BY signal, node_a, node_b;
+
+-- name: evidence.role_unknown
+-- severity: high
+-- title: {count} engine log file(s) say nothing of their server's role: read as unified servers
+-- A prefill or decode server's role comes from its server_args line or its time stats; a file
+-- with neither (a request-log file with no server log beside it) was read as a unified server,
+-- whose finishes are the client's answers. Ingest it again with --role prefill or --role decode.
+SELECT f.path, f.adapter, n.text
+FROM file_notes n JOIN files f USING (file_id)
+WHERE n.key = 'role'
+ORDER BY f.path;
 
 -- name: evidence.unknown_tenant
 -- severity: medium

@@ -33,6 +33,17 @@ CREATE TABLE IF NOT EXISTS refused_files (
   toolkit_version VARCHAR NOT NULL
 );
 
+-- What an engine-log adapter said about a file (forensics.adapters.Notes): one row per note, its
+-- key (era: the releases whose formats the file shows; role: the file says nothing of its
+-- server's role; tenant, bare_time, ...), how many lines or records it is about, and its text.
+CREATE TABLE IF NOT EXISTS file_notes (
+  file_id INTEGER NOT NULL,
+  key VARCHAR NOT NULL,
+  count BIGINT NOT NULL,
+  text VARCHAR NOT NULL,
+  PRIMARY KEY (file_id, key)
+);
+
 -- Valid records, one table per kind, each with its kind's fields (records is the four as one).
 -- Every table starts with where the record was read and its common fields, and ends with its
 -- hash. Its verbatim line is in source_lines. A field of another kind that a record carries is

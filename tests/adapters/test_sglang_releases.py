@@ -1,0 +1,269 @@
+"""SGLang's logs as its releases print them: the fixtures of tests/adapters/releases/.
+
+Each folder there was printed by one release's own code (scripts/make_sglang_fixtures.py runs
+the wheel's logging code on a scripted prefill/decode run; SOURCE.json names the release, the
+wheel's SHA-256 and the source line behind each line type). Releases covered: 0.5.5, 0.5.7,
+0.5.8, 0.5.11, 0.5.12, 0.5.18, 0.5.19, 0.5.21, 0.5.22 and 0.5.23, text request logs for all,
+JSON for those that have it (0.5.7 on: on stdout to 0.5.7, in --log-requests-target files from
+0.5.8).
+
+What each request should become is worked out here from the scenario in SOURCE.json and what
+the release does (whether it retires a length-rejected prompt, which integrity checks it has),
+not from the adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+import forensics
+from forensics.adapters import Notes, Options, Untranslatable
+from forensics.adapters.sglang import ADAPTERS as SGLANG
+from forensics.adapters.sglang_eras import RELEASES, releases_of
+
+#: The fixtures; scripts/check_sglang_releases.py points this at sets made for other releases and runs.
+ROOT = Path(os.environ.get("KVFORENSICS_SGLANG_RELEASES") or Path(__file__).parent / "releases")
+SETS = sorted(((d.name, form) for d in ROOT.iterdir() if d.is_dir() for form in ("text", "json")
+               if (d / form).is_dir()), key=lambda s: (RELEASES.index(s[0]), s[1]))
+#: Lines a server prints that are no event of a request, and lines whose facts other lines'
+#: records carry (the same rejection is in the request's finish line): these may give no record.
+QUIET = [re.compile(p) for p in (
+    r"^INFO: ",  # uvicorn
+    r"\] (Prefill|Decode) batch",
+    r"\] server_args=",
+    r"\] KV pool holds \d+ tokens, fewer than",
+    r"Input length \(\d+ tokens\) exceeds the maximum allowed length",  # its finish line records it
+    r"\] \[http_server\] Error: The input",  # recorded from the request log beside it (JSON sets)
+    r"Context corruption detected|KV checksum mismatch req=",  # the finish line records the abort
+    r"Finish: obj=.*'finish_reason': \{'type': 'length'",  # a prefill's answer to the router
+    r'"event": "request.finished".*"finish_reason": \{"type": "length"',
+)]
+
+
+def _source(release: str) -> dict[str, Any]:
+    return json.loads((ROOT / release / "SOURCE.json").read_text())
+
+
+def _ingest(release: str, form: str, tmp_path: Path) -> tuple[duckdb.DuckDBPyConnection, Any, dict[str, Any]]:
+    case = tmp_path / "case.duckdb"
+    found = forensics.investigate([ROOT / release / form], case)
+    findings = {f.id: f for f in forensics.Case(case).findings()}
+    return duckdb.connect(str(case), read_only=True), found, findings
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, *args: Any) -> list[dict[str, Any]]:
+    rel = con.execute(sql, list(args))
+    cols = [d[0] for d in rel.description]
+    return [dict(zip(cols, row, strict=True)) for row in rel.fetchall()]
+
+
+@pytest.mark.parametrize(("release", "form"), SETS, ids=[f"{r}-{f}" for r, f in SETS])
+def test_every_line_a_release_printed_is_read_and_none_is_quarantined(release: str, form: str) -> None:
+    for path in sorted((ROOT / release / form).rglob("*.log")):
+        text = path.read_text()
+        adapter = next(a for a in SGLANG if a.sniff(text.splitlines()[:64]))
+        lines = lambda text=text: ((n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip())  # noqa: E731
+        quiet, recorded = [], 0
+        assert adapter.translate is not None
+        for _, raw, outcome in adapter.translate(lines, path, Options(), Notes()):
+            assert not isinstance(outcome, Untranslatable), f"{path.name}: {outcome}: {raw[:120]}"
+            if outcome is None:
+                quiet.append(raw)
+            else:
+                recorded += 1
+        assert recorded > 0
+        loud = [q[:160] for q in quiet if not any(p.search(q) for p in QUIET)]
+        assert loud == [], f"{path.name}: lines of SGLang's given no record"
+        assert recorded + len(quiet) == len([t for t in text.splitlines() if t.strip()])
+
+
+@pytest.mark.parametrize(("release", "form"), SETS, ids=[f"{r}-{f}" for r, f in SETS])
+def test_each_request_becomes_what_the_release_did_with_it(release: str, form: str, tmp_path: Path) -> None:
+    source = _source(release)
+    con, found, found_ids = _ingest(release, form, tmp_path)
+    assert found.ingest.records.quarantined == 0
+    retires, page = source["retires_rejected_at_intake"], source["page_size"]
+    checks = {"room_mismatch": "room_mismatch" in source["sources"],
+              "checksum_mismatch": "checksum_mismatch" in source["sources"]}
+
+    # roles from the logs themselves (no --role), each DP rank a node with its own pool
+    configs = {r["node"]: r for r in _rows(con, "SELECT * FROM configs")}
+    assert set(configs) == {"prefill-0", "decode-0.dp0", "decode-0.dp1"}
+    assert configs["prefill-0"]["role"] == "prefill"
+    assert configs["prefill-0"]["pool_pages"] == source["pool_tokens"]["prefill"] // page + 1
+    for dp in ("decode-0.dp0", "decode-0.dp1"):
+        assert configs[dp]["role"] == "decode"
+        assert configs[dp]["pool_pages"] == source["pool_tokens"]["decode"] // page + 1
+    for c in configs.values():
+        assert c["context_length"] == source["context_length"] and c["page_size"] == page
+        era = releases_of(c["engine_version"])
+        assert era is not None and release in era, c["engine_version"]
+
+    events = _rows(con, "SELECT * FROM request_events ORDER BY ts")
+    transfers = _rows(con, "SELECT * FROM transfers ORDER BY ts")
+    requests = {r["request_id"]: r for r in _rows(con, "SELECT * FROM requests")}
+
+    def on(rid: str, node: str, event: str) -> list[dict[str, Any]]:
+        return [e for e in events if e["request_id"] == rid and e["node"] == node and e["event"] == event]
+
+    def sent(rid: str, node: str, event: str = "completed") -> list[dict[str, Any]]:
+        return [t for t in transfers if t["request_id"] == rid and t["node"] == node and t["event"] == event]
+
+    for s in source["scenario"]:
+        rid, prompt, output, outcome = s["rid"], s["prompt_tokens"], s["output_tokens"], s["outcome"]
+        decode = f"decode-0.dp{s['decode_dp_rank']}"
+        received = on(rid, "prefill-0", "received")
+        assert len(received) == 1 and received[0]["prompt_tokens"] == prompt, rid
+        assert received[0]["max_new_tokens"] == output
+        served = outcome == "served" or (outcome in checks and not checks[outcome])
+        if served:
+            assert [t["tokens"] for t in sent(rid, "prefill-0")] == [prompt], rid
+            assert len(sent(rid, decode)) == 1 and len(on(rid, decode, "decode_started")) == 1
+            (fin,) = on(rid, decode, "finished")
+            assert (fin["status"], fin["output_tokens"]) == (200, output)
+            admitted, started = on(rid, decode, "admitted")[0]["ts"], on(rid, decode, "decode_started")[0]["ts"]
+            assert admitted <= sent(rid, decode)[0]["ts"] <= started <= fin["ts"]
+            assert requests[rid]["delivered"]
+        elif outcome == "over_pool":
+            (rejected,) = on(rid, "prefill-0", "rejected")
+            assert (rejected["reason"], rejected["limit_tokens"]) == ("input_too_long", source["max_req_input_len"])
+            if retires:  # retired at the bootstrap queue: nothing sent, decode gives up
+                assert sent(rid, "prefill-0") == [] and on(rid, decode, "decode_started") == []
+                assert not requests[rid]["delivered"]
+            else:  # the incident: the one-token stub is sent, decode reads its whole reservation
+                assert [t["tokens"] for t in sent(rid, "prefill-0")] == [1]
+                assert len(on(rid, decode, "decode_started")) == 1
+                assert [f["status"] for f in on(rid, decode, "finished")] == [200]
+                assert requests[rid]["delivered"]
+        elif outcome == "over_context":
+            for node in ("prefill-0", "decode-0"):  # refused by each server's tokenizer, before any DP rank
+                (rejected,) = on(rid, node, "rejected")
+                assert (rejected["reason"], rejected["limit_tokens"]) == ("input_too_long", source["context_length"])
+            assert not requests[rid]["delivered"] and sent(rid, "prefill-0") == []
+        elif outcome == "transfer_failed":
+            assert len(sent(rid, "prefill-0", "failed")) == 1 and len(sent(rid, decode, "failed")) == 1
+            assert [f["status"] for f in on(rid, decode, "finished")] == [500]
+            assert not requests[rid]["delivered"]
+        else:  # an integrity check of the release caught it
+            reason = {"room_mismatch": "bootstrap_room_mismatch", "checksum_mismatch": "kv_checksum_mismatch"}[outcome]
+            assert [(f["status"], f["finish_reason"]) for f in on(rid, decode, "finished")] == [(500, reason)]
+            assert not requests[rid]["delivered"]
+
+    assert "config.context_exceeds_pool" in found_ids
+    stubbed = {r["request_id"] for r in found_ids["handoff.rejected_but_transferred"].evidence.to_dicts()} \
+        if "handoff.rejected_but_transferred" in found_ids else set()
+    by_outcome = {s["outcome"]: s["rid"] for s in source["scenario"]}
+    assert stubbed == (set() if retires else {by_outcome["over_pool"]})
+    caught = found_ids.get("integrity.engine_caught_corruption")
+    caught_ids = {r["request_id"] for r in caught.evidence.to_dicts()} if caught else set()
+    assert caught_ids == {by_outcome[o] for o, has in checks.items() if has}
+    assert "evidence.role_unknown" not in found_ids
+    con.close()
+
+
+def test_a_request_log_file_with_no_server_log_beside_it_is_said_and_found(tmp_path: Path) -> None:
+    alone = tmp_path / "requests"
+    alone.mkdir()
+    source = ROOT / "0.5.23" / "json" / "decode-0"
+    for f in source.iterdir():
+        (alone / f.name).write_text(f.read_text())
+    case = tmp_path / "case.duckdb"
+    result = forensics.investigate([alone], case)
+    (file,) = result.ingest.files
+    assert any("say nothing of their server's role" in n for n in file.notes)
+    found = {f.id: f for f in forensics.Case(case).findings()}
+    assert found["evidence.role_unknown"].count == 1
+    # and with --role the operator says it: no finding
+    case2 = tmp_path / "case2.duckdb"
+    forensics.investigate([alone], case2, options=Options(role="decode"))
+    assert "evidence.role_unknown" not in {f.id for f in forensics.Case(case2).findings()}
+
+
+def test_bare_request_lines_of_0_5_8_to_0_5_11_take_the_time_of_the_line_before(tmp_path: Path) -> None:
+    case = tmp_path / "case.duckdb"
+    result = forensics.investigate([ROOT / "0.5.11" / "text"], case)
+    notes = [n for f in result.ingest.files for n in f.notes]
+    assert any("have no time of their own" in n for n in notes)
+    con = duckdb.connect(str(case), read_only=True)
+    (row,) = con.execute("SELECT ts FROM request_events WHERE request_id = 'req-a3' AND event = 'received'").fetchall()
+    # the Receive line follows the batch of req-sum's lines (08:00:14) and precedes req-a3's (08:00:16)
+    assert row[0].strftime("%H:%M:%S") in ("08:00:14", "08:00:16")
+    con.close()
+
+
+def test_the_format_era_of_each_release_contains_it() -> None:
+    for release in (d.name for d in ROOT.iterdir() if d.is_dir()):
+        for path in (ROOT / release).rglob("*.log"):
+            adapter = next(a for a in SGLANG if a.sniff(path.read_text().splitlines()[:64]))
+            notes = Notes()
+            lines = lambda p=path: ((n, t) for n, t in enumerate(p.read_text().splitlines(), 1) if t.strip())  # noqa: E731
+            assert adapter.translate is not None
+            for _ in adapter.translate(lines, path, Options(), notes):
+                pass
+            (era,) = [t for t in notes.lines() if "in the format of SGLang" in t]
+            named = releases_of(era.rsplit(" ", 1)[-1])
+            assert named is not None and release in named, (path, era)
+
+
+def _agree(line: str) -> bool | None:
+    """Whether the fast read of a text request line says what the full parse says (None: it declined)."""
+    from forensics.adapters.sglang_log import split, status_code
+    from forensics.adapters.sglang_requests import _fast, parse
+
+    msg = split(line, None).msg
+    fast = _fast(msg)
+    if fast is None:
+        return None
+    whole = parse(split(line, None), whole=True)
+    assert whole is not None
+    return ((fast.event, fast.rid) == (whole.event, whole.rid)
+            and dig_max(fast.obj) == dig_max(whole.obj)
+            and all(fast.meta.get(k) == whole.meta.get(k) for k in ("prompt_tokens", "completion_tokens", "dp_rank"))
+            and fast.finish_reason.get("type") == whole.finish_reason.get("type")
+            and fast.finish_reason.get("message") == whole.finish_reason.get("message")
+            and fast.finish_reason.get("status_code") == status_code(whole.finish_reason.get("status_code")))
+
+
+def dig_max(obj: dict[str, Any]) -> Any:
+    return (obj.get("sampling_params") or {}).get("max_new_tokens")
+
+
+def test_the_fast_read_of_text_request_lines_agrees_with_the_full_parse_on_every_fixture_line() -> None:
+    lines = [t for p in ROOT.rglob("*.log") for t in p.read_text().splitlines()
+             if "Receive: obj=" in t or "Finish: obj=" in t]
+    assert len(lines) > 200
+    assert all(_agree(t) is True for t in lines)  # level 1 holds no user text: all read fast
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_TEXT = st.text(alphabet=st.sampled_from("ab'\"{}[](),=: \\rid_x"), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rid=st.text(alphabet="abc-_0123456789", min_size=1, max_size=12), stop=st.lists(_TEXT, max_size=3),
+       message=_TEXT, max_new=st.integers(0, 10**6), prompt=st.integers(0, 10**7), status=st.sampled_from([400, 500]),
+       text=st.none() | _TEXT, aborted=st.booleans())
+def test_the_fast_read_never_disagrees_with_the_full_parse(rid: str, stop: list[str], message: str, max_new: int,
+                                                          prompt: int, status: int, text: str | None,
+                                                          aborted: bool) -> None:
+    """Lines as SGLang's _dataclass_to_string_truncated prints them (Python reprs), with user
+    strings where they may appear (stop strings, text at levels 2 and 3, an abort message): the
+    fast read either declines or agrees."""
+    sp = {"max_new_tokens": max_new, **({"stop": stop} if stop else {})}
+    shown = "" if text is None else f"text={text!r}, "
+    head = f"GenerateReqInput({shown}rid={rid!r}, sampling_params={sp!r}, stream=False)"
+    reason: dict[str, Any] = ({"type": "abort", "message": message, "status_code": status} if aborted
+                              else {"type": "length", "length": 3})
+    out = {"meta_info": {"id": rid, "finish_reason": reason, "prompt_tokens": prompt, "completion_tokens": 3}}
+    at = "[2026-11-02 08:00:00]"
+    for line in (f"{at} Receive: obj={head}", f"{at} Finish: obj={head}, out={out!r}"):
+        assert _agree(line) in (True, None), line
