@@ -131,6 +131,7 @@ DISAGREEMENTS = {
     "model_fails_served": "the model would fail a request the logs show served",
     "model_rejects_served": "the model would reject a request the logs show admitted",
     "model_admits_rejected": "the model would admit a request the logs show rejected",
+    "model_outcome_differs": "the replay, following the logs, still answers a request otherwise than they do",
 }
 
 

@@ -187,8 +187,14 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
     agreement = _agreement(Path(db), case) if has_pages else None
+    changed = _outcomes_changed(Path(db), case)
+    if mode == "confirm":  # following the logs, the replay should answer as they do: say where not
+        disagreements += [Disagreement(rid, "replay", "model_outcome_differs",
+                                       "delivered in the logs, not in the replay" if delivered
+                                       else "delivered in the replay, not in the logs")
+                          for rid, delivered in changed]
     done = ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, agreement, mode,
-                        tuple(disagreements), _outcomes_changed(Path(db), case))
+                        tuple(disagreements), len(changed))
     _remember(Path(db), done)
     return done
 
@@ -255,8 +261,10 @@ def _follow_logs(
     (it would reject at the router or at prefill a request the logs show on the engine; it would
     admit one the logs show rejected and never on the engine), the logs are followed and the
     disagreement listed."""
-    on_engine = {f.request_id for f in facts if f.on_prefill or f.on_decode}
-    on_decode = {f.request_id for f in facts if f.on_decode}
+    # (a prompt past the context that each server's tokenizer refused, as SGLang does, is the
+    # router's rejection of the model: only work on the engine contradicts it)
+    on_engine = {f.request_id for f in facts if (f.on_prefill or f.on_decode) and f.engine_work}
+    on_decode = {f.request_id for f in facts if f.on_decode and f.decode_work}
     out = dict(plans)
     for rid, p in plans.items():
         if p.router_rejects and rid in on_engine:
@@ -273,16 +281,17 @@ def _follow_logs(
     return out, []
 
 
-def _outcomes_changed(logged: Path, replayed: Path) -> int:
-    """Requests delivered in the logs and not in the replay, or the reverse."""
+def _outcomes_changed(logged: Path, replayed: Path) -> list[tuple[str, bool]]:
+    """Requests delivered in the logs and not in the replay, or the reverse: (request id,
+    delivered in the logs), by request id."""
     ok = ("SELECT request_id, coalesce(bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400), FALSE) "
           "AS ok FROM {}request_events WHERE event = 'finished' GROUP BY request_id")
     with _beside(logged, replayed) as con:
-        row = one(con, f"""
+        rows = con.execute(f"""
             WITH l AS ({ok.format("logged.")}), r AS ({ok.format("")})
-            SELECT count(*) FROM l FULL JOIN r USING (request_id)
-            WHERE coalesce(l.ok, FALSE) <> coalesce(r.ok, FALSE)""")
-    return int(row[0]) if row else 0
+            SELECT request_id, coalesce(l.ok, FALSE) FROM l FULL JOIN r USING (request_id)
+            WHERE coalesce(l.ok, FALSE) <> coalesce(r.ok, FALSE) ORDER BY request_id""").fetchall()
+    return [(str(rid), bool(delivered)) for rid, delivered in rows]
 
 
 def default_out(db: Path | str, engine: str, what_if: WhatIf) -> Path:
@@ -373,6 +382,10 @@ class RequestFacts:
     on_prefill: bool
     on_decode: bool
     prefill_of: str | None
+    #: the engine worked on it: a prefill, a transfer, a decode start or a 2xx answer on an
+    #: engine node (not only lines saying it arrived and was refused)
+    engine_work: bool = True
+    decode_work: bool = True  # the same on a decode node
 
 
 def _request_facts(con: Any) -> list[RequestFacts]:
@@ -390,11 +403,18 @@ def _request_facts(con: Any) -> list[RequestFacts]:
           SELECT request_id,
                  max(output_tokens) FILTER (WHERE kind = 'request' AND event = 'finished') AS output,
                  bool_or(node_role = 'prefill') AS on_prefill, bool_or(node_role = 'decode') AS on_decode,
-                 min(node) FILTER (WHERE node_role = 'prefill') AS prefill_of
+                 min(node) FILTER (WHERE node_role = 'prefill') AS prefill_of,
+                 bool_or(node_role IN ('prefill', 'decode') AND (kind = 'transfer'
+                         OR event IN ('prefill_started', 'prefill_done', 'decode_started')
+                         OR (event = 'finished' AND status BETWEEN 200 AND 299))) AS engine_work,
+                 bool_or(node_role = 'decode' AND ((kind = 'transfer' AND event = 'completed')
+                         OR event = 'decode_started' OR (event = 'finished' AND status BETWEEN 200 AND 299)))
+                   AS decode_work
           FROM ev GROUP BY request_id
         )
         SELECT r.request_id, r.ts, r.tenant_id, r.prompt_tokens, r.max_new_tokens, r.prefill_node, r.decode_node,
-               f.output, coalesce(f.on_prefill, FALSE), coalesce(f.on_decode, FALSE), f.prefill_of
+               f.output, coalesce(f.on_prefill, FALSE), coalesce(f.on_decode, FALSE), f.prefill_of,
+               coalesce(f.engine_work, FALSE), coalesce(f.decode_work, FALSE)
         FROM received r LEFT JOIN facts f USING (request_id) WHERE r.k = 1 ORDER BY r.request_id""").fetchall()
     return [RequestFacts(rid, _ts(ts), *rest) for rid, ts, *rest in rows]
 

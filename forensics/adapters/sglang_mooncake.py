@@ -8,8 +8,10 @@ Reference: ``python/sglang/srt/disaggregation/mooncake/conn.py`` (``KVTransferEr
 KVTransferError(bootstrap_room=B): Decode instance could be dead, remote mooncake session ... is not alive
     Decode transfer failed for request rank=0 decode_req.req.rid='R' decode_req.req.bootstrap_room=B with ...
 
-(also ``Prefill bootstrap failed`` and ``Decode handshake failed``). Every tensor-parallel rank
-logs its own line; they translate to the same record, so the repeats count as duplicates.
+(also ``Prefill bootstrap failed`` and ``Decode handshake failed``). Up to 0.5.12 every
+tensor-parallel rank logs its own line; from 0.5.13 a failure propagated from another rank is
+logged at debug, so one rank prints it. Repeats translate to the same record and count as
+duplicates. With DP attention the line's ``DPk`` names the node (``decode-0.dp1``).
 
 Canonical record: a transfer ``failed``, id ``room-B``, this node as the sending (prefill) or
 receiving (decode) side, the other side ``unknown``.

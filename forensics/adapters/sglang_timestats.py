@@ -36,6 +36,7 @@ other side's node is not in the line and is written ``unknown``.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +83,12 @@ def parse(line: LogLine) -> TimeStats | None:
     """The time-stats line's fields, None for a line of another kind."""
     if "Time Stats(" not in line.msg and "TimeStats(" not in line.msg:
         return None
-    m = _LINE.search(line.msg)
+    return _parse(line.msg)
+
+
+@functools.lru_cache(maxsize=64)  # (every TP rank prints the same line: read it once)
+def _parse(msg: str) -> TimeStats | None:
+    m = _LINE.search(msg)
     if m is None:
         return None
     head = {k.strip().replace(" ", "_"): v.strip() for k, v in _FIELD.findall(m["fields"])}

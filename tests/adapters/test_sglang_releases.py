@@ -267,3 +267,16 @@ def test_the_fast_read_never_disagrees_with_the_full_parse(rid: str, stop: list[
     at = "[2026-11-02 08:00:00]"
     for line in (f"{at} Receive: obj={head}", f"{at} Finish: obj={head}, out={out!r}"):
         assert _agree(line) in (True, None), line
+
+
+@pytest.mark.parametrize(("release", "form"), SETS, ids=[f"{r}-{f}" for r, f in SETS])
+def test_the_replay_of_each_release_run_follows_its_logs_without_disagreement(release: str, form: str,
+                                                                              tmp_path: Path) -> None:
+    from replay.replay import logged_engine_of, replay
+
+    case = tmp_path / "case.duckdb"
+    forensics.investigate([ROOT / release / form], case)
+    result = replay(case, logged_engine_of(case) or "sglang-placeholder", tmp_path / "replay")
+    assert result.mode == "confirm" and result.not_replayed == 0
+    assert result.disagreements == (), [d.as_dict() for d in result.disagreements]
+    assert result.outcomes_changed == 0
