@@ -1,5 +1,6 @@
 """Fixtures printed by SGLang's own code: one small prefill/decode run per release wheel.
 
+    pip install -e ".[fixtures]"    # uvicorn, for its formatters
     python scripts/make_sglang_fixtures.py WHEEL... [--out tests/adapters/releases]
 
 Each wheel (``pip download --no-deps sglang==X``) is run in a subprocess of its own. The run is
