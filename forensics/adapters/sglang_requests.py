@@ -134,9 +134,10 @@ def _fast(msg: str) -> RequestLine | None:
     obj: dict[str, Any] = {"rid": m["rid"]}
     if ", sampling_params=" in msg:
         sp = _FAST_SAMPLING.search(msg, m.end())
-        if sp is None:
+        skeleton = sp["sp"] if sp is not None else _skeleton(msg, msg.find(", sampling_params={", m.end()))
+        if skeleton is None:
             return None
-        max_new = _FAST_MAX_NEW.search(sp["sp"])
+        max_new = _FAST_MAX_NEW.search(skeleton)
         if max_new is not None:
             obj["sampling_params"] = {"max_new_tokens": int(max_new.group(1))}
     if m["what"] == "Receive":
@@ -165,6 +166,39 @@ def _fast(msg: str) -> RequestLine | None:
                 fr["status_code"] = int(status["n"] or status["e"])
         meta["finish_reason"] = fr
     return RequestLine("finished", m["rid"], obj, meta, True)
+
+
+def _skeleton(msg: str, at: int) -> str | None:
+    """The ``sampling_params`` dict starting at ``at`` (``, sampling_params={``) with its nested
+    values dropped (stop lists may hold anything) and its strings emptied unless they are words
+    (its keys): the keys and numbers of its top level. A string value that is a word is followed
+    by ``,`` or ``}``, never by ``: N``, so ``'max_new_tokens': N`` there is the key. None where
+    it does not close as a repr would."""
+    if at < 0:
+        return None
+    i, depth, out, quote, start = msg.index("{", at), 0, [], "", 0
+    while i < len(msg):
+        c = msg[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = ""
+                if depth == 1:  # a key (or a word) kept, any other string emptied
+                    word = msg[start:i]
+                    out.append(f"'{word}'" if word.isidentifier() else "''")
+        elif c in "'\"":
+            quote, start = c, i + 1
+        elif c in "{[(":
+            depth += 1
+        elif c in "}])":
+            depth -= 1
+            if depth == 0:
+                return "".join(out)
+        elif depth == 1:
+            out.append(c)
+        i += 1
+    return None
 
 
 #: Request lines whose parse the first pass keeps for the second (text reprs are slow to
