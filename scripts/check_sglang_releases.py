@@ -6,7 +6,7 @@ For each seed, scripts/make_sglang_fixtures.py prints another run of the same sh
 request ids, prompt and output lengths, DP ranks and times) through each wheel's own code into
 a scratch folder, and the release tests (tests/adapters/test_sglang_releases.py: every line
 read, none quarantined, each request's outcome, roles, config and findings as the release
-behaves) run on it. Wheels: ``pip download --no-deps sglang==X``. Prints one line per seed.
+behaves, and the replay confirming the logs with no disagreement) run on it. Wheels: ``pip download --no-deps sglang==X``. Prints one line per seed.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "KVFORENSICS_SGLANG_RELEASES": str(out)}
             test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                    str(HERE.parent / "tests" / "adapters" / "test_sglang_releases.py"),
-                                   "-k", "every_line or each_request or format_era"],
+                                   "-k", "every_line or each_request or format_era or replay_of_each"],
                                   env=env, capture_output=True, text=True, cwd=HERE.parent)
             releases = sorted(p.name for p in out.iterdir())
             summary = test.stdout.strip().splitlines()[-1] if test.stdout.strip() else test.stderr[-400:]
