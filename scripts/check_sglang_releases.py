@@ -6,7 +6,8 @@ For each seed, scripts/make_sglang_fixtures.py prints another run of the same sh
 request ids, prompt and output lengths, DP ranks and times) through each wheel's own code into
 a scratch folder, and the release tests (tests/adapters/test_sglang_releases.py: every line
 read, none quarantined, each request's outcome, roles, config and findings as the release
-behaves, and the replay confirming the logs with no disagreement) run on it. Wheels: ``pip download --no-deps sglang==X``. Prints one line per seed.
+behaves, and the replay confirming the logs with no disagreement) run on it. Wheels:
+``pip download --no-deps sglang==X``. Prints one line per seed.
 """
 
 from __future__ import annotations
