@@ -75,7 +75,7 @@ class Notes:
 
     def lines(self) -> list[str]:
         """The notes as lines for the terminal, each with its count."""
-        return [self.texts[k].format(n=self.counts[k]) for k in sorted(self.counts)]
+        return [text for _, _, text in self.rows()]
 
     def rows(self) -> list[tuple[str, int, str]]:
         """The notes as ``(key, count, text)`` rows, for the case's ``file_notes``."""

@@ -44,7 +44,6 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
         if server is not None:  # a --log-requests-target file: its server's log says the rest
             facts = _learn(server[1], Facts(node=options.node or node_of(server[0])), options)
             facts = _learn(lines, facts, options)
-            facts.tie_pending_context()
             notes.add("server", f"{{n}} request-log file(s) read with the server log beside them ({server[0].name})")
     else:
         for _, beside in _requests_beside(path, facts.node):  # its --log-requests-target folder
@@ -54,6 +53,9 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
                 facts.finish_ts.setdefault(rid, at)
             for rid, at in theirs.received_at.items():
                 facts.received_at.setdefault(rid, at)
+    if untied := facts.tie_pending_context():
+        notes.add("context_unnamed", "{n} context-length rejections name no request this file received: "
+                  "recorded from the request log beside it where there is one (docs/adapters.md)", untied)
     facts.calibrate()
     facts.era = era(facts.marks)
     if facts.era is not None:

@@ -33,7 +33,7 @@ _ROLES = {"prefill": "prefill", "decode": "decode", "null": "unified"}
 def learn(line: LogLine, facts: Facts, options: Options) -> bool:
     """First pass: the model, page size, context and role from a start-up line; whether it was one."""
     if "server_args=" in line.msg and (m := _SERVER_ARGS.search(line.msg)) is not None:
-        facts.mark("server_args.repr" if m.group(1).startswith("ServerArgs(") else "server_args.dict")
+        facts.marks.add("server_args.repr" if m.group(1).startswith("ServerArgs(") else "server_args.dict")
         try:
             args = py_value(m.group(1))
         except (SyntaxError, ValueError):
@@ -55,7 +55,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         facts.pool_seen = True
         return True
     if "KV pool holds" in line.msg and _POOL_WARNING.search(line.msg) is not None:
-        facts.mark("pool_warning")
+        facts.marks.add("pool_warning")
         return True
     return False
 

@@ -9,9 +9,9 @@ References (their lines in each release are in the fixtures' ``SOURCE.json``):
   ``Request R exceeds the maximum number of tokens: N > M``;
 - the tokenizer's context check (``managers/tokenizer_manager.py``), raised and logged by the
   HTTP server: ``[http_server] Error: The input (N tokens) is longer than the model's context
-  length (C tokens).`` (``Error: ...`` in older releases). The line names no request: it is
-  tied to the latest request the file received and never finished, the one the tokenizer was
-  validating;
+  length (C tokens).`` The line names no request: it is tied to the latest request received
+  by then that never finished (the one the tokenizer was validating), in this file or in the
+  request log beside it, and its ``rejected`` goes out with that request's receive line;
 - decode's integrity checks: ``Context corruption detected: Request R (bootstrap_room=E)
   received metadata from bootstrap_room=A`` (0.5.9 on) and ``KV checksum mismatch req=R
   bootstrap_room=B expected=... got=...`` (0.5.21 on, ``--disaggregation-enable-kv-checksum``).
@@ -19,7 +19,7 @@ References (their lines in each release are in the fixtures' ``SOURCE.json``):
 Each request's record comes from its finish line where the file has one (its abort message
 says the same); these lines give a prompt's real length and limit, the DP rank that saw the
 request, and the records themselves where the request log is not in the file: ``rejected``
-(``input_too_long``, with ``limit_tokens``) for the first three, a ``finished`` 500 with
+(``input_too_long``, with ``limit_tokens``) for the first two, a ``finished`` 500 with
 ``finish_reason`` ``bootstrap_room_mismatch`` or ``kv_checksum_mismatch`` for the last two.
 """
 
@@ -71,17 +71,10 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         facts.learn_prompt(m.group(1), int(m.group(2)), 3)
         facts.limit.setdefault(m.group(1), int(m.group(3)))
         facts.learn_dp(m.group(1), line)
-    elif what == "context":
-        if not facts.open_receives:  # (the request log is in another file: tied from there)
-            facts.pending_context.append((line.ts, int(m.group(1)), int(m.group(2))))
-        else:
-            rid = next(reversed(facts.open_receives))
-            del facts.open_receives[rid]
-            facts.context_rejected.setdefault(line.msg, []).append((rid, int(m.group(1)), int(m.group(2))))
-            facts.learn_prompt(rid, int(m.group(1)), 3)
-            facts.finished.add(rid)  # (the error is its answer: no finish line follows)
+    elif what == "context":  # tied to its request when the pass is over (Facts.tie_pending_context)
+        facts.pending_context.append((line.ts, int(m.group(1)), int(m.group(2))))
     else:
-        facts.mark(f"integrity.{what}")
+        facts.marks.add(f"integrity.{what}")
         facts.learn_dp(m["rid"], line)
         facts.failed.add(m["rid"])
     return True
@@ -93,16 +86,9 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
     if hit is None:
         return None
     what, m = hit
-    base = {"kind": "request", "ts": rfc3339(line.when())}
     if what == "context":
-        queue = facts.context_rejected.get(line.msg)
-        if not queue:
-            notes.add("context_unnamed", "{n} context-length rejections name no request this file received: "
-                      "recorded from the request log beside it where there is one (docs/adapters.md)")
-            return []
-        rid, _, context = queue.pop(0)
-        return [{**base, "request_id": rid, "node": facts.node_of_line(line, rid), "event": "rejected",
-                 "reason": "input_too_long", "limit_tokens": context}]
+        return []  # recorded with the request it is tied to, on its receive line
+    base = {"kind": "request", "ts": rfc3339(line.when())}
     if what == "length":
         found = _RID.search(line.msg)
         if found is None:

@@ -217,30 +217,30 @@ class Facts:
     #: decode time stats with ``entry_time`` (0.5.12 on): rid -> (admitted, finished), wall clock
     entry_times: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)
     dp_of: dict[str, int] = field(default_factory=dict)  # rid -> the DP rank whose scheduler logged it
-    dp_ranks: set[int] = field(default_factory=set)  # DP ranks the prefixes name
     marks: set[str] = field(default_factory=set)  # format marks seen (eras.py turns them into releases)
     last_ts: dt.datetime | None = None  # (both passes) the time of the last line that had one
     #: (first pass) received, not finished, in order: rid -> the time it was received
     open_receives: dict[str, dt.datetime | None] = field(default_factory=dict)
-    #: context-length rejections no receive of the file named yet: (time, tokens, context)
+    #: the tokenizer's context-length rejections, which name no request: (time, tokens, context)
     pending_context: list[tuple[dt.datetime | None, int, int]] = field(default_factory=list)
-    #: requests a context-length rejection in another file (the server log) is tied to: rid -> (time, context)
+    #: the requests those rejections are tied to (tie_pending_context): rid -> (time, context)
     rejected_on_receive: dict[str, tuple[dt.datetime, int]] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)  # requests with a finish line in the file
-    #: context-length rejections tied to their request, in file order per line text: (rid, tokens, context)
-    context_rejected: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
     pool_seen: bool = False  # the file has the scheduler's pool line
     received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
     era: str | None = None  # the releases whose formats the file shows (sglang_eras.era)
 
-    def tie_pending_context(self) -> None:
-        """Tie the server log's context-length rejections to this file's requests: each to the
-        latest request received at or before it and never finished (the one being tokenized)."""
+    def tie_pending_context(self) -> int:
+        """Tie the context-length rejections (this file's, or its server log's) to the requests
+        this file received: each to the latest one received by then that never finished (the one
+        being tokenized; a rejected request gets no finish line). How many found none."""
+        untied = 0
         for when, tokens, context in self.pending_context:
             # (the error line's time is to the second, a JSON receive's to the microsecond)
             rids = [r for r, at in self.open_receives.items()
                     if when is None or at is None or at < when + dt.timedelta(seconds=1)]
             if not rids:
+                untied += 1
                 continue
             rid = rids[-1]
             del self.open_receives[rid]
@@ -249,15 +249,11 @@ class Facts:
             if when is not None:
                 self.rejected_on_receive[rid] = (when, context)
         self.pending_context = []
-
-    def mark(self, name: str) -> None:
-        """Note a format mark seen in the file (``time_stats.attempts``): see :mod:`eras`."""
-        self.marks.add(name)
+        return untied
 
     def learn_dp(self, rid: str, line: LogLine) -> None:
         """Note the DP rank a scheduler line about ``rid`` names (its prefix's ``DPk``)."""
         if line.dp is not None:
-            self.dp_ranks.add(line.dp)
             self.dp_of.setdefault(rid, line.dp)
 
     def node_of_line(self, line: LogLine, rid: str | None = None) -> str:

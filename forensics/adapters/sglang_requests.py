@@ -217,7 +217,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
     if len(facts.parsed) < KEEP_PARSED and not r.fast:
         facts.parsed[line.msg] = RequestLine(r.event, r.rid, {}, _kept(r.meta))
     form = "json" if line.doc is not None else "text"
-    facts.mark(f"request.{form}.{'prefixed' if line.prefixed else 'bare'}")
+    facts.marks.add(f"request.{form}.{'prefixed' if line.prefixed else 'bare'}")
     if r.event == "received":
         facts.open_receives[r.rid] = line.ts or facts.last_ts
         if line.ts is not None:

@@ -125,15 +125,15 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
     if t is None:
         return False
     facts.roles_seen.add(t.kind)
-    facts.mark("time_stats.old_head" if t.old_head else "time_stats.new_head")
+    facts.marks.add("time_stats.old_head" if t.old_head else "time_stats.new_head")
     if t.attempts is not None:
-        facts.mark("time_stats.attempts")
+        facts.marks.add("time_stats.attempts")
     elif not t.old_head:
-        facts.mark("time_stats.no_attempts")
+        facts.marks.add("time_stats.no_attempts")
     if t.retries is not None:
-        facts.mark("time_stats.retries")
+        facts.marks.add("time_stats.retries")
     if t.kind == "prefill":
-        facts.mark("time_stats.transfer_speed" if t.transfer_gbs is not None else "time_stats.no_transfer_speed")
+        facts.marks.add("time_stats.transfer_speed" if t.transfer_gbs is not None else "time_stats.no_transfer_speed")
     facts.learn_dp(t.rid, line)
     if t.kind == "decode":
         facts.learn_prompt(t.rid, t.input_len, 2)

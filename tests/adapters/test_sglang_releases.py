@@ -40,7 +40,7 @@ QUIET = [re.compile(p) for p in (
     r"\] server_args=",
     r"\] KV pool holds \d+ tokens, fewer than",
     r"Input length \(\d+ tokens\) exceeds the maximum allowed length",  # its finish line records it
-    r"\] \[http_server\] Error: The input",  # recorded from the request log beside it (JSON sets)
+    r"\] \[http_server\] Error: The input",  # recorded with the receive line of the request it is tied to
     r"Context corruption detected|KV checksum mismatch req=",  # the finish line records the abort
     r"Finish: obj=.*'finish_reason': \{'type': 'length'",  # a prefill's answer to the router
     r'"event": "request.finished".*"finish_reason": \{"type": "length"',
