@@ -28,6 +28,7 @@ from forensics.adapters.base import (
 )
 from forensics.adapters.sglang_eras import era
 from forensics.adapters.sglang_log import Facts, LogLine, split
+from forensics.errors import UnreadableFile
 
 #: The line formats, in the order a line is offered to them.
 _FORMATS = (sglang_requests, sglang_timestats, sglang_mooncake, sglang_errors, sglang_config)
@@ -88,49 +89,41 @@ def _learn(lines: Lines, facts: Facts, options: Options) -> Facts:
 def _requests_beside(path: Path, node: str) -> list[tuple[Path, Lines]]:
     """The request-log files of a server log's ``--log-requests-target`` folder: the folder
     named after its node beside it (``prefill-0.log`` and ``prefill-0/HOST_RANK.log``)."""
-    from forensics.ingestion.readers import identify, text_lines  # (readers imports the adapters)
-
-    folder = path.parent / node
-    if not folder.is_dir():
-        return []
-    found = []
-    for p in sorted(folder.iterdir()):
-        try:
-            log = identify(p, explicit=False) if p.is_file() else None
-        except Exception:  # noqa: BLE001 (an unreadable neighbour is no request log)
-            continue
-        if log is not None and log.adapter in ("sglang-requests", "sglang-server"):
-            found.append((p, text_lines(log)))
-    return found
+    return _sglang_logs(path.parent / node, ("sglang-requests", "sglang-server"), path)
 
 
 def _server_beside(path: Path) -> tuple[Path, Lines] | None:
     """The server log a request-log file (``--log-requests-target DIR``) belongs to: the
     ``NODE.log`` beside a folder ``NODE`` holding the file, else the one SGLang server log in the
     file's own folder; None where there is none or more than one."""
-    from forensics.ingestion.readers import identify, text_lines  # (readers imports the adapters)
-
-    def servers(folder: Path, named: str | None) -> list[tuple[Path, Lines]]:
-        found = []
-        try:
-            entries = sorted(folder.iterdir())
-        except OSError:
-            return []
-        for p in entries:
-            if p == path or not p.is_file() or (named is not None and node_of(p) != named):
-                continue
-            try:
-                log = identify(p, explicit=False)
-            except Exception:  # noqa: BLE001 (an unreadable neighbour is no server log)
-                continue
-            if log is not None and log.adapter == "sglang-server":
-                found.append((p, text_lines(log)))
-        return found
-
-    for candidates in (servers(path.parent.parent, path.parent.name), servers(path.parent, None)):
+    for candidates in (_sglang_logs(path.parent.parent, ("sglang-server",), path, named=path.parent.name),
+                       _sglang_logs(path.parent, ("sglang-server",), path)):
         if len(candidates) == 1:
             return candidates[0]
     return None
+
+
+def _sglang_logs(folder: Path, adapters: tuple[str, ...], besides: Path,
+                 named: str | None = None) -> list[tuple[Path, Lines]]:
+    """The files in ``folder`` (other than ``besides``; of node ``named`` if given) that the
+    sniffs read with one of ``adapters``, with their lines, by name."""
+    from forensics.ingestion.readers import identify, text_lines  # (readers imports the adapters)
+
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    found = []
+    for p in entries:
+        if p == besides or not p.is_file() or (named is not None and node_of(p) != named):
+            continue
+        try:
+            log = identify(p, explicit=False)
+        except (UnreadableFile, OSError):  # (an unreadable neighbour is not one of them)
+            continue
+        if log is not None and log.adapter in adapters:
+            found.append((p, text_lines(log)))
+    return found
 
 
 def _records(

@@ -214,8 +214,9 @@ class Facts:
     offset: dt.datetime | None = None  # wall-clock time of perf_counter 0 (calibrate())
     last_decode_line: dt.datetime | None = None  # (translation) time of the last decode request line
     parsed: dict[str, Any] = field(default_factory=dict)  # request lines parsed by the first pass
-    #: decode time stats with ``entry_time`` (0.5.12 on): rid -> (admitted, finished), wall clock
-    entry_times: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)
+    #: decode time stats with ``entry_time`` (0.5.12 on): rid -> (admitted, landed, decode
+    #: started, finished) on the wall clock, as step_times gives them from ``start``
+    entry_times: dict[str, tuple[dt.datetime, dt.datetime, dt.datetime, dt.datetime]] = field(default_factory=dict)
     dp_of: dict[str, int] = field(default_factory=dict)  # rid -> the DP rank whose scheduler logged it
     marks: set[str] = field(default_factory=set)  # format marks seen (eras.py turns them into releases)
     last_ts: dt.datetime | None = None  # (both passes) the time of the last line that had one

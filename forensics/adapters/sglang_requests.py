@@ -266,14 +266,11 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
     else:
         when = line.when()
     role = facts.role_for(options) or "unified"
-    entry = facts.entry_times.get(r.rid) if role == "decode" and not line.precise else None
-    calibrated = facts.step_times(r.rid) if role == "decode" and not line.precise else None
-    if entry is not None:  # the decode time stats' wall-clock entry_time (0.5.12 on)
-        if r.event == "received" and when <= entry[0] < when + dt.timedelta(seconds=1):
-            when = entry[0]
-        elif r.event == "finished" and when <= entry[1] < when + dt.timedelta(seconds=1):
-            when = entry[1]
-    elif calibrated is not None:  # a whole-second time made precise from the time stats
+    # a whole-second time made precise from the decode time stats: their entry_time (0.5.12 on)
+    # or their start put on the wall clock
+    calibrated = (facts.entry_times.get(r.rid) or facts.step_times(r.rid)) \
+        if role == "decode" and not line.precise else None
+    if calibrated is not None:
         if r.event == "received":  # preallocation: at or after the second the request arrived in
             if calibrated[0] >= when:
                 when = calibrated[0]

@@ -60,8 +60,6 @@ class TimeStats:
     room: str | None
     kind: str  # prefill, decode, unified (or what the release prints)
     input_len: int
-    output_len: int | None
-    cached: int | None
     attempts: int | None
     durations: dict[str, float]  # prealloc, transfer, queue, forward, bootstrap, alloc_wait ...
     start: float | None  # perf_counter seconds (up to 0.5.11)
@@ -106,8 +104,7 @@ def _parse(msg: str) -> TimeStats | None:
     room = head.get("bootstrap_room")
     return TimeStats(
         old_head=m["head"] == "Req Time Stats", rid=head["rid"], room=None if room in (None, "None") else room,
-        kind=head["type"], input_len=int(head["input_len"]), output_len=_int(head.get("output_len")),
-        cached=_int(head.get("cached_input_len")), attempts=_int(head.get("attempts")), durations=durations,
+        kind=head["type"], input_len=int(head["input_len"]), attempts=_int(head.get("attempts")), durations=durations,
         start=numbers.get("start", numbers.get("start_time")), entry=numbers.get("entry_time"),
         transfer_mib=numbers.get("transfer_total"),
         transfer_gbs=numbers.get("transfer_speed"),
@@ -139,8 +136,11 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         facts.learn_prompt(t.rid, t.input_len, 2)
         steps = t.steps
         if steps is not None and t.entry is not None:
+            prealloc, transfer, queue, forward = steps
             admitted = _epoch(t.entry)
-            facts.entry_times[t.rid] = (admitted, admitted + _s(sum(steps)))
+            landed = admitted + _s(prealloc + transfer)
+            started = landed + _s(queue)
+            facts.entry_times[t.rid] = (admitted, landed, started, started + _s(forward))
         elif steps is not None and t.start is not None and line.ts is not None and not line.precise:
             facts.steps[t.rid] = ((t.start, *steps), line.ts)
     elif t.kind == "prefill" and t.input_len > 1:
@@ -186,19 +186,13 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
         return [*done_records, sent]
     if rid in facts.failed:
         return []  # nothing landed: the transfer failure is on its own line
-    steps = t.steps
-    if t.entry is not None and steps is not None:
-        prealloc, transfer, queue, _ = steps
-        landed = _epoch(t.entry) + _s(prealloc + transfer)
-        started = landed + _s(queue)
+    times = facts.entry_times.get(rid) or (facts.step_times(rid) if rid not in facts.finish_ts else None)
+    if times is not None:
+        _, landed, started, _ = times
     else:
-        calibrated = facts.step_times(rid)
-        if rid not in facts.finish_ts and calibrated is not None:
-            _, landed, started, _ = calibrated
-        else:
-            finish = facts.finish_ts.get(rid, end)
-            started = finish - _s(d.get("forward", 0.0))
-            landed = started - _s(d.get("queue", 0.0))
+        finish = facts.finish_ts.get(rid, end)
+        started = finish - _s(d.get("forward", 0.0))
+        landed = started - _s(d.get("queue", 0.0))
     return [
         {**xfer, "ts": rfc3339(landed), "src_node": UNKNOWN_NODE, "dst_node": node},
         {"kind": "request", "ts": rfc3339(started), **base, "event": "decode_started"},
