@@ -12,9 +12,11 @@ and runs exactly those pieces:
 - :meth:`Release.message` compiles the f-string of the logging call that contains a marker
   (``"exceeds the maximum number of tokens"``) so it can be evaluated on chosen values.
 
-Every piece of text a fixture line holds therefore comes from the release's own code; what
-we choose is only the values it formats (rids, lengths, times). Nothing here is imported by
-the toolkit: it makes fixtures (scripts/make_sglang_fixtures.py).
+Every piece of text a printed line holds therefore comes from the release's own code; what
+we choose is only the values it formats (rids, lengths, times). It installs a stub finder on
+``sys.meta_path`` and fills ``sys.modules`` with stand-ins: it runs in a process of its own
+(``simulate --sglang-version``, scripts/make_sglang_fixtures.py), never inside an
+investigation.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ class Release:
 
     def module(self, name: str, names: Iterable[str] | None = None,
                real: Mapping[str, Iterable[str] | None] | None = None,
-               values: Mapping[str, Any] | None = None) -> types.ModuleType:
+               values: Mapping[str, Any] | None = None) -> Any:
         """Execute a module of the wheel: its imports, then all its top-level statements or only
         those defining ``names`` (and ``logger``). Imports of the modules in ``real`` get those
         modules (the listed names, or all) from the wheel; everything else imported is a stub.
@@ -237,7 +239,7 @@ class Release:
         names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
         def render(**values: Any) -> str:
-            scope = {"__builtins__": __builtins__}
+            scope: dict[str, Any] = {"__builtins__": __builtins__}
             for n in names:
                 if n in values:
                     scope[n] = values[n]

@@ -1,0 +1,558 @@
+"""SGLang servers of one release, printing what they log: the release's own logging code, our values.
+
+:class:`Server` is one prefill or decode server (its node, host, TP and DP sizes, KV pool),
+logging through ``configure_logger`` with the scheduler's DP/TP prefix; :class:`Printer` holds
+the release's pieces that print a request's lines (``RequestLogger`` and its targets,
+``GenerateReqInput``, ``Req.log_time_stats`` with the time-stats class, ``validate_input_length``
+with ``set_finish_with_abort``, ``FINISH_ABORT.to_json``, the tokenizer's context check and the
+HTTP server's error line, the transfer-failure messages with ``KVTransferError``, the integrity
+checks, the ``server_args`` line, the pool line and warning, the batch statistics, uvicorn's
+formatters). What drives them is a run: scripts/make_sglang_fixtures.py (a scripted one per
+release) or :mod:`replay.sglang_print.run` (a simulated log set).
+
+What the values are is ours: rids, token counts, times, hosts, and the keys of a finished
+request's ``meta_info`` (assembled in the tokenizer manager, too entangled to run). It changes
+the process it runs in (the logging clock, ``sys.modules``, the root logger): one server per
+process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import inspect
+import io
+import json
+import logging
+import sys
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from replay.sglang_print.release import Release
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every server of the run shares: the model, the limits, the run's clocks."""
+
+    epoch: float  # the wall clock (seconds since 1970) the run's times count from
+    context: int = 1_048_576
+    page: int = 64
+    max_req_input_len: int = 681_278  # what the prefill scheduler admits (validate_input_length's limit)
+    bootstrap_port: int = 8998
+    model_path: str = "zai-org/GLM-5.3"
+    served_model_name: str = "glm-5.3"
+    perf0: float = 5000.0  # the schedulers' perf_counter at ``epoch``
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One server: its node name, role, address, parallelism and KV pool (tokens, per DP rank)."""
+
+    node: str
+    role: str  # prefill or decode
+    host: str
+    port: int
+    pool: int
+    tp_size: int = 2
+    dp_size: int = 1  # above 1: DP attention, each DP rank its own pool
+
+
+class Clock:
+    """The run's clock: logging's ``time.time``, the schedulers' ``perf_counter``."""
+
+    def __init__(self) -> None:
+        self.epoch, self.perf0 = 0.0, 0.0
+        self.now = 0.0
+
+    def start(self, setup: Setup) -> None:
+        self.epoch, self.perf0 = setup.epoch, setup.perf0
+        self.now = setup.epoch
+
+    def at(self, seconds: float) -> None:
+        """Set the clock ``seconds`` after the run's epoch."""
+        self.now = self.epoch + seconds
+
+    def perf(self) -> float:
+        return self.now - self.epoch + self.perf0
+
+
+CLOCK = Clock()
+
+
+def start_clock(setup: Setup) -> None:
+    """Run logging (``LogRecord`` reads logging's ``time``), the release's ``datetime.now`` and
+    the schedulers' ``perf_counter`` on :data:`CLOCK`, in UTC."""
+    import os
+    CLOCK.start(setup)
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    fake = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")})
+    fake.time = lambda: CLOCK.now
+    fake.time_ns = lambda: int(CLOCK.now * 1e9)
+    fake.perf_counter = CLOCK.perf
+    logging.time = fake  # type: ignore[attr-defined]
+
+
+class Server:
+    """One SGLang server (prefill or decode) of one release, logging to ``out`` (its stdout)."""
+
+    def __init__(self, release: Release, spec: Spec, setup: Setup, form: str, target: Path | None,
+                 out: Any = None):
+        self.r, self.spec, self.setup, self.form = release, spec, setup, form
+        self.role = spec.role
+        self.out = out if out is not None else io.StringIO()
+        self.sources: dict[str, str] = {}
+        self.common = self._common()
+        self.process: str | None = None  # the process whose logger is configured (tokenizer or a scheduler prefix)
+        self.server_args = types.SimpleNamespace(log_level="info")
+        self.target = target
+        self.tp_size = spec.tp_size
+
+    # -- what the release's code is --------------------------------------------------------
+
+    def note(self, kind: str, module: str, marker: str, line: int | None = None) -> None:
+        """Record where a line type comes from: file and line in this release."""
+        with contextlib.suppress(LookupError, FileNotFoundError):
+            self.sources.setdefault(kind, f"{self.r.path_of(module)}:{line or self.r.line_of(module, marker)}")
+
+    def _common(self) -> types.ModuleType:
+        mod = "sglang.srt.utils.common" if self.r.has("sglang.srt.utils.common") else "sglang.srt.utils"
+        envs = types.SimpleNamespace(SGLANG_LOG_MS=types.SimpleNamespace(get=lambda: False))
+        return self.r.module(mod, ["configure_logger", "get_bool_env_var"], values={"envs": envs})
+
+    def configure(self, prefix: str) -> None:
+        """Switch the logging to one process of the server: ``""`` the HTTP/tokenizer process,
+        ``" TP0"`` (etc.) a scheduler, as ``configure_logger`` sets it up there."""
+        if self.process == prefix:
+            return
+        with contextlib.redirect_stderr(self.out):
+            self.common.configure_logger(self.server_args, prefix=prefix)
+        for handler in logging.getLogger().handlers:
+            handler.setStream(self.out)  # type: ignore[attr-defined]
+        self.process = prefix
+        self.note("prefix", self.common.__name__, 'format = f"[%(asctime)s')
+
+    def prefix(self, tp: int, dp: int | None) -> str:
+        """The scheduler's logger prefix, from the release's own fragments."""
+        mod = "sglang.srt.managers.scheduler"
+        src = self.r.source(mod)
+        within = next(f for f in ("configure_scheduler_process", "configure_scheduler", "run_scheduler_process")
+                      if f"def {f}(" in src)
+        out = ""
+        if dp is not None:
+            out += self.r.message(mod, " DP", within=within)(dp_rank=dp, shown_dp=dp)
+        if self.tp_size > 1:
+            out += self.r.message(mod, " TP", within=within)(tp_rank=tp, shown_tp=tp)
+        return out
+
+    def schedulers(self, dp_rank: int | None = None) -> list[str]:
+        """The scheduler processes that log a request's lines: every TP rank; with DP attention,
+        the TP ranks of the DP rank serving it."""
+        if self.spec.dp_size > 1:
+            d, per = dp_rank or 0, self.tp_size // self.spec.dp_size
+            return [self.prefix(tp, d) for tp in range(d * per, (d + 1) * per)]
+        return [self.prefix(tp, None) for tp in range(self.tp_size)]
+
+
+class Lines(io.StringIO):
+    """A server's stdout that gives its lines in the order of their times (each write of a
+    handler is one record, stamped with :data:`CLOCK` as it is written); a run that prints
+    request by request, not in time order, writes through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[float, int, str]] = []
+
+    def write(self, text: str) -> int:
+        self.records.append((CLOCK.now, len(self.records), text))
+        return len(text)
+
+    def getvalue(self) -> str:
+        return "".join(text for _, _, text in sorted(self.records))
+
+
+class Printer:
+    """The release's pieces that print one server's lines; a run drives them (:meth:`play`)."""
+
+    def __init__(self, server: Server):
+        self.s = server
+        self.r = server.r
+        self.log = logging.getLogger("sglang.srt.managers.scheduler")
+        self.tm_log = logging.getLogger("sglang.srt.managers.tokenizer_manager")
+        self.http_log = logging.getLogger("sglang.srt.entrypoints.http_server")
+        self.request_logger = self._request_logger()
+        self.time_stats = self._time_stats()
+        self.io = self._io_struct()
+        self.finish = self._finish_reasons()
+        self._objs: dict[str, Any] = {}
+
+    def _obj_of(self, req: Any) -> Any:
+        return self._objs[req.rid]
+
+    # -- pieces of the release -------------------------------------------------------------
+
+    def _request_logger(self) -> Any:
+        r = self.r
+        if not r.has("sglang.srt.utils.request_logger"):
+            mod = "sglang.srt.utils.common" if r.has("sglang.srt.utils.common") else "sglang.srt.utils"
+            self.s.note("request_text", "sglang.srt.managers.tokenizer_manager", "Receive: obj=")
+            return _InlineRequestLog(r, r.module(mod, ["dataclass_to_string_truncated"]), self.s)
+        real: dict[str, Any] = {}
+        if _has_targets(r):
+            real["sglang.srt.utils.log_utils"] = None
+        envs = types.SimpleNamespace(
+            SGLANG_LOG_REQUEST_EXCEEDED_MS=types.SimpleNamespace(get=lambda: 0),
+            SGLANG_LOG_REQUEST_HEADERS=types.SimpleNamespace(get=lambda: []),
+        )
+        values = {"envs": envs, "get_context": lambda: types.SimpleNamespace(
+            is_config_namespace_published=lambda ns: False)}
+        m = r.module("sglang.srt.utils.request_logger", real=real, values=values)
+        if _has_targets(r):
+            lu: Any = sys.modules["sglang.srt.utils.log_utils"]
+            lu.datetime = _FakeDatetime  # log_json's timestamp
+            lu.dist = types.SimpleNamespace(is_initialized=lambda: True, get_rank=lambda: 0)
+            lu.socket = types.SimpleNamespace(gethostname=lambda: self.s.spec.host.replace(".", "-"))
+            self.s.note("request_target", "sglang.srt.utils.log_utils", "def _create_logger_with_handler")
+        else:
+            m.datetime = _FakeDatetime
+            m._json_handler.setStream(self.s.out)
+        if hasattr(m, "redact_watermark_secrets"):
+            m.redact_watermark_secrets = lambda data, **_: data
+        self.s.note("request_text", "sglang.srt.utils.request_logger", "Receive: obj=")
+        self.s.note("request_json", "sglang.srt.utils.request_logger", '"request.received"')
+        target = [str(self.s.target)] if self.s.target is not None else None
+        kwargs: dict[str, Any] = {"log_requests": True, "log_requests_level": 1,
+                                  "log_requests_format": self.s.form}
+        if "log_requests_target" in inspect.signature(m.RequestLogger.__init__).parameters:
+            kwargs["log_requests_target"] = target
+        logger = m.RequestLogger(**kwargs)
+        for t in getattr(logger, "targets", []):
+            for h in t.handlers:
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                    h.setStream(self.s.out)
+        return logger
+
+    def _time_stats(self) -> Any:
+        r = self.r
+        real = {"sglang.srt.disaggregation.utils": ["DisaggregationMode"]}
+        if r.has("sglang.srt.observability.req_time_stats"):
+            mod, cls = "sglang.srt.observability.req_time_stats", "SchedulerReqTimeStats"
+        else:
+            mod, cls = "sglang.srt.metrics.collector", "TimeStats"
+        m = r.module(mod, real=real)
+        m.global_diff_realtime_monotonic = self.s.setup.epoch - self.s.setup.perf0
+        self.dm = sys.modules["sglang.srt.disaggregation.utils"].DisaggregationMode
+        self.s.note("time_stats", "sglang.srt.managers.schedule_batch", "def log_time_stats")
+        return getattr(m, cls)
+
+    def _io_struct(self) -> types.ModuleType:
+        import ast
+        tree = ast.parse(self.r.source("sglang.srt.managers.io_struct"))
+        defined = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        names, todo = [], ["GenerateReqInput"]
+        while todo:  # the class and the bases the module defines
+            name = todo.pop()
+            names.append(name)
+            todo += [b.id for b in defined[name].bases if isinstance(b, ast.Name) and b.id in defined]
+        return self.r.module("sglang.srt.managers.io_struct", names)
+
+    def _finish_reasons(self) -> types.ModuleType:
+        return self.r.module("sglang.srt.managers.schedule_batch",
+                             ["BaseFinishReason", "FINISH_ABORT", "FINISH_LENGTH", "FINISH_MATCHED_TOKEN"])
+
+    # -- what a run prints -----------------------------------------------------------
+
+    def startup(self) -> None:
+        """What the server prints as it starts: ``server_args``, each DP rank's pool line (its
+        first scheduler prints it) and the pool warning, uvicorn's start-up."""
+        s = self.s
+        s.configure("")
+        self._server_args()
+        for d in range(s.spec.dp_size):
+            s.configure(s.schedulers(d if s.spec.dp_size > 1 else None)[0])
+            self._pool_line()
+            self._pool_warning()
+        self._uvicorn_startup()
+
+    def _server_args(self) -> None:
+        r, s = self.r, self.s
+        engine = "sglang.srt.entrypoints.engine"
+        fields = _server_args_fields(r)
+        spec, setup = s.spec, s.setup
+        values = {**fields, "model_path": setup.model_path, "served_model_name": setup.served_model_name,
+                  "context_length": setup.context, "page_size": setup.page, "tp_size": spec.tp_size,
+                  "dp_size": spec.dp_size, "enable_dp_attention": spec.dp_size > 1,
+                  "disaggregation_mode": s.role, "disaggregation_transfer_backend": "mooncake",
+                  "disaggregation_bootstrap_port": setup.bootstrap_port, "host": spec.host, "port": spec.port,
+                  "log_requests": True, "log_requests_level": 1, "log_requests_format": s.form,
+                  "enable_request_time_stats_logging": True}
+        values = {k: v for k, v in values.items() if k in fields}
+        if "server_args.resolved_dict()" in r.source(engine) or "_server_args_for_logging" in r.source(engine):
+            text = r.message(engine, "server_args=")(server_args=_Dict(values), _server_args_for_logging=dict)
+        else:
+            sa = dataclasses.make_dataclass("ServerArgs", list(values))(**values)
+            text = r.message(engine, "server_args=")(server_args=sa)
+        s.note("server_args", engine, "server_args=")
+        logging.getLogger("sglang.srt.entrypoints.engine").info(text)
+
+    def _pool_line(self) -> None:
+        mod = "sglang.srt.managers.scheduler"
+        text = self.r.message(mod, "max_total_num_tokens=")(
+            max_total_num_tokens=self.s.spec.pool, chunked_prefill_size=8192, max_prefill_tokens=16384,
+            max_running_requests=48, context_len=self.s.setup.context, device="cuda", avail_mem=21.37,
+            startup_available_gpu_memory_gb=21.37)
+        self.s.note("pool", mod, "max_total_num_tokens=")
+        self.log.info(text)
+
+    def _batch_line(self) -> None:
+        """The head of a batch-statistics line (the rest is assembled piecemeal): noise."""
+        marker = "Prefill batch" if self.s.role == "prefill" else "Decode batch"
+        mod = next(m for m in ("sglang.srt.managers.scheduler_components.metrics_reporter",
+                               "sglang.srt.observability.scheduler_metrics_mixin",
+                               "sglang.srt.managers.scheduler_metrics_mixin") if self.r.has(m)
+                   and marker in self.r.source(m))
+        text = self.r.message(mod, marker)(
+            iter_msg="", can_run_list=[1], log_input_tokens=900, log_hit_tokens=0,
+            token_usage_msg="token usage: 0.00, ",
+            running_bs=1, waiting_queue=[], num_running_reqs=1, num_used=900, token_usage=0.0, cuda_graph=True,
+            can_run_cuda_graph=True, new_token_ratio=0.7, last_gen_throughput=41.2, gen_throughput=41.2,
+            batch=types.SimpleNamespace(reqs=[1]), num_batch_reqs=1, num_new_seqs=1, new_token=900, cached_token=0,
+            num_new_seq=1, num_cached_tokens=0, num_new_tokens=900, num_queue_reqs=0, num_pending_tokens=0,
+            num_running_req=1)
+        self.s.note("batch_stats", mod, marker)
+        self.log.info(text)
+
+    def _pool_warning(self) -> None:
+        """0.5.23 on: the warning that the pool cannot hold one full-context request."""
+        mod = "sglang.srt.managers.tp_worker"
+        if not self.r.has(mod) or "fewer than --context-length" not in self.r.source(mod):
+            return
+        pool, context = self.s.spec.pool, self.s.setup.context
+        if pool >= context:  # (as the release checks it)
+            return
+        text = self.r.percent_message(mod, "fewer than --context-length")(kv_capacity=pool, context_len=context)
+        self.s.note("pool_warning", mod, "fewer than --context-length")
+        logging.getLogger(mod).warning(text)
+
+    def _uvicorn_startup(self) -> None:
+        import logging.config
+
+        import uvicorn.config
+        cfg = json.loads(json.dumps(uvicorn.config.LOGGING_CONFIG))
+        cfg["disable_existing_loggers"] = False
+        cfg["formatters"]["default"]["use_colors"] = False
+        cfg["formatters"]["access"]["use_colors"] = False
+        logging.config.dictConfig(cfg)
+        for name in ("uvicorn", "uvicorn.access", "uvicorn.error"):
+            for h in logging.getLogger(name).handlers:
+                h.setStream(self.s.out)  # type: ignore[attr-defined]
+        err = logging.getLogger("uvicorn.error")
+        err.info("Started server process [%d]", 4242)
+        err.info("Waiting for application startup.")
+        err.info("Application startup complete.")
+        err.info("Uvicorn running on %s://%s:%d (Press CTRL+C to quit)", "http", self.s.spec.host, self.s.spec.port)
+        self.access = logging.getLogger("uvicorn.access")
+
+    def _access(self, status: int) -> None:
+        self.access.info('%s - "%s %s HTTP/%s" %d', "10.0.0.2:51822", "POST", "/generate", "1.1", status)
+
+    def _obj(self, rid: str, prompt: int, output: int, room: int, bootstrap_host: str) -> Any:
+        cls = self.io.GenerateReqInput
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {"rid": rid, "input_ids": [1] * 8, "sampling_params": {"max_new_tokens": output, "temperature": 0.0},
+                  "stream": False, "bootstrap_host": bootstrap_host, "bootstrap_port": self.s.setup.bootstrap_port,
+                  "bootstrap_room": room}
+        obj = cls(**{k: v for k, v in kwargs.items() if k in fields})
+        with contextlib.suppress(Exception):
+            obj.normalize_batch_and_arguments()
+        return obj
+
+    def _log_time_stats(self, req: Any) -> None:
+        fn = self.r.method("sglang.srt.managers.schedule_batch", "Req", "log_time_stats", {"logger": self.log})
+        req.has_log_time_stats = False
+        fn(req)
+
+    def _validate(self, req: Any, schedulers: list[str]) -> dict[str, Any]:
+        mod = "sglang.srt.managers.utils"
+        utils = self.r.module(mod, ["validate_input_length"])
+        error = utils.validate_input_length(req, self.s.setup.max_req_input_len, False)
+        self.s.note("length_abort", mod, "exceeds ")
+        rank = [0]
+        abort = self.r.method("sglang.srt.managers.schedule_batch", "Req", "set_finish_with_abort", {
+            "logger": self.log, "FINISH_ABORT": self.finish.FINISH_ABORT,
+            "HTTPStatus": _HTTPStatus, "array": lambda code, xs: list(xs),
+            "get_parallel": lambda: types.SimpleNamespace(tp_rank=rank[0]),
+            "get_tensor_model_parallel_rank": lambda: rank[0]})
+        self.s.note("abort_error", "sglang.srt.managers.schedule_batch", "def set_finish_with_abort")
+        for prefix in schedulers:  # every TP rank validates; the method decides which ranks log
+            self.s.configure(prefix)
+            rank[0] = _tp_of(prefix)
+            abort(req, error)
+        return req.to_finish.to_json()
+
+    def _transfer_failed(self, req: Any, room: int, schedulers: list[str], side: str,
+                         reason: str = "Failed to get kvcache from prefill instance, it might be dead") -> None:
+        r = self.r
+        conn = next(m for m in ("sglang.srt.disaggregation.common.conn", "sglang.srt.disaggregation.mooncake.conn",
+                                "sglang.srt.disaggregation.common.utils") if r.has(m)
+                    and "class KVTransferError" in r.source(m))
+        kv_error = r.module(conn, ["KVTransferError"]).KVTransferError
+        mod = f"sglang.srt.disaggregation.{side}"
+        # where the release marks errors propagated from another rank, only the first logs at
+        # warning/error (the rest at debug, not printed); before, every rank logs its own
+        muted = "is_from_another_rank" in r.source(mod)
+        marker = "Prefill transfer failed" if side == "prefill" else "Decode transfer failed"
+        head = r.message(mod, marker)
+        tail = r.message(mod, " with exception ")
+        self.s.note(f"{side}_transfer_failed", mod, marker)
+        log = logging.getLogger(f"sglang.srt.disaggregation.{side}")
+        for n, prefix in enumerate(schedulers):
+            self.s.configure(prefix)
+            err = kv_error(room, reason, True) if muted and n else kv_error(room, reason)
+            facts = {"tp_rank": _tp_of(prefix), "rid": req.rid, "bootstrap_room": room, "e": err}
+            message = head(**facts) + tail(**facts)
+            if n == 0:
+                self._last_error = message
+            if muted and n:
+                log.debug(message)
+            else:
+                (log.warning if side == "prefill" else log.error)(message)
+
+    def _context_rejection(self, obj: Any, prompt: int, at: float) -> None:
+        """A prompt longer than the context: logged on arrival, then refused by the tokenizer
+        (the HTTP server's error line and a 400; no finish line)."""
+        r, s = self.r, self.s
+        CLOCK.at(at)
+        s.configure("")
+        self.request_logger.log_received_request(obj)
+        CLOCK.at(at + 0.003)
+        mod = "sglang.srt.managers.tokenizer_manager"
+        render, at_line = _raised(r, mod, "is longer than the ")
+        msg = render(input_token_num=prompt, context_len=s.setup.context)
+        s.note("context_rejection", mod, "is longer than the ", at_line)
+        http = "sglang.srt.entrypoints.http_server"
+        within = "serve_generate_request" if "def serve_generate_request" in r.source(http) else "generate_request"
+        line = r.message(http, "Error: ", within=within)(e=msg)
+        s.note("http_error", http, "Error: ")
+        self.http_log.error(line)
+        self._access(400)
+
+    def _abort_json(self, message: str, status: int) -> dict[str, Any]:
+        return self.finish.FINISH_ABORT(message, _HTTPStatus(status)).to_json()
+
+    def _finish(self, obj: Any, rid: str, prompt: int, output: int, aborted: dict[str, Any] | None, at: float,
+                *, stop: bool = False, latency: float = 0.5) -> None:
+        """The request log's finish line at ``at`` (the abort's reason, else the length or, with
+        ``stop``, the end-of-sequence token reached), and uvicorn's access line."""
+        CLOCK.at(at)
+        self.s.configure("")
+        done = self.finish.FINISH_MATCHED_TOKEN(matched=2) if stop else self.finish.FINISH_LENGTH(length=output)
+        reason = aborted or done.to_json()
+        out = {"text": "", "output_ids": [1] * output, "meta_info": {
+            "id": rid, "finish_reason": reason, "prompt_tokens": prompt, "completion_tokens": output,
+            "cached_tokens": 0, "e2e_latency": latency}}
+        self.request_logger.log_finished_request(obj, out)
+        status = 200 if aborted is None else int(aborted.get("status_code") or 500)
+        self._access(status)
+
+
+
+def _has_targets(release: Release) -> bool:
+    """Whether the release has ``--log-requests-target`` (its log targets in ``log_utils``)."""
+    return release.has("sglang.srt.utils.log_utils")
+
+
+def retires(r: Release) -> bool:
+    """Whether the release retires a request rejected at intake before the prefill handoff
+    (``PrefillBootstrapQueue.add`` calling ``retire_unadmitted_request``), rather than
+    bootstrapping it and sending its one-token stub."""
+    return "retire_unadmitted_request" in r.source("sglang.srt.disaggregation.prefill")
+
+
+def _tp_of(prefix: str) -> int:
+    """The TP rank a scheduler's prefix names (0 where it names none)."""
+    return int(prefix.rsplit("TP", 1)[-1]) if "TP" in prefix else 0
+
+
+def _raised(r: Release, module: str, marker: str) -> tuple[Any, int]:
+    """The message of the ``raise ValueError(...)`` holding ``marker`` (not the warning beside
+    it), and its line."""
+    import ast
+    tree = ast.parse(r.source(module))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and marker in ast.unparse(node.exc):
+            return r.message_of(module, node.exc.args[0]), node.lineno
+    raise LookupError(f"no raise with {marker!r} in {module} of {r.version}")
+
+
+def _server_args_fields(r: Release) -> dict[str, Any]:
+    """ServerArgs' fields in the release's order, with their defaults where they are literals."""
+    import ast
+    tree = ast.parse(r.source("sglang.srt.server_args"))
+    classes = [next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")]
+    if not any(isinstance(i, ast.AnnAssign) for i in classes[0].body):  # (0.5.23: fields in namespaces)
+        folder = "sglang/srt/arg_groups/fields/"
+        for path in sorted(p for p in r._zip.namelist() if p.startswith(folder) and p.endswith(".py")):
+            module = path[:-3].replace("/", ".")
+            classes += [n for n in ast.parse(r.source(module)).body if isinstance(n, ast.ClassDef)]
+    out: dict[str, Any] = {}
+    for item in (i for c in classes for i in c.body):
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            try:
+                out[item.target.id] = ast.literal_eval(item.value) if item.value is not None else None
+            except ValueError:
+                out[item.target.id] = None
+    return out
+
+
+class _Dict(dict[str, Any]):
+    """``server_args`` for releases that print ``server_args.resolved_dict()``."""
+
+    def resolved_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
+class _HTTPStatus(int):
+    """``HTTPStatus`` as SGLang passes it (an IntEnum: JSON gives the number, repr the enum)."""
+
+    BAD_REQUEST: _HTTPStatus
+    INTERNAL_SERVER_ERROR: _HTTPStatus
+
+
+from http import HTTPStatus as _RealStatus  # noqa: E402
+
+_HTTPStatus = _RealStatus  # type: ignore[misc,assignment]  # the real enum
+
+
+class _FakeDatetime(dt.datetime):
+    @classmethod
+    def now(cls, tz: Any = None) -> Any:
+        return dt.datetime.fromtimestamp(CLOCK.now, tz=tz) if tz else dt.datetime.utcfromtimestamp(CLOCK.now)
+
+
+class _InlineRequestLog:
+    """0.5.5's request log: inline in the tokenizer manager, through its module logger."""
+
+    def __init__(self, r: Release, common: types.ModuleType, server: Server):
+        self.mod = "sglang.srt.managers.tokenizer_manager"
+        self.receive = r.message(self.mod, "Receive: obj=")
+        self.finish = r.message(self.mod, "out=", within=None)
+        self.trunc = common.dataclass_to_string_truncated
+        self.log = logging.getLogger(self.mod)
+        self.skip = {"text", "input_ids", "input_embeds", "image_data", "audio_data", "video_data", "lora_path"}
+        self.out_skip = {"text", "output_ids", "embedding"}
+
+    def log_received_request(self, obj: Any) -> None:
+        self.log.info(self.receive(obj=obj, dataclass_to_string_truncated=self.trunc, max_length=1 << 30,
+                                   skip_names=self.skip))
+
+    def log_finished_request(self, obj: Any, out: Any) -> None:
+        self.log.info(self.finish(obj=obj, out=out, dataclass_to_string_truncated=self.trunc,
+                                  max_length=1 << 30, skip_names=self.skip, out_skip_names=self.out_skip))
+
+
