@@ -572,9 +572,17 @@ def simulate(
     decode_nodes: Annotated[int, typer.Option(help="Decode nodes.")] = Deployment.decode_nodes,
     sglang_logs: Annotated[Path | None, typer.Option(
         "--sglang-logs", help="Also write here what SGLang servers would have logged of the run "
-        "(new or empty folder), with tenants.json for --tenant-map: a drill for the adapters.")] = None,
+        "(new or empty folder), with tenants.json for --tenant-map.")] = None,
+    sglang_version: Annotated[str | None, typer.Option(
+        "--sglang-version", help="With --sglang-logs: print them through this SGLang release's own logging "
+        "code (its wheel from --sglang-wheel, the wheel cache or PyPI). Without it, a drill in the 0.5.5 "
+        "layout that we typed, not printed by SGLang.")] = None,
+    sglang_wheel: Annotated[Path | None, typer.Option(
+        "--sglang-wheel", help="With --sglang-version: its wheel (pip download --no-deps sglang==X).")] = None,
     sglang_json: Annotated[bool, typer.Option(
         "--sglang-json", help="With --sglang-logs: the JSON request log, not SGLang's default text form.")] = False,
+    sglang_gzip: Annotated[bool, typer.Option(
+        "--sglang-gzip", help="With --sglang-version: each server's log as NODE.log.gz, as rotated logs are.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Simulate a deployment with the reference engine and write a full log set (page records included)."""
@@ -588,19 +596,37 @@ def simulate(
     )
     if sglang_logs is not None and sglang_logs.exists() and (not sglang_logs.is_dir() or any(sglang_logs.iterdir())):
         raise OutputExists(f"{sglang_logs}: exists and is not an empty folder; choose another --sglang-logs")
+    if sglang_logs is None and (sglang_version or sglang_wheel or sglang_json or sglang_gzip):
+        raise BadOption("--sglang-version, --sglang-wheel, --sglang-json and --sglang-gzip go with --sglang-logs")
+    if sglang_version is None and (sglang_wheel or sglang_gzip):
+        raise BadOption("--sglang-wheel and --sglang-gzip go with --sglang-version")
+    if sglang_version is not None:  # (the release and its wheel first: a refusal writes nothing)
+        from replay.sglang_print.run import Refused, find_wheel
+        try:
+            sglang_wheel = find_wheel(sglang_version, sglang_wheel)
+        except Refused as e:
+            raise BadOption(str(e)) from e
     result = (simulate_to(
         out, deployment=deployment, requests=requests, seed=seed, trace=trace,
         length_scale=length_scale, over_long=over_long, late_writes=late_writes, rate=rate,
     ))
     sglang_files: list[Path] = []
-    if sglang_logs is not None:
+    if sglang_logs is not None and sglang_version is not None:
+        from replay.sglang_print.run import write as print_sglang_logs
+        try:
+            sglang_files, _ = print_sglang_logs(out, sglang_logs, sglang_version, wheel=sglang_wheel,
+                                                text=not sglang_json, gzip=sglang_gzip)
+        except Refused as e:
+            raise BadOption(str(e)) from e
+    elif sglang_logs is not None:
         sglang_files, _ = write_sglang_logs(out, sglang_logs, text=not sglang_json)
     if as_json:
         _print_json({**result.as_dict(), "sglang_logs": [str(f) for f in sglang_files]})
         return
     typer.echo(f"{result.records:,} records of {result.requests:,} requests in {out}")
     if sglang_logs is not None:
-        typer.echo(f"  as SGLang would have logged it: {len(sglang_files)} server logs in {sglang_logs} "
+        by = f"printed by SGLang {sglang_version}'s code" if sglang_version else "a typed drill, not printed by SGLang"
+        typer.echo(f"  as SGLang would have logged it: {len(sglang_files)} server logs in {sglang_logs}, {by} "
                    f"(tenants in {sglang_logs / 'tenants.json'})")
     typer.echo(f"  over-long prompts: {result.over_long:,}; late transfers: {result.late_writes:,}")
     for name, value in result.outcomes.items():

@@ -1,16 +1,17 @@
 """Fixtures printed by SGLang's own code: one small prefill/decode run per release wheel.
 
-    pip install -e ".[fixtures]"    # uvicorn, for its formatters
+    pip install -e ".[sglang]"    # uvicorn, for its formatters
     python scripts/make_sglang_fixtures.py WHEEL... [--out tests/adapters/releases]
 
 Each wheel (``pip download --no-deps sglang==X``) is run in a subprocess of its own. The run is
-scripted (which requests arrive, how long their prompts are, which transfer fails), but
-every line is formatted by the release (the pieces are in replay/sglang_print/servers.py): ``configure_logger``'s format with the scheduler's
-DP/TP prefix, ``RequestLogger`` and its log targets (text and JSON), ``GenerateReqInput`` as
-a dataclass, ``Req.log_time_stats`` with the release's time-stats class, ``validate_input_length``
-and ``set_finish_with_abort``, ``FINISH_ABORT.to_json``, the tokenizer's context-length check
-and the HTTP server's error line, the transfer-failure messages with ``KVTransferError``, the
-``server_args`` line, the pool line, the batch statistics, and uvicorn's own formatters.
+scripted (which requests arrive, how long their prompts are, which transfer fails), but every
+line is formatted by the release, through the pieces in replay/sglang_print/servers.py:
+``configure_logger``'s format with the scheduler's DP/TP prefix, ``RequestLogger`` and its log
+targets (text and JSON), ``GenerateReqInput`` as a dataclass, ``Req.log_time_stats`` with the
+release's time-stats class, ``validate_input_length`` and ``set_finish_with_abort``,
+``FINISH_ABORT.to_json``, the tokenizer's context-length check and the HTTP server's error line,
+the transfer-failure messages with ``KVTransferError``, the ``server_args`` line, the pool line,
+the batch statistics, and uvicorn's own formatters.
 
 What the script chooses: the values (rids, token counts, times, hosts), and the keys of a
 finished request's ``meta_info`` (assembled in the tokenizer manager, too entangled to run).

@@ -145,7 +145,7 @@ def deep_json_first_line(d: Path) -> tuple[Run, bool]:
 
 @case
 def deep_sglang_request(d: Path) -> tuple[Run, bool]:
-    lines = (SGLANG / "prefill-0.log").read_text().splitlines()
+    lines = gzip.decompress((SGLANG / "prefill-0.log.gz").read_bytes()).decode().splitlines()
     hits = [i for i, line in enumerate(lines) if "Receive:" in line][:2]
     deep, chained = "[" * 5000 + "]" * 5000, "+".join(["1"] * 50_000)
     lines[hits[0]] = lines[hits[0]].replace("sampling_params={", f"sampling_params={{'x': {deep}, ")

@@ -108,6 +108,9 @@ class Release:
         self.version = wheel.name.split("-")[1]
         self._zip = zipfile.ZipFile(wheel)
         self._sources: dict[str, str] = {}
+        self._trees: dict[str, ast.Module] = {}
+        self._messages: dict[tuple[str, str, str | None], Callable[..., str]] = {}
+        self._methods: dict[tuple[str, str, str], Any] = {}
         if _FINDER not in sys.meta_path:
             sys.meta_path.append(_FINDER)
         for name in ("sglang", "sglang.srt"):  # (stub packages for the real modules to sit in)
@@ -143,6 +146,12 @@ class Release:
             self._sources[path] = self._zip.read(path).decode("utf-8")
         return self._sources[path]
 
+    def tree(self, module: str) -> ast.Module:
+        """A module's syntax tree (parsed once)."""
+        if module not in self._trees:
+            self._trees[module] = ast.parse(self.source(module), filename=self.path_of(module))
+        return self._trees[module]
+
     def line_of(self, module: str, marker: str) -> int:
         """The first source line holding ``marker`` (for a fixture's note of where a line type comes from)."""
         for n, text in enumerate(self.source(module).splitlines(), 1):
@@ -160,7 +169,7 @@ class Release:
         names, such as ``envs``)."""
         for dep, dep_names in (real or {}).items():
             sys.modules[dep] = self.module(dep, dep_names)
-        tree = ast.parse(self.source(name), filename=self.path_of(name))
+        tree = self.tree(name)
         wanted = None if names is None else {*names, "logger"}
         module = types.ModuleType(name)
         module.__file__ = self.path_of(name)
@@ -191,16 +200,20 @@ class Release:
 
     def method(self, module: str, cls: str, name: str, namespace: Mapping[str, Any]) -> Callable[..., Any]:
         """Method ``cls.name`` of a module, as a plain function whose globals are ``namespace``."""
-        tree = ast.parse(self.source(module), filename=self.path_of(module))
-        for stmt in tree.body:
+        key = (module, cls, name)
+        if key not in self._methods:
+            self._methods[key] = self._method_code(module, cls, name)
+        scope = {"__builtins__": __builtins__, **namespace}
+        exec(self._methods[key], scope)  # noqa: S102 (the release's own method definition)
+        return scope[name]
+
+    def _method_code(self, module: str, cls: str, name: str) -> Any:
+        for stmt in self.tree(module).body:
             if isinstance(stmt, ast.ClassDef) and stmt.name == cls:
                 for item in stmt.body:
                     if isinstance(item, ast.FunctionDef) and item.name == name:
-                        item.decorator_list = []
-                        code = compile(ast.Module(body=[item], type_ignores=[]), self.path_of(module), "exec")
-                        scope = {"__builtins__": __builtins__, **namespace}
-                        exec(code, scope)  # noqa: S102 (the release's own method definition)
-                        return scope[name]
+                        item = ast.FunctionDef(**{**item.__dict__, "decorator_list": []})
+                        return compile(ast.Module(body=[item], type_ignores=[]), self.path_of(module), "exec")
         raise LookupError(f"{cls}.{name} is not in {self.path_of(module)} of {self.version}")
 
     def message(self, module: str, marker: str, *, within: str | None = None) -> Callable[..., str]:
@@ -209,7 +222,13 @@ class Release:
         expression is looked up in them; attribute chains and calls on a value resolve by the
         attribute's own name in the same values (``self.model_config.context_len`` ->
         ``context_len``)."""
-        tree = ast.parse(self.source(module), filename=self.path_of(module))
+        key = (module, marker, within)
+        if key not in self._messages:
+            self._messages[key] = self._message(module, marker, within)
+        return self._messages[key]
+
+    def _message(self, module: str, marker: str, within: str | None) -> Callable[..., str]:
+        tree = self.tree(module)
         scope: ast.AST = tree
         if within is not None:
             scope = next(n for n in ast.walk(tree)
@@ -223,7 +242,7 @@ class Release:
         """A logging call with %-style arguments (``logger.warning("KV pool holds %d ...", a, b)``)
         whose format holds ``marker``: a function of keyword values, as :meth:`message`, giving
         the line logging would print."""
-        tree = ast.parse(self.source(module), filename=self.path_of(module))
+        tree = self.tree(module)
         for node in ast.walk(tree):
             if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
                     and isinstance(node.args[0].value, str) and marker in node.args[0].value):

@@ -252,7 +252,7 @@ class Printer:
 
     def _io_struct(self) -> types.ModuleType:
         import ast
-        tree = ast.parse(self.r.source("sglang.srt.managers.io_struct"))
+        tree = self.r.tree("sglang.srt.managers.io_struct")
         defined = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
         names, todo = [], ["GenerateReqInput"]
         while todo:  # the class and the bases the module defines
@@ -483,7 +483,7 @@ def _raised(r: Release, module: str, marker: str) -> tuple[Any, int]:
     """The message of the ``raise ValueError(...)`` holding ``marker`` (not the warning beside
     it), and its line."""
     import ast
-    tree = ast.parse(r.source(module))
+    tree = r.tree(module)
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and marker in ast.unparse(node.exc):
             return r.message_of(module, node.exc.args[0]), node.lineno
@@ -493,13 +493,13 @@ def _raised(r: Release, module: str, marker: str) -> tuple[Any, int]:
 def _server_args_fields(r: Release) -> dict[str, Any]:
     """ServerArgs' fields in the release's order, with their defaults where they are literals."""
     import ast
-    tree = ast.parse(r.source("sglang.srt.server_args"))
+    tree = r.tree("sglang.srt.server_args")
     classes = [next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")]
     if not any(isinstance(i, ast.AnnAssign) for i in classes[0].body):  # (0.5.23: fields in namespaces)
         folder = "sglang/srt/arg_groups/fields/"
         for path in sorted(p for p in r._zip.namelist() if p.startswith(folder) and p.endswith(".py")):
             module = path[:-3].replace("/", ".")
-            classes += [n for n in ast.parse(r.source(module)).body if isinstance(n, ast.ClassDef)]
+            classes += [n for n in r.tree(module).body if isinstance(n, ast.ClassDef)]
     out: dict[str, Any] = {}
     for item in (i for c in classes for i in c.body):
         if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):

@@ -13,7 +13,9 @@ import duckdb
 import pytest
 
 import forensics
-from forensics.adapters import ADAPTERS, Adapter, Options, read_tenant_map, sniff, table
+from forensics.adapters import ADAPTERS, Adapter, Notes, Options, read_tenant_map, sniff, table
+from forensics.adapters.sglang import ADAPTERS as SGLANG_ADAPTERS
+from forensics.adapters.sglang_eras import releases_of
 from forensics.adapters.sglang_log import py_value, split
 from forensics.errors import BadOption, UnrecognisedFile
 from kvforensics.job import run
@@ -265,21 +267,35 @@ def test_both_time_stats_formats_count_back_from_the_finish() -> None:
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_logs"
 
 
-def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_logs_it(tmp_path: Path) -> None:
-    """sample_logs/glm53-incident-sglang is what the writer makes of the canonical sample, and
-    its replay names the victims the sample's page records name."""
-    made, _ = write_sglang_logs(SAMPLE / "glm53-incident", tmp_path / "made")
+def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_20_logs_it(tmp_path: Path) -> None:
+    """sample_logs/glm53-incident-sglang was printed by SGLang 0.5.20's code (SOURCE.json; made
+    by ``simulate --sglang-version 0.5.20``, which needs the wheel, so it is not remade here):
+    read as that format era with nothing quarantined, its replay names the victims the sample's
+    page records name, all eight figures, with no disagreement."""
+    import gzip
     shipped = SAMPLE / "glm53-incident-sglang"
-    for f in [*made, tmp_path / "made" / "tenants.json"]:
-        assert f.read_bytes() == (shipped / f.name).read_bytes(), f.name
+    source = json.loads((shipped / "SOURCE.json").read_text())
+    assert (source["release"], source["sha256"][:12]) == ("0.5.20", "1573527042f4")
+    logs = sorted(shipped.glob("*.log.gz"))
+    assert [p.name for p in logs] == [f"{r}-{i}.log.gz" for r in ("decode", "prefill") for i in range(4)]
+    for path in logs:
+        lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+        adapter = next(a for a in SGLANG_ADAPTERS if a.sniff(lines[:64]))
+        notes = Notes()
+        assert adapter.translate is not None
+        for _ in adapter.translate(lambda ls=lines: enumerate(ls, 1), path, Options(), notes):
+            pass
+        (era,) = [t for t in notes.lines() if "in the format of SGLang" in t]
+        assert "0.5.20" in (releases_of(era.rsplit(" ", 1)[-1]) or []), (path.name, era)
     logged = forensics.investigate([SAMPLE / "glm53-incident"], tmp_path / "logged.duckdb").exposure
     # the whole job, as README's command runs it: ingest, replays, fill, report
     job = run([shipped], tmp_path / "sglang.duckdb", tmp_path / "report.html", generated_at="2026-11-30T00:00:00Z",
               options=Options(tenants=read_tenant_map(shipped / "tenants.json")))
     found = job.investigation.ingest
     assert found.records.quarantined == 0
-    assert {Path(p.path) for p in found.skipped} == {shipped / "README.md", shipped / "tenants.json"}
+    assert {Path(p.path) for p in found.skipped} == {shipped / n for n in ("README.md", "SOURCE.json", "tenants.json")}
     assert job.replays[0].exposure == logged
+    assert job.replays[0].disagreements == ()
     with forensics.Case(tmp_path / "sglang.duckdb") as case:
         rows = case.exposures(delivered_only=True)  # the replay's rows come with their evidence
         assert rows["reader_request"].n_unique() == logged["exposed_responses"]

@@ -109,6 +109,28 @@ def test_engine_log_options_reach_the_adapters(tmp_path: Path) -> None:
     assert bad.exit_code != 0 and "--role must be one of" in bad.output and "Traceback" not in bad.output
 
 
+def test_simulate_refuses_a_release_it_cannot_print_before_writing_sglang_logs(tmp_path: Path) -> None:
+    """--sglang-version prints through the release's own code: an option without --sglang-logs,
+    a release the adapters do not read, or a wheel of another release is refused in one line,
+    and no SGLang log is written (no download is tried for any of them)."""
+    args = ["simulate", "--out", str(tmp_path / "logs"), "--requests", "5", "--prefill-nodes", "1",
+            "--decode-nodes", "1"]
+    wrong = tmp_path / "sglang-0.5.19-py3-none-any.whl"
+    wrong.write_bytes(b"PK")
+    for extra, says in (
+        (["--sglang-version", "0.5.20"], "go with --sglang-logs"),
+        (["--sglang-logs", str(tmp_path / "a"), "--sglang-gzip"], "go with --sglang-version"),
+        (["--sglang-logs", str(tmp_path / "b"), "--sglang-version", "0.4.9"], "not a release the adapters read"),
+        (["--sglang-logs", str(tmp_path / "c"), "--sglang-version", "0.5.20", "--sglang-wheel", str(wrong)],
+         "not a wheel of sglang 0.5.20"),
+    ):
+        result = RUNNER.invoke(app, [*args, *extra])
+        assert result.exit_code == 1 and says in result.output and "Traceback" not in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+        for folder in "abc":
+            assert not list((tmp_path / folder).glob("*")) if (tmp_path / folder).exists() else True
+
+
 def test_request_prints_its_log_lines_only_when_asked_and_defused(tmp_path: Path) -> None:
     """The lines may hold user content: shown with --show-content only; a terminal escape
     sequence in them is printed as text, not sent to the terminal."""
