@@ -234,6 +234,10 @@ TenantMapOption = Annotated[Path | None, typer.Option(
 TenantFromOption = Annotated[str | None, typer.Option(
     "--tenant-from", help="Engine logs: the logged request's field holding the tenant, dotted "
     "(custom_labels.tenant).", rich_help_panel="Engine logs")]
+RequestIdsOption = Annotated[str, typer.Option(
+    "--request-ids", help="Engine logs: how a request's two servers are tied: rid (the id both log, the client's or "
+    "router's) or room (SGLang's bootstrap room, where each server assigned its own rid).",
+    rich_help_panel="Engine logs")]
 YearOption = Annotated[int | None, typer.Option(
     "--year", help="Engine logs: the year of log times written without one (SGLang's %m-%d).",
     rich_help_panel="Engine logs")]
@@ -248,9 +252,10 @@ MaxExpansionOption = Annotated[int, typer.Option(
 
 
 def _adapter_options(node: str | None, role: str | None, tenant_map: Path | None, tenant_from: str | None,
-                     year: int | None) -> Options:
+                     year: int | None, request_ids: str = "rid") -> Options:
     tenants = read_tenant_map(tenant_map) if tenant_map is not None else None
-    return Options(node=node, role=role, tenants=tenants, tenant_from=tenant_from, year=year)
+    return Options(node=node, role=role, tenants=tenants, tenant_from=tenant_from, year=year,
+                   request_ids=request_ids)
 
 
 @app.command()
@@ -264,6 +269,7 @@ def ingest(
     tenant_map: TenantMapOption = None,
     tenant_from: TenantFromOption = None,
     year: YearOption = None,
+    request_ids: RequestIdsOption = "rid",
     max_line_bytes: MaxLineOption = Limits.max_line_bytes,
     max_expansion: MaxExpansionOption = Limits.max_expansion,
 ) -> None:
@@ -274,7 +280,7 @@ def ingest(
     limits = Limits(max_line_bytes=max_line_bytes, max_expansion=max_expansion)
     result = (_with_progress(lambda p: forensics.ingest(
         paths, db, progress=p, format=format, limits=limits,
-        options=_adapter_options(node, role, tenant_map, tenant_from, year))))
+        options=_adapter_options(node, role, tenant_map, tenant_from, year, request_ids))))
     if as_json:
         _print_json(result.as_dict())
     else:
@@ -319,6 +325,7 @@ def investigate(
     tenant_map: TenantMapOption = None,
     tenant_from: TenantFromOption = None,
     year: YearOption = None,
+    request_ids: RequestIdsOption = "rid",
     max_line_bytes: MaxLineOption = Limits.max_line_bytes,
     max_expansion: MaxExpansionOption = Limits.max_expansion,
 ) -> None:
@@ -332,7 +339,7 @@ def investigate(
         paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
         generated_at=generated_at, with_replay=not no_replay, progress=p, format=format,
         limits=Limits(max_line_bytes=max_line_bytes, max_expansion=max_expansion),
-        options=_adapter_options(node, role, tenant_map, tenant_from, year))))
+        options=_adapter_options(node, role, tenant_map, tenant_from, year, request_ids))))
     if as_json:
         _print_json(found.as_dict())
         _refused_exit(found.investigation.ingest)

@@ -37,6 +37,10 @@ class Options:
     tenants: Mapping[str, str] | None = None  # request id -> tenant id (--tenant-map)
     tenant_from: str | None = None  # dotted path of a field in the logged request (--tenant-from)
     year: int | None = None  # for log timestamps written without a year
+    #: how the two sides of a request are tied: ``rid`` (the request id both servers log, the
+    #: client's or the router's) or ``room`` (SGLang's bootstrap room, for servers that each
+    #: assign their own rid: records then name the request ``room-B``) (--request-ids)
+    request_ids: str = "rid"
 
     def node_for(self, path: Path) -> str:
         """The node a file is from: ``--node``, else its name."""
@@ -45,6 +49,8 @@ class Options:
     def __post_init__(self) -> None:
         if self.role is not None and self.role not in ROLES:
             raise BadOption(f"--role must be one of {', '.join(ROLES)}, not {self.role!r}")
+        if self.request_ids not in ("rid", "room"):
+            raise BadOption(f"--request-ids must be rid or room, not {self.request_ids!r}")
 
 
 class Untranslatable(ValueError):

@@ -66,11 +66,31 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
                   "read as a unified server, whose finishes are the client's answers; pass --role prefill "
                   "or --role decode (finding evidence.role_unknown)")
     facts.last_ts = None
+    by_room = options.request_ids == "room"
     for line_no, text in lines():
         line = split(text, options.year)
-        yield line_no, text, _records(line, facts, options, notes)
+        out = _records(line, facts, options, notes)
+        yield line_no, text, _by_room(out, facts, notes) if by_room and isinstance(out, list) else out
         if line.ts is not None:
             facts.last_ts = line.ts
+
+
+def _by_room(records: list[dict[str, Any]], facts: Facts, notes: Notes) -> list[dict[str, Any]]:
+    """``--request-ids room``: each record names its request by the bootstrap room its file
+    logs for the rid (``room-B``, as its transfers are named), so that two servers that each
+    assigned their own rid name the request alike. A request without a room keeps its rid."""
+    out = []
+    for r in records:
+        rid = r.get("request_id")
+        room = facts.rooms.get(rid) if rid is not None else None
+        if room is None:
+            if rid is not None:
+                notes.add("no_room", "{n} records name a request with no bootstrap room in the file: "
+                          "kept under its rid (--request-ids room)")
+            out.append(r)
+            continue
+        out.append({**r, "request_id": f"room-{room}"})
+    return out
 
 
 def _learn(lines: Lines, facts: Facts, options: Options) -> Facts:

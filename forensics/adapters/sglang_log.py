@@ -230,6 +230,12 @@ class Facts:
     pool_seen: bool = False  # the file has the scheduler's pool line
     received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
     era: str | None = None  # the releases whose formats the file shows (sglang_eras.era)
+    rooms: dict[str, str] = field(default_factory=dict)  # rid -> its bootstrap room, as logged
+
+    def learn_room(self, rid: str, room: Any) -> None:
+        """Note the bootstrap room a line gives ``rid`` (``None`` for a request without one)."""
+        if room not in (None, "None", ""):
+            self.rooms.setdefault(rid, str(room))
 
     def tie_pending_context(self) -> int:
         """Tie the context-length rejections (this file's, or its server log's) to the requests

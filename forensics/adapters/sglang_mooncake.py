@@ -43,6 +43,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         return False
     facts.failed.add(m["rid"])
     facts.learn_dp(m["rid"], line)
+    facts.learn_room(m["rid"], m["room"])
     return True
 
 

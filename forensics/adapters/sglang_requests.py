@@ -123,6 +123,9 @@ _FAST_MESSAGE = re.compile(r"'message': (?P<q>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.
 _FAST_STATUS = re.compile(r"'status_code': (?:(?P<n>\d+)|<HTTPStatus\.\w+: (?P<e>\d+)>)")
 
 
+_FAST_ROOM = re.compile(r", bootstrap_room=(-?\d+|None)(?=[,)])")
+
+
 def _fast(msg: str) -> RequestLine | None:
     """A text request line read by a few patterns instead of the repr's whole grammar (about 40
     times faster), where it can be done safely: the line holds no user text (SGLang's log levels
@@ -140,9 +143,15 @@ def _fast(msg: str) -> RequestLine | None:
         max_new = _FAST_MAX_NEW.search(skeleton)
         if max_new is not None:
             obj["sampling_params"] = {"max_new_tokens": int(max_new.group(1))}
+    at = msg.rfind(", out={") if m["what"] != "Receive" else len(msg)
+    if ", bootstrap_room=" in msg:  # (once, in the request part, or the full parse decides)
+        rooms = _FAST_ROOM.findall(msg, m.end(), at if at >= 0 else len(msg))
+        if len(rooms) != 1 or msg.count(", bootstrap_room=") != 1:
+            return None
+        if rooms[0] != "None":
+            obj["bootstrap_room"] = int(rooms[0])
     if m["what"] == "Receive":
         return RequestLine("received", m["rid"], obj, {}, True)
-    at = msg.rfind(", out={")
     meta_at = msg.rfind("'meta_info': {", at if at >= 0 else 0)
     if at < 0 or meta_at < 0:
         return None
@@ -218,6 +227,9 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         facts.parsed[line.msg] = RequestLine(r.event, r.rid, {}, _kept(r.meta))
     form = "json" if line.doc is not None else "text"
     facts.marks.add(f"request.{form}.{'prefixed' if line.prefixed else 'bare'}")
+    room = dig(r.obj, "bootstrap_room")
+    if isinstance(room, int) and not isinstance(room, bool):
+        facts.learn_room(r.rid, room)
     if r.event == "received":
         facts.open_receives[r.rid] = line.ts or facts.last_ts
         if line.ts is not None:
@@ -322,7 +334,10 @@ def _received(base: dict[str, Any], r: RequestLine, facts: Facts, options: Optio
     if prompt is None:
         raise Untranslatable(
             f"the prompt length of {r.rid} is not in this file (no finish, time-stats or length-error line)")
-    tenant: str | None = (options.tenants or {}).get(r.rid) or facts.tenant.get(r.rid)
+    tenants = options.tenants or {}
+    tenant: str | None = tenants.get(r.rid) or facts.tenant.get(r.rid)
+    if tenant is None and options.request_ids == "room" and r.rid in facts.rooms:
+        tenant = tenants.get(f"room-{facts.rooms[r.rid]}")
     if tenant is None:
         tenant = "unknown"
         notes.add("tenant", "{n} requests have no tenant: tenant_id 'unknown' "

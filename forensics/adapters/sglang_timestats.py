@@ -132,6 +132,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
     if t.kind == "prefill":
         facts.marks.add("time_stats.transfer_speed" if t.transfer_gbs is not None else "time_stats.no_transfer_speed")
     facts.learn_dp(t.rid, line)
+    facts.learn_room(t.rid, t.room)
     if t.kind == "decode":
         facts.learn_prompt(t.rid, t.input_len, 2)
         steps = t.steps

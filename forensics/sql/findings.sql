@@ -142,3 +142,18 @@ ORDER BY f.path;
 SELECT request_id, prompt_tokens, status, delivered, first_ts
 FROM requests WHERE tenant_id = 'unknown'
 ORDER BY first_ts, request_id;
+
+-- name: evidence.request_ids_differ
+-- severity: high
+-- title: {count} transfer(s) are logged under different request ids by their two sides: the sides are not tied
+-- The prefill and decode servers logged the same transfer (for SGLang, its bootstrap room) under
+-- different request ids, as servers that each assign their own rid do (no rid from the client or
+-- the router). Requests are tied across nodes by request id, so each side is read as a request of
+-- its own: the handoff, its findings and the replay cannot follow them. Ingest the SGLang logs
+-- again with --request-ids room.
+SELECT transfer_id, list(DISTINCT request_id ORDER BY request_id) AS request_ids,
+       list(DISTINCT node ORDER BY node) AS nodes
+FROM transfer_records
+GROUP BY transfer_id
+HAVING count(DISTINCT request_id) > 1
+ORDER BY transfer_id;

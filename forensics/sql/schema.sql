@@ -206,14 +206,25 @@ FROM kv_records;
 
 -- tokens_sent: the record's own tokens, or where it has none (a receiving side that does not
 -- say, as SGLang's decode time stats), the sending side's completed record of the same transfer.
+-- src_node and dst_node: a side the record could not name ('unknown': an SGLang server's line
+-- names only its own node) is the node that logged that side of the same transfer id (for
+-- SGLang, the bootstrap room both servers log); 'unknown' where no such record is in the case.
 CREATE OR REPLACE VIEW transfers AS
-SELECT transfer_id, request_id, event, node, boot, seq, ts, src_node, dst_node, src_pages,
-       dst_pages, tokens, bytes, file_id, line_no,
-       coalesce(tokens, (SELECT min(s.tokens) FROM transfer_records s
-                         WHERE s.transfer_id = t.transfer_id
-                           AND s.request_id = t.request_id AND s.event = 'completed'
-                           AND s.node = s.src_node)) AS tokens_sent
-FROM transfer_records t;
+WITH sides AS (
+  SELECT transfer_id, min(node) FILTER (WHERE node = src_node) AS sender,
+         min(node) FILTER (WHERE node = dst_node) AS receiver
+  FROM transfer_records
+  WHERE transfer_id IN (SELECT transfer_id FROM transfer_records WHERE src_node = 'unknown' OR dst_node = 'unknown')
+  GROUP BY transfer_id)
+SELECT t.transfer_id, t.request_id, t.event, t.node, t.boot, t.seq, t.ts,
+       CASE WHEN t.src_node = 'unknown' THEN coalesce(s.sender, t.src_node) ELSE t.src_node END AS src_node,
+       CASE WHEN t.dst_node = 'unknown' THEN coalesce(s.receiver, t.dst_node) ELSE t.dst_node END AS dst_node,
+       t.src_pages, t.dst_pages, t.tokens, t.bytes, t.file_id, t.line_no,
+       coalesce(t.tokens, (SELECT min(x.tokens) FROM transfer_records x
+                           WHERE x.transfer_id = t.transfer_id
+                             AND x.request_id = t.request_id AND x.event = 'completed'
+                             AND x.node = x.src_node)) AS tokens_sent
+FROM transfer_records t LEFT JOIN sides s USING (transfer_id);
 
 -- Replays of the case through the reference engine (kvforensics replay), latest per what-if.
 CREATE TABLE IF NOT EXISTS replays (

@@ -282,3 +282,63 @@ def test_the_replay_of_each_release_run_follows_its_logs_without_disagreement(re
     assert result.mode == "confirm" and result.not_replayed == 0
     assert result.disagreements == (), [d.as_dict() for d in result.disagreements]
     assert result.outcomes_changed == 0
+
+
+def _own_rids(release: str, form: str, out: Path) -> dict[str, str]:
+    """A copy of a set whose decode server assigned its own rids (as SGLang does where neither
+    the client nor the router gives one): each scenario rid replaced in the decode files by
+    another id. The rest of each line is as the release printed it. The new id of each rid."""
+    import hashlib
+    import shutil
+
+    shutil.copytree(ROOT / release / form, out)
+    new = {s["rid"]: hashlib.sha256(s["rid"].encode()).hexdigest()[:32] for s in _source(release)["scenario"]}
+    pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, new)) + r")(?![\w-])")
+    for path in out.rglob("*.log"):
+        if path.name.startswith("decode") or path.parent.name.startswith("decode"):
+            path.write_text(pattern.sub(lambda m: new[m[1]], path.read_text()))
+    return new
+
+
+@pytest.mark.parametrize(("release", "form"), [("0.5.11", "text"), ("0.5.19", "json"), ("0.5.23", "text")])
+def test_servers_that_assign_their_own_rids_are_tied_by_bootstrap_room(release: str, form: str,
+                                                                      tmp_path: Path) -> None:
+    """Each server its own rid: read by rid, a finding lists every transfer whose two sides
+    disagree on the request; read with --request-ids room, the case holds what the set with
+    shared rids gives (same records, request ids aside), each side's far node named, and the
+    replay confirms it with no disagreement."""
+    from replay.replay import logged_engine_of, replay
+
+    _own_rids(release, form, tmp_path / "own")
+    by_rid = tmp_path / "by_rid.duckdb"
+    forensics.investigate([tmp_path / "own"], by_rid)
+    with forensics.Case(by_rid) as c:
+        (differ,) = [f for f in c.findings() if f.id == "evidence.request_ids_differ"]
+    con = duckdb.connect(str(by_rid), read_only=True)
+    both_sides = con.execute("SELECT count(DISTINCT transfer_id) FROM transfer_records GROUP BY transfer_id "
+                             "HAVING count(DISTINCT node) > 1").fetchall()
+    assert differ.count == len(both_sides) > 0
+    con.close()
+
+    room = Options(request_ids="room")
+    cases = {}
+    for name, folder in (("shared", ROOT / release / form), ("own", tmp_path / "own")):
+        cases[name] = tmp_path / f"{name}.duckdb"
+        forensics.investigate([folder], cases[name], options=room)
+    kept = ("kind, node, ts, request_id, event, status, finish_reason, tokens, prompt_tokens, output_tokens, "
+            "transfer_id, src_node, dst_node, tenant_id")
+    rows = {}
+    for name, case in cases.items():
+        with forensics.Case(case) as c:
+            assert not any(f.id == "evidence.request_ids_differ" for f in c.findings())
+        con = duckdb.connect(str(case), read_only=True)
+        rows[name] = sorted(map(str, con.execute(f"SELECT {kept} FROM records").fetchall()))
+        named = _rows(con, "SELECT src_node, dst_node FROM transfers WHERE transfer_id IN (SELECT transfer_id "
+                           "FROM transfer_records GROUP BY transfer_id HAVING count(DISTINCT node) > 1)")
+        assert named and all("unknown" not in (t["src_node"], t["dst_node"]) for t in named)
+        con.close()
+    assert rows["own"] == rows["shared"]
+    result = replay(cases["own"], logged_engine_of(cases["own"]) or "sglang-placeholder", tmp_path / "replay")
+    assert result.not_replayed == 0 and result.disagreements == ()
+    assert result.exposure == replay(cases["shared"], logged_engine_of(cases["shared"]) or "sglang-placeholder",
+                                     tmp_path / "replay2").exposure
