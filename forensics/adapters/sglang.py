@@ -11,6 +11,7 @@ node's role, each prompt's real length, precise finish times), the second transl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ _EVIDENCE = ("request level: who was served where and when, and the handoff's to
 
 def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iterator[Outcome]:
     facts = _learn(lines, Facts(node=options.node_for(path)), options)
+    server = None
     if facts.role_for(options) is None and not facts.roles_seen:
         server = _server_beside(path)
         if server is not None:  # a --log-requests-target file: its server's log says the rest
@@ -54,9 +56,15 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
                 facts.finish_ts.setdefault(rid, at)
             for rid, at in theirs.received_at.items():
                 facts.received_at.setdefault(rid, at)
+            for status, n in theirs.finish_status.items():
+                facts.finish_status[status] = facts.finish_status.get(status, 0) + n
+    refused = len(facts.pending_context)  # (the tokenizer's rejections: a 400 each, no finish line)
     if untied := facts.tie_pending_context():
         notes.add("context_unnamed", "{n} context-length rejections name no request this file received: "
                   "recorded from the request log beside it where there is one (docs/adapters.md)", untied)
+    if server is None and (differs := _access_differs(facts, refused)) is not None:
+        notes.add("access", f"the HTTP statuses clients got differ from the finish lines' ({differs}): "
+                  "finding evidence.access_status_differs", 1)
     facts.calibrate()
     facts.era = era(facts.marks)
     if facts.era is not None:
@@ -98,12 +106,36 @@ def _learn(lines: Lines, facts: Facts, options: Options) -> Facts:
     facts.last_ts = None
     for _, text in lines():
         line = split(text, options.year)
-        for fmt in _FORMATS:
-            if fmt.learn(line, facts, options):
-                break
+        if ' HTTP/' in text and (access := _ACCESS.search(text)) is not None:
+            status = int(access["status"])
+            facts.access[status] = facts.access.get(status, 0) + 1
+        else:
+            for fmt in _FORMATS:
+                if fmt.learn(line, facts, options):
+                    break
         if line.ts is not None:
             facts.last_ts = line.ts
     return facts
+
+
+#: uvicorn's access line of a generate request (``INFO:     ADDR - "POST /generate HTTP/1.1" 200 OK``)
+_ACCESS = re.compile(r' - "POST /(?:generate|v1/chat/completions|v1/completions)[?\S]* HTTP/[\d.]+" '
+                     r'(?P<status>\d{3})\b')
+
+
+def _access_differs(facts: Facts, refused: int) -> str | None:
+    """Where the access lines' statuses (what the clients got) are not those of the finish lines
+    (and the tokenizer's 400s): both, status by status; None where they agree or the file has
+    no access line."""
+    if not facts.access:
+        return None
+    said = dict(facts.finish_status)
+    if refused:
+        said[400] = said.get(400, 0) + refused
+    if said == facts.access:
+        return None
+    show = lambda counts: ", ".join(f"{n:,} x {s}" for s, n in sorted(counts.items())) or "none"  # noqa: E731
+    return f"access lines {show(facts.access)}; finish lines {show(said)}"
 
 
 def _requests_beside(path: Path, node: str) -> list[tuple[Path, Lines]]:

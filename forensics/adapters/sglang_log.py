@@ -15,6 +15,7 @@ without evaluating anything.
 from __future__ import annotations
 
 import ast
+import bisect
 import datetime as dt
 import functools
 import json
@@ -231,6 +232,10 @@ class Facts:
     received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
     era: str | None = None  # the releases whose formats the file shows (sglang_eras.era)
     rooms: dict[str, str] = field(default_factory=dict)  # rid -> its bootstrap room, as logged
+    #: HTTP statuses of the generate requests' uvicorn access lines, and of the finish lines
+    #: (with the tokenizer's rejections, which answer 400 with no finish line)
+    access: dict[int, int] = field(default_factory=dict)
+    finish_status: dict[int, int] = field(default_factory=dict)
 
     def learn_room(self, rid: str, room: Any) -> None:
         """Note the bootstrap room a line gives ``rid`` (``None`` for a request without one)."""
@@ -242,14 +247,31 @@ class Facts:
         this file received: each to the latest one received by then that never finished (the one
         being tokenized; a rejected request gets no finish line). How many found none."""
         untied = 0
+        items = list(self.open_receives.items())  # (in the order received)
+        times = [at for _, at in items]
+        known = [at for at in times if at is not None]
+        ordered = len(known) == len(times) and all(a <= b for a, b in zip(known, known[1:], strict=False))
+        taken: set[int] = set()
+
+        def latest(before: dt.datetime | None) -> int:
+            """The last receive not yet tied that came before ``before`` (-1: none): by bisection
+            where the receives are in time order, as a server's are."""
+            if ordered:
+                i = len(known) - 1 if before is None else bisect.bisect_left(known, before) - 1
+                while i >= 0 and i in taken:
+                    i -= 1
+                return i
+            return max((k for k, at in enumerate(times)
+                        if k not in taken and (before is None or at is None or at < before)), default=-1)
+
         for when, tokens, context in self.pending_context:
             # (the error line's time is to the second, a JSON receive's to the microsecond)
-            rids = [r for r, at in self.open_receives.items()
-                    if when is None or at is None or at < when + dt.timedelta(seconds=1)]
-            if not rids:
+            i = latest(None if when is None else when + dt.timedelta(seconds=1))
+            if i < 0:
                 untied += 1
                 continue
-            rid = rids[-1]
+            taken.add(i)
+            rid = items[i][0]
             del self.open_receives[rid]
             self.learn_prompt(rid, tokens, 3)
             self.finished.add(rid)

@@ -118,6 +118,9 @@ _FAST_RID = re.compile(
 _FAST_SAMPLING = re.compile(r", sampling_params=\{(?P<sp>[^{}'\"]*(?:'[a-z_]+': [^{}'\",]*(?:, )?)*)\}")
 _FAST_MAX_NEW = re.compile(r"'max_new_tokens': (\d+)")
 _FAST_INT = {k: re.compile(rf"'{k}': (\d+)") for k in ("prompt_tokens", "completion_tokens", "dp_rank")}
+#: meta_info's wall-clock time the response was sent to the client (0.5.6 on), epoch seconds
+SENT = "response_sent_to_client_ts"
+_FAST_SENT = re.compile(r"'response_sent_to_client_ts': (\d+(?:\.\d+)?(?:e[+-]?\d+)?)")
 _FAST_REASON = re.compile(r"'finish_reason': (?:None|\{'type': '(?P<type>\w+)'(?P<rest>.*))")
 _FAST_MESSAGE = re.compile(r"'message': (?P<q>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
 _FAST_STATUS = re.compile(r"'status_code': (?:(?P<n>\d+)|<HTTPStatus\.\w+: (?P<e>\d+)>)")
@@ -161,6 +164,9 @@ def _fast(msg: str) -> RequestLine | None:
         found = pattern.search(meta_text)
         if found is not None:
             meta[key] = int(found.group(1))
+    sent = _FAST_SENT.search(meta_text)
+    if sent is not None:
+        meta[SENT] = float(sent.group(1))
     reason = _FAST_REASON.search(meta_text)
     if reason is None:
         return None
@@ -244,6 +250,8 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         return True
     facts.finished.add(r.rid)
     facts.open_receives.pop(r.rid, None)
+    status = finish_status(r)
+    facts.finish_status[status] = facts.finish_status.get(status, 0) + 1
     dp = r.meta.get("dp_rank")
     if isinstance(dp, int) and not isinstance(dp, bool):
         facts.dp_of.setdefault(r.rid, dp)
@@ -277,11 +285,17 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
                   "them bare): each takes the time of the line before it, to the second")
     else:
         when = line.when()
+    sent = r.meta.get(SENT) if r.event == "finished" and not line.precise else None
+    if isinstance(sent, (int, float)) and not isinstance(sent, bool) \
+            and when <= (at := dt.datetime.fromtimestamp(sent, tz=dt.UTC)) < when + dt.timedelta(seconds=1):
+        when = at  # the time the response was sent, inside the second the line was logged in
+    else:
+        sent = None
     role = facts.role_for(options) or "unified"
     # a whole-second time made precise from the decode time stats: their entry_time (0.5.12 on)
     # or their start put on the wall clock
     calibrated = (facts.entry_times.get(r.rid) or facts.step_times(r.rid)) \
-        if role == "decode" and not line.precise else None
+        if role == "decode" and not line.precise and sent is None else None
     if calibrated is not None:
         if r.event == "received":  # preallocation: at or after the second the request arrived in
             if calibrated[0] >= when:
@@ -313,7 +327,7 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
         reason, limit = abort_reason(str(fr.get("message", ""))), facts.limit.get(r.rid)
         return [{**base, "event": "rejected", "reason": reason,
                  **({"limit_tokens": limit} if limit is not None and reason == "input_too_long" else {})}]
-    status = (status_code(fr.get("status_code")) or 500) if r.aborted else 200
+    status = finish_status(r)
     finish_reason = abort_reason(str(fr.get("message", ""))) if r.aborted else fr.get("type")
     record: dict[str, Any] = {**base, "event": "finished", "status": status}
     if isinstance(finish_reason, str):
@@ -325,7 +339,7 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
 
 def _kept(meta: dict[str, Any]) -> dict[str, Any]:
     """What translation reads of a finish's meta_info."""
-    return {k: meta[k] for k in ("finish_reason", "prompt_tokens", "completion_tokens") if k in meta}
+    return {k: meta[k] for k in ("finish_reason", "prompt_tokens", "completion_tokens", SENT) if k in meta}
 
 
 def _received(base: dict[str, Any], r: RequestLine, facts: Facts, options: Options, notes: Notes,
@@ -348,6 +362,12 @@ def _received(base: dict[str, Any], r: RequestLine, facts: Facts, options: Optio
     if prefill:
         record["prefill_node"] = facts.node
     return record
+
+
+def finish_status(r: RequestLine) -> int:
+    """The HTTP status a finish line answers with: an abort's ``status_code`` (500 where it has
+    none), else 200."""
+    return (status_code(r.finish_reason.get("status_code")) or 500) if r.aborted else 200
 
 
 def abort_reason(message: str) -> str:

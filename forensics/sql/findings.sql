@@ -157,3 +157,32 @@ FROM transfer_records
 GROUP BY transfer_id
 HAVING count(DISTINCT request_id) > 1
 ORDER BY transfer_id;
+
+-- name: evidence.access_status_differs
+-- severity: high
+-- title: {count} engine log file(s) answered clients with other HTTP statuses than their finish lines say
+-- An SGLang server's uvicorn access lines give the status each generate request's client got;
+-- its finish lines (and the tokenizer's context rejections, a 400 each) say how the requests
+-- ended. Counted status by status per file, they differ: a response the logs call delivered may
+-- not have reached its client, or one they call failed may have. The access lines name no
+-- request, so they are compared as counts; the text gives both.
+SELECT f.path, f.adapter, n.text
+FROM file_notes n JOIN files f USING (file_id)
+WHERE n.key = 'access'
+ORDER BY f.path;
+
+-- name: handoff.sent_but_not_received
+-- severity: high
+-- title: {count} transfer(s) completed on the sending side but failed on the receiving side: possible late writes
+-- The prefill side logged its transfer completed (it sent the KV) while the decode side gave
+-- up on it (its transfer failed, as a timeout does) and freed the pages it had reserved. If the
+-- writes landed after that, they overwrote pages decode may already have given to another
+-- request: a late write. Page records show one (kv.late_write); request-level logs cannot, so a
+-- replay of them does not see what such writes overwrote: each transfer here is a gap in the
+-- evidence its figures rest on.
+SELECT s.transfer_id, s.request_id, s.node AS src_node, s.ts AS sent_at, r.node AS dst_node,
+       r.ts AS failed_at
+FROM transfers s
+JOIN transfers r ON r.transfer_id = s.transfer_id AND r.event = 'failed' AND r.node = r.dst_node
+WHERE s.event = 'completed' AND s.node = s.src_node
+ORDER BY s.ts, s.transfer_id;

@@ -453,9 +453,11 @@ class Printer:
         self.s.configure("")
         done = self.finish.FINISH_MATCHED_TOKEN(matched=2) if stop else self.finish.FINISH_LENGTH(length=output)
         reason = aborted or done.to_json()
-        out = {"text": "", "output_ids": [1] * output, "meta_info": {
-            "id": rid, "finish_reason": reason, "prompt_tokens": prompt, "completion_tokens": output,
-            "cached_tokens": 0, "e2e_latency": latency}}
+        meta = {"id": rid, "finish_reason": reason, "prompt_tokens": prompt, "completion_tokens": output,
+                "cached_tokens": 0, "e2e_latency": latency}
+        if "response_sent_to_client_ts" in self.r.source("sglang.srt.managers.tokenizer_manager"):
+            meta["response_sent_to_client_ts"] = CLOCK.now  # (the tokenizer sets it just before logging)
+        out = {"text": "", "output_ids": [1] * output, "meta_info": meta}
         self.request_logger.log_finished_request(obj, out)
         status = 200 if aborted is None else int(aborted.get("status_code") or 500)
         self._access(status)

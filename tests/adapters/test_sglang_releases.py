@@ -342,3 +342,52 @@ def test_servers_that_assign_their_own_rids_are_tied_by_bootstrap_room(release: 
     assert result.not_replayed == 0 and result.disagreements == ()
     assert result.exposure == replay(cases["shared"], logged_engine_of(cases["shared"]) or "sglang-placeholder",
                                      tmp_path / "replay2").exposure
+
+
+def test_what_clients_got_is_held_to_the_finish_lines(tmp_path: Path) -> None:
+    """uvicorn's access lines (the status each client got) agree, status by status, with the
+    finish lines and the tokenizer's 400s in every server log of every release; a server whose
+    access lines say otherwise gets the finding, with both counts."""
+    from forensics.adapters.sglang import _learn
+    from forensics.adapters.sglang_log import Facts
+
+    counted = 0
+    for path in sorted(p for p in ROOT.rglob("*.log") if p.parent.name in ("text", "json")):
+        text = path.read_text()
+        lines = lambda text=text: enumerate(text.splitlines(), 1)  # noqa: E731
+        facts = _learn(lines, Facts(node="n"), Options())
+        assert sum(facts.access.values()) == text.count('"POST /generate HTTP/1.1"'), path
+        counted += bool(facts.access)
+        notes = Notes()
+        adapter = next(a for a in SGLANG if a.sniff(text.splitlines()[:64]))
+        assert adapter.translate is not None
+        for _ in adapter.translate(lines, path, Options(), notes):
+            pass
+        assert not [t for t in notes.lines() if "HTTP statuses" in t], path
+    assert counted == len(SETS) * 2  # (both servers of every set print them)
+
+    log = (ROOT / "0.5.23" / "text" / "decode-0.log").read_text()
+    served = log.rindex('"POST /generate HTTP/1.1" 200 OK')
+    (tmp_path / "decode-0.log").write_text(log[:served] + '"POST /generate HTTP/1.1" 502 Bad Gateway'
+                                           + log[served + len('"POST /generate HTTP/1.1" 200 OK'):])
+    forensics.investigate([tmp_path / "decode-0.log"], tmp_path / "case.duckdb")
+    with forensics.Case(tmp_path / "case.duckdb") as case:
+        (differs,) = [f for f in case.findings() if f.id == "evidence.access_status_differs"]
+    (text,) = differs.evidence["text"].to_list()
+    assert "access lines 2 x 200, 1 x 400, 4 x 500, 1 x 502; finish lines 3 x 200, 1 x 400, 4 x 500" in text
+
+
+@pytest.mark.parametrize("release", [r for r, f in SETS if f == "text"])
+def test_a_text_finish_takes_the_time_its_response_was_sent(release: str, tmp_path: Path) -> None:
+    """meta_info's response_sent_to_client_ts (where the release's tokenizer sets it) makes a
+    text finish line's whole second precise: each finished record is at that time exactly."""
+    sent = {m[1]: float(m[2]) for m in re.finditer(
+        r"'id': '([^']+)'.*?'response_sent_to_client_ts': ([0-9.e+]+)",
+        (ROOT / release / "text" / "decode-0.log").read_text())}
+    con, _, _ = _ingest(release, "text", tmp_path)
+    finished = {r["request_id"]: r["ts"] for r in _rows(
+        con, "SELECT request_id, ts FROM records WHERE event = 'finished' AND node LIKE 'decode-0%'")}
+    has = "response_sent_to_client_ts" in (ROOT / release / "text" / "decode-0.log").read_text()
+    assert bool(sent) == has
+    for rid, at in sent.items():
+        assert abs(finished[rid].timestamp() - at) < 1e-6, rid
