@@ -70,6 +70,36 @@ def test_late_writes_are_found_with_the_reads_they_tainted(tmp_path: Path) -> No
     assert found["kv.late_write"].evidence["tainted_readers"].sum() > 0
 
 
+def test_a_late_write_that_request_level_logs_cannot_show_is_an_evidence_gap(tmp_path: Path) -> None:
+    """Logged as SGLang logs it (no page records; decode's timeout a failed transfer, its late
+    landing nowhere), each late write shows only as a transfer the prefill sent and the decode
+    gave up on: handoff.sent_but_not_received lists exactly those of the page logs' late writes."""
+    late_pool = Deployment(**{**SMALL.__dict__, "decode_pool_tokens": 65_600})
+    _sim(tmp_path / "logs", late_pool, seed=9, over_long=0.0, late_writes=0.1)
+    late = {r["request_id"] for r in _found(tmp_path / "logs", tmp_path / "a.duckdb")["kv.late_write"]
+            .evidence.iter_rows(named=True)}
+    out = tmp_path / "request-level"
+    out.mkdir()
+    for f in (tmp_path / "logs").glob("*.jsonl"):
+        kept, timed_out = [], {}
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r["kind"] == "kv":
+                continue
+            if r.get("finish_reason") == "transfer_timeout":
+                timed_out[r["request_id"]] = r["ts"]
+            if r["kind"] == "transfer" and r["request_id"] in timed_out and r["node"] == r["dst_node"]:
+                r = {**r, "event": "failed", "ts": timed_out[r["request_id"]]}
+                r.pop("dst_pages", None)
+            kept.append(json.dumps(r))
+        (out / f.name).write_text("\n".join(kept) + "\n")
+    found = _found(out, tmp_path / "b.duckdb")
+    assert "kv.late_write" not in found
+    gap = found["handoff.sent_but_not_received"].evidence
+    assert set(gap["request_id"]) == late and len(late) > 0
+    assert (gap["sent_at"] < gap["failed_at"]).all()
+
+
 def test_missing_records_and_shifted_clocks_are_evidence_findings(tmp_path: Path) -> None:
     _sim(tmp_path / "logs", seed=3, over_long=0.0)
     decode0 = tmp_path / "logs" / "decode-0.jsonl"
