@@ -65,18 +65,25 @@ SCENARIO = [
 ]
 
 
+def common_module(release: Release) -> str:
+    """The module holding ``configure_logger`` in this release."""
+    return "sglang.srt.utils.common" if release.has("sglang.srt.utils.common") else "sglang.srt.utils"
+
+
 def run(release: Release, out: Path) -> None:
     """The scenario through one release: writes the fixture folder ``out/<version>``."""
     start_clock(SETUP)
     folder = out / release.version
     folder.mkdir(parents=True, exist_ok=True)
     sources: dict[str, str] = {}
-    forms = ("text", "json") if release.has("sglang.srt.utils.request_logger") else ("text",)
+    forms = ["text", "json"] if release.has("sglang.srt.utils.request_logger") else ["text"]
+    if "SGLANG_LOG_MS" in release.source(common_module(release)):
+        forms.append("text-ms")  # SGLANG_LOG_MS=1: the text form with milliseconds in each time
     for form in forms:
         for role in ("prefill", "decode"):
             # --log-requests-target: a folder named after the server, beside its stdout capture
             target = folder / form / f"{role}-0" if form == "json" and _has_targets(release) else None
-            server = Server(release, SPECS[role], SETUP, form, target)
+            server = Server(release, SPECS[role], SETUP, form.removesuffix("-ms"), target, log_ms=form == "text-ms")
             Scenario(server).play()
             (folder / form).mkdir(parents=True, exist_ok=True)
             (folder / form / f"{role}-0.log").write_text(server.out.getvalue(), encoding="utf-8")

@@ -102,8 +102,9 @@ class Server:
     """One SGLang server (prefill or decode) of one release, logging to ``out`` (its stdout)."""
 
     def __init__(self, release: Release, spec: Spec, setup: Setup, form: str, target: Path | None,
-                 out: Any = None):
+                 out: Any = None, log_ms: bool = False):
         self.r, self.spec, self.setup, self.form = release, spec, setup, form
+        self.log_ms = log_ms  # SGLANG_LOG_MS=1: milliseconds in the log prefix's time
         self.role = spec.role
         self.out = out if out is not None else io.StringIO()
         self.sources: dict[str, str] = {}
@@ -122,7 +123,7 @@ class Server:
 
     def _common(self) -> types.ModuleType:
         mod = "sglang.srt.utils.common" if self.r.has("sglang.srt.utils.common") else "sglang.srt.utils"
-        envs = types.SimpleNamespace(SGLANG_LOG_MS=types.SimpleNamespace(get=lambda: False))
+        envs = types.SimpleNamespace(SGLANG_LOG_MS=types.SimpleNamespace(get=lambda: self.log_ms))
         return self.r.module(mod, ["configure_logger", "get_bool_env_var"], values={"envs": envs})
 
     def configure(self, prefix: str) -> None:

@@ -5,7 +5,7 @@ the wheel's logging code on a scripted prefill/decode run; SOURCE.json names the
 wheel's SHA-256 and the source line behind each line type). Releases covered: 0.5.5, 0.5.7,
 0.5.8, 0.5.11, 0.5.12, 0.5.18, 0.5.19, 0.5.21, 0.5.22 and 0.5.23, text request logs for all,
 JSON for those that have it (0.5.7 on: on stdout to 0.5.7, in --log-requests-target files from
-0.5.8).
+0.5.8), and the text form with SGLANG_LOG_MS=1 (milliseconds in each time; 0.5.7 on).
 
 What each request should become is worked out here from the scenario in SOURCE.json and what
 the release does (whether it retires a length-rejected prompt, which integrity checks it has),
@@ -30,7 +30,7 @@ from forensics.adapters.sglang_eras import RELEASES, releases_of
 
 #: The fixtures; scripts/check_sglang_releases.py points this at sets made for other releases and runs.
 ROOT = Path(os.environ.get("KVFORENSICS_SGLANG_RELEASES") or Path(__file__).parent / "releases")
-SETS = sorted(((d.name, form) for d in ROOT.iterdir() if d.is_dir() for form in ("text", "json")
+SETS = sorted(((d.name, form) for d in ROOT.iterdir() if d.is_dir() for form in ("text", "json", "text-ms")
                if (d / form).is_dir()), key=lambda s: (RELEASES.index(s[0]), s[1]))
 #: Lines a server prints that are no event of a request, and lines whose facts other lines'
 #: records carry (the same rejection is in the request's finish line): these may give no record.
@@ -352,7 +352,7 @@ def test_what_clients_got_is_held_to_the_finish_lines(tmp_path: Path) -> None:
     from forensics.adapters.sglang_log import Facts
 
     counted = 0
-    for path in sorted(p for p in ROOT.rglob("*.log") if p.parent.name in ("text", "json")):
+    for path in sorted(p for p in ROOT.rglob("*.log") if p.parent.name in ("text", "json", "text-ms")):
         text = path.read_text()
         lines = lambda text=text: enumerate(text.splitlines(), 1)  # noqa: E731
         facts = _learn(lines, Facts(node="n"), Options())
