@@ -14,7 +14,11 @@ Layouts (how a deployment logs, all valid under the schema), chosen per log set:
 - ``starts``: which side logs its ``started``: ``prefill``, ``decode``, ``both`` or ``none``;
 - ``skew_ns``: each node's clock is off by up to this much (its ``ts``; never its order);
 - ``restart``: a decode node restarts (a new boot, its pool afresh) once, when nothing is in
-  flight on it;
+  flight on it; with ``in_flight`` too, at that moment whatever is in flight: the requests it
+  held are lost with its process (it logs nothing more of them, its pages are gone with the
+  boot), the router answers each 502 ``decode_restarted`` then, and each one's prefill, when it
+  comes to send, logs its transfer ``failed`` (whatever the layout: it is the side that sees
+  it) and frees its pages;
 - ``seqless_router``: the router's records carry no ``seq``;
 - ``chunks``: each request's KV goes in this many transfers (their own ids), each with its
   records, its share of the tokens and its pages landing when it completes.
@@ -40,6 +44,7 @@ class Layout:
     starts: str = "prefill"
     skew_ns: int = 0
     restart: bool = False
+    in_flight: bool = False
     seqless_router: bool = False
     chunks: int = 1
 
@@ -154,6 +159,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         at(t, "arrive", rid)
     in_flight: dict[str, set[str]] = {n.name: set() for n in decodes}
     held: dict[tuple[str, str], list[int]] = {}
+    lost: set[str] = set()  # requests whose decode node restarted under them
 
     def kv(node: Node, t: int, rid: str, op: str, pages: list[int], source: str | None = None) -> None:
         record: dict[str, Any] = {"kind": "kv", "request_id": rid, "op": op, "pages": ranges(pages)}
@@ -181,12 +187,22 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         r = info[rid]
         p, d = r["prefill"], r["decode"]
         kv_tokens = 1 if r["over"] else r["prompt"]
+        if rid in lost and what in ("decode", "finish"):
+            continue  # (its decode process is gone: nothing more of it there)
+        if what == "restart" or (what == "arrive" and r["restart"] and not layout.in_flight
+                                 and not in_flight[d.name]):
+            for x in sorted(in_flight[d.name]):
+                request(router, t, x, "finished", status=502, finish_reason="decode_restarted", output_tokens=0)
+                held.pop((d.name, x), None)
+                lost.add(x)
+            in_flight[d.name].clear()
+            d.boot += 1
+            d.seq = 0
+            d.pool = Pool(d.pool_pages)
+            config(d, t)
+            if what == "restart":
+                continue
         if what == "arrive":
-            if r["restart"] and not in_flight[d.name]:
-                d.boot += 1
-                d.seq = 0
-                d.pool = Pool(d.pool_pages)
-                config(d, t)
             request(router, t, rid, "received", tenant_id=r["tenant"], prompt_tokens=r["prompt"],
                     max_new_tokens=r["max_new"], prefill_node=p.name, decode_node=d.name)
             need = ceil_div(r["prompt"], page_size)
@@ -199,6 +215,8 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
             kv(d, t + 1000, rid, "alloc", held[(d.name, rid)])
             in_flight[d.name].add(rid)
             at(t + 2000, "prefill", rid)
+            if r["restart"] and layout.in_flight:  # while it is being prefilled
+                at(t + 30_000, "restart", rid)
         elif what == "prefill":
             request(p, t, rid, "prefill_started")
             if r["over"]:  # the placeholder: marked rejected, one token computed and sent
@@ -214,9 +232,15 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
             for c, (_, n) in enumerate(shares(kv_tokens)):
                 if layout.starts in ("prefill", "both"):
                     transfer(p, t, rid, "started", r, n, c)
-                if layout.starts in ("decode", "both"):
+                if layout.starts in ("decode", "both") and rid not in lost:
                     transfer(d, t + 100, rid, "started", r, n, c)
             at(t + 20_000 + 10 * kv_tokens, "sent", rid)
+        elif what == "sent" and rid in lost:  # the decode side is gone: the transfer fails
+            for c, (_, n) in enumerate(shares(kv_tokens)):
+                transfer(p, t, rid, "failed", r, n, c)
+            kv_pages = held.pop((p.name, rid))
+            kv(p, t, rid, "free", kv_pages)
+            p.pool.give_back(kv_pages)
         elif what == "sent":
             chunks = shares(kv_tokens)
             for c, (first, n) in enumerate(chunks):

@@ -25,6 +25,9 @@ LAYOUTS = {
     "decode logs start and end only": Layout(ends="decode", starts="decode"),
     "no start, prefill's end, clocks 30 ms apart": Layout(ends="prefill", starts="none", skew_ns=30_000_000),
     "a decode node restarts; the router logs no seq": Layout(restart=True, seqless_router=True),
+    "a decode node restarts with requests in flight": Layout(restart=True, in_flight=True),
+    "a restart in flight, prefill's end only, clocks apart": Layout(restart=True, in_flight=True, ends="prefill",
+                                                                    skew_ns=20_000_000),
     "each request's KV in three transfers": Layout(chunks=3),
     "three transfers, decode logs their ends only": Layout(chunks=3, ends="decode", starts="none"),
 }
@@ -50,13 +53,14 @@ def test_the_replay_of_request_level_evidence_gives_the_page_logs_figures(tmp_pa
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(0, 10_000), st.sampled_from(["prefill", "decode", "both"]),
-       st.sampled_from(["prefill", "decode", "both", "none"]), st.sampled_from([0, 5_000_000]), st.booleans())
+       st.sampled_from(["prefill", "decode", "both", "none"]), st.sampled_from([0, 5_000_000]),
+       st.sampled_from(["none", "between requests", "in flight"]))
 def test_any_layout_of_any_run_replays_exactly(tmp_path: Path, seed: int, ends: str, starts: str, skew: int,
-                                               restart: bool) -> None:
+                                               restart: str) -> None:
     tmp = tmp_path / f"run-{seed}-{ends}-{starts}-{skew}-{restart}"
     shutil.rmtree(tmp, ignore_errors=True)
-    figures, result = figures_and_replay(tmp, seed, Layout(ends=ends, starts=starts, skew_ns=skew, restart=restart),
-                                         requests=120)
+    layout = Layout(ends=ends, starts=starts, skew_ns=skew, restart=restart != "none", in_flight=restart == "in flight")
+    figures, result = figures_and_replay(tmp, seed, layout, requests=120)
     assert result.exposure == figures
     assert result.disagreements == ()
 
