@@ -358,6 +358,10 @@ def investigate(
                    else f"what-if, {r.outcomes_changed} logged outcomes changed")
         typer.echo(f"replay under {r.engine}: {r.exposure['exposed_responses']} exposed responses{agreement} "
                    f"({checked})")
+    if found.unseen_late_writes:
+        typer.echo(f"{found.unseen_late_writes} transfer(s) sent by prefill and given up by a decode node without "
+                   "page records: a late write there is in no log, and no replay figure includes what it "
+                   "overwrote (finding handoff.sent_but_not_received)")
     filled = found.filled
     if filled and filled.gap_windows:
         typer.echo(f"page records missing in {filled.gap_windows} seq-gap windows: filled by replay, "

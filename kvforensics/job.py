@@ -13,6 +13,7 @@ from typing import Any
 
 from forensics.adapters import Options
 from forensics.exposure.tiers import Filled, fill_from_replay, missing_page_records, tier_figures
+from forensics.findings import specs
 from forensics.ingestion import Progress
 from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, investigate
@@ -44,6 +45,10 @@ class JobResult:
     #: the eight figures by the evidence they rest on (forensics.exposure.tiers.SUMMARY_TIERS)
     tiers: dict[str, dict[str, int | None]] | None = None
     without_page_records: tuple[str, ...] = ()  # engine nodes that logged requests but no page records
+    #: transfers the prefill sent and the decode gave up on, where that decode logged no page
+    #: records: a late write there is in no log, so no replay's figure includes what it overwrote
+    #: (finding handoff.sent_but_not_received)
+    unseen_late_writes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The whole job as JSON-ready data (what ``investigate --out --json`` prints)."""
@@ -56,6 +61,7 @@ class JobResult:
         if self.tiers is not None:
             out["tiers"] = self.tiers
         out["nodes_without_page_records"] = list(self.without_page_records)
+        out["unseen_late_writes"] = self.unseen_late_writes
         if self.report is not None:
             out["report"] = self.report.as_dict()
         return out
@@ -115,9 +121,21 @@ def run(
     con = connect(db, read_only=True, create=False)
     try:
         tiers = tier_figures(con)
+        unseen = _unseen_late_writes(con, missing)
     finally:
         con.close()
-    return JobResult(found, replays, written, skipped, filled, tiers, tuple(missing))
+    return JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen)
+
+
+def _unseen_late_writes(con: Any, missing: Sequence[str]) -> int:
+    """How many of handoff.sent_but_not_received's transfers went to a node without page records."""
+    if not missing:
+        return 0
+    (spec,) = [s for s in specs() if s.id == "handoff.sent_but_not_received"]
+    query = spec.sql.strip().rstrip(";")
+    row = one(con, f"SELECT count(*) FROM ({query}) WHERE dst_node IN (SELECT unnest($1::VARCHAR[]))",
+              [list(missing)])
+    return int(row[0]) if row else 0
 
 
 def _evidence_gaps(db: Path | str) -> tuple[tuple[str, ...], int]:

@@ -98,6 +98,12 @@ def test_a_late_write_that_request_level_logs_cannot_show_is_an_evidence_gap(tmp
     gap = found["handoff.sent_but_not_received"].evidence
     assert set(gap["request_id"]) == late and len(late) > 0
     assert (gap["sent_at"] < gap["failed_at"]).all()
+    # the job's summary says it beside the replay's figures (no node here logged page records)
+    from kvforensics.job import run
+    job = run([out], tmp_path / "c.duckdb", None)
+    assert job.replays and job.unseen_late_writes == len(late)
+    assert job.as_dict()["unseen_late_writes"] == len(late)
+    assert run([tmp_path / "logs"], tmp_path / "d.duckdb", None).unseen_late_writes == 0  # (page records show them)
 
 
 def test_missing_records_and_shifted_clocks_are_evidence_findings(tmp_path: Path) -> None:
