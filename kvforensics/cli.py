@@ -611,8 +611,9 @@ def simulate(
         raise BadOption("--sglang-version, --sglang-wheel, --sglang-json and --sglang-gzip go with --sglang-logs")
     if sglang_version is None and (sglang_wheel or sglang_gzip):
         raise BadOption("--sglang-wheel and --sglang-gzip go with --sglang-version")
+    from replay.sglang_print.run import Refused, find_wheel
+    from replay.sglang_print.run import write as print_sglang_logs
     if sglang_version is not None:  # (the release and its wheel first: a refusal writes nothing)
-        from replay.sglang_print.run import Refused, find_wheel
         try:
             sglang_wheel = find_wheel(sglang_version, sglang_wheel)
         except Refused as e:
@@ -623,7 +624,6 @@ def simulate(
     ))
     sglang_files: list[Path] = []
     if sglang_logs is not None and sglang_version is not None:
-        from replay.sglang_print.run import write as print_sglang_logs
         try:
             sglang_files, _ = print_sglang_logs(out, sglang_logs, sglang_version, wheel=sglang_wheel,
                                                 text=not sglang_json, gzip=sglang_gzip)

@@ -35,12 +35,11 @@ import logging
 import random
 import subprocess
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
 from replay.sglang_print.release import Release
-from replay.sglang_print.servers import CLOCK, Printer, Server, Setup, Spec, _has_targets, retires, start_clock
+from replay.sglang_print.servers import CLOCK, Printer, Server, Setup, Spec, has_targets, retires, start_clock
 
 SETUP = Setup(epoch=dt.datetime(2026, 11, 2, 8, 0, 0, tzinfo=dt.UTC).timestamp())
 PERF0 = SETUP.perf0
@@ -82,7 +81,7 @@ def run(release: Release, out: Path) -> None:
     for form in forms:
         for role in ("prefill", "decode"):
             # --log-requests-target: a folder named after the server, beside its stdout capture
-            target = folder / form / f"{role}-0" if form == "json" and _has_targets(release) else None
+            target = folder / form / f"{role}-0" if form == "json" and has_targets(release) else None
             server = Server(release, SPECS[role], SETUP, form.removesuffix("-ms"), target, log_ms=form == "text-ms")
             Scenario(server).play()
             (folder / form).mkdir(parents=True, exist_ok=True)
@@ -127,12 +126,8 @@ class Scenario(Printer):
             return
         self.request_logger.log_received_request(obj)
         CLOCK.at(at + 0.01)
-        ts = self.time_stats(disagg_mode=self.dm.PREFILL if s.role == "prefill" else self.dm.DECODE)
-        req = types.SimpleNamespace(rid=rid, bootstrap_room=room, origin_input_ids=[0] * prompt, output_ids=[],
-                                    cached_tokens=0, prefill_attempt_count=1, time_stats=ts,
-                                    has_log_time_stats=False, multimodal_inputs=None, grammar=None,
-                                    return_logprob=False, logprob_start_len=-1, to_finish=None,
-                                    release_mm_inputs_on_abort=lambda: None)
+        req = self._req(rid, prompt, room)
+        ts = req.time_stats
         aborted: dict[str, Any] | None = None
         schedulers = s.schedulers(dp_rank)
         t = at + 0.01

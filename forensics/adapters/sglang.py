@@ -134,8 +134,11 @@ def _access_differs(facts: Facts, refused: int) -> str | None:
         said[400] = said.get(400, 0) + refused
     if said == facts.access:
         return None
-    show = lambda counts: ", ".join(f"{n:,} x {s}" for s, n in sorted(counts.items())) or "none"  # noqa: E731
-    return f"access lines {show(facts.access)}; finish lines {show(said)}"
+    return f"access lines {_by_status(facts.access)}; finish lines {_by_status(said)}"
+
+
+def _by_status(counts: dict[int, int]) -> str:
+    return ", ".join(f"{n:,} x {status}" for status, n in sorted(counts.items())) or "none"
 
 
 def _requests_beside(path: Path, node: str) -> list[tuple[Path, Lines]]:

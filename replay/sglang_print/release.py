@@ -99,6 +99,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _FINDER = _Finder()
 
 
+def _install_stubs() -> None:
+    """Put the stub finder last on ``sys.meta_path``, with stub ``sglang`` packages for the real
+    modules to sit in: only in a process that runs a release's code (a :class:`Release` made just
+    for its version and SHA-256 changes nothing)."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.append(_FINDER)
+    for name in ("sglang", "sglang.srt"):
+        if name not in sys.modules:
+            importlib.import_module(name)
+
+
 class Release:
     """One SGLang wheel: its version, SHA-256 and source, and the means to run pieces of it."""
 
@@ -111,11 +122,6 @@ class Release:
         self._trees: dict[str, ast.Module] = {}
         self._messages: dict[tuple[str, str, str | None], Callable[..., str]] = {}
         self._methods: dict[tuple[str, str, str], Any] = {}
-        if _FINDER not in sys.meta_path:
-            sys.meta_path.append(_FINDER)
-        for name in ("sglang", "sglang.srt"):  # (stub packages for the real modules to sit in)
-            if name not in sys.modules:
-                importlib.import_module(name)
 
     @property
     def key(self) -> tuple[int, ...]:
@@ -167,6 +173,7 @@ class Release:
         modules (the listed names, or all) from the wheel; everything else imported is a stub.
         ``values`` are set in the module before its statements run (stand-ins for imported
         names, such as ``envs``)."""
+        _install_stubs()
         for dep, dep_names in (real or {}).items():
             sys.modules[dep] = self.module(dep, dep_names)
         tree = self.tree(name)

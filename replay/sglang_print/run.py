@@ -43,7 +43,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,7 +160,6 @@ class SimulatedServer(Printer):
         self.startup()
         for t in requests:
             obj = self._obj(t.rid, t.prompt, t.max_new, room_of(t.rid), self.address[t.prefill_node])
-            self._objs[t.rid] = obj
             if t.router_rejected:
                 self._context_rejection(obj, t.prompt, t.arrived)
                 continue
@@ -171,14 +169,6 @@ class SimulatedServer(Printer):
             self.s.configure("")
             self.request_logger.log_received_request(obj)
             (self._prefill if self.s.role == "prefill" else self._decode)(t, obj)
-
-    def _req(self, t: Timeline, mode: str) -> Any:
-        ts = self.time_stats(disagg_mode=getattr(self.dm, mode))
-        return types.SimpleNamespace(
-            rid=t.rid, bootstrap_room=room_of(t.rid), origin_input_ids=[0] * t.prompt, output_ids=[],
-            cached_tokens=0, prefill_attempt_count=1, time_stats=ts, has_log_time_stats=False,
-            multimodal_inputs=None, grammar=None, return_logprob=False, logprob_start_len=-1,
-            to_finish=None, release_mm_inputs_on_abort=lambda: None)
 
     def _perf(self, seconds: float) -> float:
         return self.s.setup.perf0 + seconds
@@ -190,7 +180,7 @@ class SimulatedServer(Printer):
 
     def _prefill(self, t: Timeline, obj: Any) -> None:
         e, s = t.events, self.s
-        req = self._req(t, "PREFILL")
+        req = self._req(t.rid, t.prompt, room_of(t.rid))
         ts = req.time_stats
         ts.prefill_bootstrap_queue_entry_time = self._perf(t.arrived)
         if hasattr(ts, "bootstrap_done_time"):
@@ -235,7 +225,7 @@ class SimulatedServer(Printer):
 
     def _decode(self, t: Timeline, obj: Any) -> None:
         e, s = t.events, self.s
-        req = self._req(t, "DECODE")
+        req = self._req(t.rid, t.prompt, room_of(t.rid))
         ts = req.time_stats
         admitted = e.get("admitted", t.arrived)
         ts.decode_prealloc_queue_entry_time = self._perf(admitted)

@@ -190,6 +190,8 @@ class Printer:
         self.time_stats = self._time_stats()
         self.io = self._io_struct()
         self.finish = self._finish_reasons()
+        #: whether the release's tokenizer puts response_sent_to_client_ts in a finish's meta_info
+        self.sends_time = "response_sent_to_client_ts" in self.r.source("sglang.srt.managers.tokenizer_manager")
         self._objs: dict[str, Any] = {}
 
     def _obj_of(self, req: Any) -> Any:
@@ -204,7 +206,7 @@ class Printer:
             self.s.note("request_text", "sglang.srt.managers.tokenizer_manager", "Receive: obj=")
             return _InlineRequestLog(r, r.module(mod, ["dataclass_to_string_truncated"]), self.s)
         real: dict[str, Any] = {}
-        if _has_targets(r):
+        if has_targets(r):
             real["sglang.srt.utils.log_utils"] = None
         envs = types.SimpleNamespace(
             SGLANG_LOG_REQUEST_EXCEEDED_MS=types.SimpleNamespace(get=lambda: 0),
@@ -213,7 +215,7 @@ class Printer:
         values = {"envs": envs, "get_context": lambda: types.SimpleNamespace(
             is_config_namespace_published=lambda ns: False)}
         m = r.module("sglang.srt.utils.request_logger", real=real, values=values)
-        if _has_targets(r):
+        if has_targets(r):
             lu: Any = sys.modules["sglang.srt.utils.log_utils"]
             lu.datetime = _FakeDatetime  # log_json's timestamp
             lu.dist = types.SimpleNamespace(is_initialized=lambda: True, get_rank=lambda: 0)
@@ -373,6 +375,16 @@ class Printer:
             obj.normalize_batch_and_arguments()
         return obj
 
+    def _req(self, rid: str, prompt: int, room: int) -> Any:
+        """A stand-in ``Req`` of ``prompt`` tokens with the release's time-stats object, as this
+        server's scheduler holds it (what ``log_time_stats`` and ``set_finish_with_abort`` read)."""
+        mode = self.dm.PREFILL if self.s.role == "prefill" else self.dm.DECODE
+        return types.SimpleNamespace(
+            rid=rid, bootstrap_room=room, origin_input_ids=[0] * prompt, output_ids=[], cached_tokens=0,
+            prefill_attempt_count=1, time_stats=self.time_stats(disagg_mode=mode), has_log_time_stats=False,
+            multimodal_inputs=None, grammar=None, return_logprob=False, logprob_start_len=-1, to_finish=None,
+            release_mm_inputs_on_abort=lambda: None)
+
     def _log_time_stats(self, req: Any) -> None:
         fn = self.r.method("sglang.srt.managers.schedule_batch", "Req", "log_time_stats", {"logger": self.log})
         req.has_log_time_stats = False
@@ -456,7 +468,7 @@ class Printer:
         reason = aborted or done.to_json()
         meta = {"id": rid, "finish_reason": reason, "prompt_tokens": prompt, "completion_tokens": output,
                 "cached_tokens": 0, "e2e_latency": latency}
-        if "response_sent_to_client_ts" in self.r.source("sglang.srt.managers.tokenizer_manager"):
+        if self.sends_time:
             meta["response_sent_to_client_ts"] = CLOCK.now  # (the tokenizer sets it just before logging)
         out = {"text": "", "output_ids": [1] * output, "meta_info": meta}
         self.request_logger.log_finished_request(obj, out)
@@ -465,7 +477,7 @@ class Printer:
 
 
 
-def _has_targets(release: Release) -> bool:
+def has_targets(release: Release) -> bool:
     """Whether the release has ``--log-requests-target`` (its log targets in ``log_utils``)."""
     return release.has("sglang.srt.utils.log_utils")
 
