@@ -15,7 +15,7 @@ import pyarrow as pa
 from forensics.errors import CaseError, QueryError
 from forensics.exposure.analysis import analyse
 from forensics.exposure.figures import summary
-from forensics.exposure.tiers import missing_page_records, tier_figures
+from forensics.exposure.tiers import missing_page_records, tier_figures, unseen_late_writes
 from forensics.findings import Findings, findings
 from forensics.ids import NodeId, PageId, RequestId, TenantId
 from forensics.ingestion import source
@@ -25,10 +25,13 @@ from forensics.store import connect, one, sql_text
 class Summary(dict[str, int]):
     """The summary figures (of page records): a plain dict that shows itself as a compact table
     in a notebook. ``tiers`` has the figures by the evidence they rest on (page records, each
-    replay-backed tier, the total), ``without_page_records`` the engine nodes that logged none."""
+    replay-backed tier, the total), ``without_page_records`` the engine nodes that logged none,
+    ``unseen_late_writes`` the transfers sent to one of those nodes and given up there (a late
+    write of one is in no log, and no figure counts what it overwrote)."""
 
     tiers: dict[str, dict[str, int | None]]
     without_page_records: tuple[str, ...]
+    unseen_late_writes: int = 0
 
     def _repr_html_(self) -> str:
         every = getattr(self, "tiers", {})
@@ -43,7 +46,16 @@ class Summary(dict[str, int]):
                            for t in tiers.values())
 
         rows = "".join(f"<tr><td>{html.escape(name)}</td>{cells(name)}</tr>" for name in self)
-        return f"<table><thead><tr><th>figure</th>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        table = f"<table><thead><tr><th>figure</th>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        missing = getattr(self, "without_page_records", ())
+        if missing:
+            table += f"<p>Without page records: {html.escape(', '.join(missing))}.</p>"
+        unseen = getattr(self, "unseen_late_writes", 0)
+        if unseen:
+            table += (f"<p>{unseen:,} transfer(s) sent by prefill and given up by a node without page records: "
+                      "a late write there is in no log, and no figure counts what it overwrote "
+                      "(finding handoff.sent_but_not_received).</p>")
+        return table
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,7 @@ class Case:
         out = Summary(summary(self._con))
         out.tiers = tier_figures(self._con)
         out.without_page_records = tuple(missing_page_records(self._con))
+        out.unseen_late_writes = unseen_late_writes(self._con)
         return out
 
     def exposures(

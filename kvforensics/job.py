@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.adapters import Options
-from forensics.exposure.tiers import Filled, fill_from_replay, missing_page_records, tier_figures
-from forensics.findings import specs
+from forensics.exposure.tiers import Filled, fill_from_replay, missing_page_records, tier_figures, unseen_late_writes
 from forensics.ingestion import Progress
 from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, investigate
@@ -121,21 +120,10 @@ def run(
     con = connect(db, read_only=True, create=False)
     try:
         tiers = tier_figures(con)
-        unseen = _unseen_late_writes(con, missing)
+        unseen = unseen_late_writes(con)
     finally:
         con.close()
     return JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen)
-
-
-def _unseen_late_writes(con: Any, missing: Sequence[str]) -> int:
-    """How many of handoff.sent_but_not_received's transfers went to a node without page records."""
-    if not missing:
-        return 0
-    (spec,) = [s for s in specs() if s.id == "handoff.sent_but_not_received"]
-    query = spec.sql.strip().rstrip(";")
-    row = one(con, f"SELECT count(*) FROM ({query}) WHERE dst_node IN (SELECT unnest($1::VARCHAR[]))",
-              [list(missing)])
-    return int(row[0]) if row else 0
 
 
 def _evidence_gaps(db: Path | str) -> tuple[tuple[str, ...], int]:

@@ -79,6 +79,8 @@ class ReportData:
     #: without page records
     tier_figures: dict[str, dict[str, int | None]] = field(default_factory=dict)
     without_page_records: list[str] = field(default_factory=list)
+    #: transfers sent to one of those nodes and given up there (tiers.unseen_late_writes)
+    unseen_late_writes: int = 0
 
 
 def _ts(value: dt.datetime | None) -> str | None:
@@ -173,4 +175,5 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         tiers=evidence_tiers.by_tier(con), filled=evidence_tiers.filled_figures(con),
         tier_figures=evidence_tiers.tier_figures(con),
         without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],
+        unseen_late_writes=evidence_tiers.unseen_late_writes(con),
     )

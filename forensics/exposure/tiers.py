@@ -105,6 +105,22 @@ def missing_page_records(con: duckdb.DuckDBPyConnection) -> tuple[NodeId, ...]:
         "ORDER BY node").fetchall())
 
 
+def unseen_late_writes(con: duckdb.DuckDBPyConnection) -> int:
+    """How many transfers were sent by a prefill node and given up by a decode node without page
+    records (finding handoff.sent_but_not_received): where one of them landed late, it overwrote
+    pages that no log shows, and no replay-backed figure counts what it overwrote."""
+    missing = missing_page_records(con)
+    if not missing:
+        return 0
+    from forensics.findings import specs  # (the findings' queries; findings imports nothing of this)
+
+    (spec,) = [s for s in specs() if s.id == "handoff.sent_but_not_received"]
+    query = spec.sql.strip().rstrip(";")
+    row = one(con, f"SELECT count(*) FROM ({query}) WHERE dst_node IN (SELECT unnest($1::VARCHAR[]))",
+              [list(missing)])
+    return int(row[0]) if row else 0
+
+
 def _replay_rows(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the replay filled in any exposure (a case of before the table has none)."""
     return has_table(con, "replay_exposures") and (one(con, "SELECT count(*) FROM replay_exposures") or (0,))[0] > 0

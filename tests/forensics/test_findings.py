@@ -103,6 +103,16 @@ def test_a_late_write_that_request_level_logs_cannot_show_is_an_evidence_gap(tmp
     job = run([out], tmp_path / "c.duckdb", None)
     assert job.replays and job.unseen_late_writes == len(late)
     assert job.as_dict()["unseen_late_writes"] == len(late)
+    # ... and so do the notebook's summary and the report's first section
+    import forensics
+    from reports.render import report
+    with forensics.Case(tmp_path / "c.duckdb", read_only=True) as case:
+        summary = case.summary()
+    assert summary.unseen_late_writes == len(late)
+    assert f"{len(late):,} transfer(s) sent by prefill" in summary._repr_html_()
+    html = report(tmp_path / "c.duckdb", tmp_path / "c.html").out.read_text()
+    first = " ".join(html[html.index('id="summary"'):html.index('id="timeline"')].split())
+    assert f"{len(late):,} transfer(s) were sent by prefill and given up by one of these nodes" in first
     assert run([tmp_path / "logs"], tmp_path / "d.duckdb", None).unseen_late_writes == 0  # (page records show them)
 
 
