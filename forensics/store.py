@@ -151,7 +151,8 @@ def one(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = 
     return rows[0] if rows else None
 
 
-def rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+def rows(con: duckdb.DuckDBPyConnection, sql: str,
+         params: list[Any] | dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """A query's rows as dicts by column name."""
     cur = con.execute(sql, params or [])
     names = [d[0] for d in cur.description]

@@ -370,6 +370,10 @@ def investigate(
         typer.echo(f"replay skipped: {found.replay_skipped}")
     if found.report is not None:
         typer.echo(f"\nreport: {found.report.out}")
+        if found.report.lists:
+            from reports.lists import folder_for
+
+            typer.echo(f"its complete lists (CSV, Parquet): {shown(folder_for(found.report.out))}")
     typer.echo(f"\nnext: kvforensics exposures --db {shown(db)}")
     _refused_exit(found.investigation.ingest)
     for r in found.replays:
@@ -394,6 +398,10 @@ def report(
         _print_json(done.as_dict())
         return
     typer.echo(f"report ({done.audience}, {done.bytes:,} bytes): {done.out}")
+    if done.lists:
+        from reports.lists import folder_for
+
+        typer.echo(f"its complete lists (CSV, Parquet): {shown(folder_for(done.out))}")
 
 
 def _emit(frame: pl.DataFrame, fmt: Format) -> None:

@@ -16,10 +16,9 @@ from forensics.exposure.tiers import Filled, fill_from_replay, missing_page_reco
 from forensics.ingestion import Progress
 from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, investigate
-from forensics.outputs import check_target
 from forensics.store import connect, one
 from replay.replay import ReplayResult, WhatIf, default_out, logged_engine_of, replay
-from reports.render import ReportResult, report
+from reports.render import ReportResult, check_outputs, report
 
 #: Replays run by the whole job: the engine the incident ran (confirmation) and the fix (what-if);
 #: where the logs were made by the fixed engine, the confirmation is under it and the what-if the bug.
@@ -100,7 +99,7 @@ def run(
     without them, seq gaps), replay to confirm and fill in the replay-backed tiers; with ``out``,
     also the what-if replay and the report. The figures come per evidence tier."""
     if out is not None:
-        check_target(Path(out))  # refused before hours of work, not after
+        check_outputs(Path(out), audience)  # refused before hours of work, not after
     found = investigate(paths, db, progress=progress, format=format, options=options, limits=limits)
     missing, gaps = _evidence_gaps(db)
     replays: tuple[ReplayResult, ...] = ()

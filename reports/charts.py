@@ -31,6 +31,11 @@ def _data_uri(fig: Figure) -> str:
     return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+#: Points a chart draws as vector marks; past it, a point layer is a raster image inside the
+#: SVG, so that the report's size does not grow with the case.
+VECTOR_POINTS = 2_000
+
+
 def _time_format(times: list[dt.datetime]) -> mdates.DateFormatter:
     """Hours and minutes, with seconds when the span is short."""
     span = (max(times) - min(times)).total_seconds() if times else 0
@@ -50,8 +55,9 @@ def exposures_over_time(points: list[tuple[dt.datetime, int]]) -> str | None:
             xs.append(t)
             ys.append(total)
         when = mdates.date2num(xs)
-        ax.step(when, ys, where="post", color="#b3261e")
-        ax.plot(when, ys, "o", ms=3, color="#b3261e")
+        many = len(ys) > VECTOR_POINTS
+        ax.step(when, ys, where="post", color="#b3261e", rasterized=many)
+        ax.plot(when, ys, "o", ms=3, color="#b3261e", rasterized=many)
         ax.set_ylabel("exposed responses (cumulative)")
         xs_all = xs
         ax.xaxis.set_major_formatter(_time_format(xs_all))
@@ -61,8 +67,9 @@ def exposures_over_time(points: list[tuple[dt.datetime, int]]) -> str | None:
 
 
 def prompts_against_limit(points: list[tuple[dt.datetime, int, bool]], limit: int | None,
-                          context: int | None) -> str | None:
-    """Prompt lengths over time, the prefill admission limit and the context window."""
+                          context: int | None, every: int = 1) -> str | None:
+    """Prompt lengths over time, the prefill admission limit and the context window (``every``:
+    the points hold 1 in that many of the prompts of unexposed responses within the limit)."""
     if not points:
         return None
     with plt.rc_context(_STYLE):
@@ -71,10 +78,11 @@ def prompts_against_limit(points: list[tuple[dt.datetime, int, bool]], limit: in
         hit = [(t, n) for t, n, exposed in points if exposed]
         if plain:
             ax.scatter(mdates.date2num([t for t, _ in plain]), [n for _, n in plain], s=4, color="#7a869a",
-                       label="prompts")
+                       label="prompts" if every == 1 else f"prompts (1 in {every:,} within the limit)",
+                       rasterized=len(plain) > VECTOR_POINTS)
         if hit:
             ax.scatter(mdates.date2num([t for t, _ in hit]), [n for _, n in hit], s=14, color="#b3261e",
-                       label="prompts of exposed responses")
+                       label="prompts of exposed responses", rasterized=len(hit) > VECTOR_POINTS)
         if limit is not None:
             ax.axhline(limit, color="#e8a33d", lw=1.2, label=f"prefill admits up to {limit:,} tokens")
         if context is not None:

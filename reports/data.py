@@ -18,6 +18,9 @@ from forensics.findings import findings
 from forensics.store import has_table, rows
 
 AUDIENCES = ("internal", "regulator", "customer")
+#: Prompts the prompts chart draws at most, besides those of exposed responses and those past the
+#: prefill limit (every one of which it draws).
+PROMPT_POINTS = 20_000
 
 
 class Names:
@@ -81,6 +84,10 @@ class ReportData:
     without_page_records: list[str] = field(default_factory=list)
     #: transfers sent to one of those nodes and given up there (tiers.unseen_late_writes)
     unseen_late_writes: int = 0
+    #: the prompts chart shows 1 in this many of the prompts below the limit of unexposed responses
+    prompt_every: int = 1
+    #: the complete lists written beside the report: name -> (rows, [(file name, SHA-256)])
+    lists: dict[str, tuple[int, list[tuple[str, str]]]] = field(default_factory=dict)
 
 
 def _ts(value: dt.datetime | None) -> str | None:
@@ -159,11 +166,25 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         SELECT first_ts AS t, count(*) AS n FROM (
           SELECT reader_request, min(first_ts) AS first_ts FROM exposures WHERE reader_delivered GROUP BY ALL)
         GROUP BY ALL ORDER BY t""")]
-    prompts = [(r["ts"], int(r["prompt_tokens"]), bool(r["exposed"])) for r in rows(con, """
-        SELECT e.ts, e.prompt_tokens,
-               e.request_id IN (SELECT reader_request FROM exposures WHERE reader_delivered) AS exposed
-        FROM request_events e WHERE e.event = 'received' AND e.prompt_tokens IS NOT NULL
-        ORDER BY e.ts, e.request_id""")]
+    limit = min(limits) if limits else None
+    # every prompt of an exposed response and every prompt past the prefill limit; of the others,
+    # where there are more than the chart can show, every k-th in arrival order
+    prompt_rows = rows(con, """
+        WITH p AS (
+          SELECT e.ts, e.request_id, e.prompt_tokens,
+                 e.request_id IN (SELECT reader_request FROM exposures WHERE reader_delivered) AS exposed
+          FROM request_events e WHERE e.event = 'received' AND e.prompt_tokens IS NOT NULL
+        ), o AS (
+          SELECT *, row_number() OVER (ORDER BY ts, request_id) - 1 AS k,
+                 greatest(1, ceil(count(*) OVER () / $cap))::BIGINT AS every
+          FROM p WHERE NOT exposed AND prompt_tokens <= coalesce($limit, prompt_tokens)
+        )
+        SELECT ts, request_id, prompt_tokens, exposed, 1 AS every FROM p
+        WHERE exposed OR prompt_tokens > coalesce($limit, prompt_tokens)
+        UNION ALL SELECT ts, request_id, prompt_tokens, exposed, every FROM o WHERE k % every = 0
+        ORDER BY ts, request_id""", {"cap": PROMPT_POINTS, "limit": limit})
+    prompts = [(r["ts"], int(r["prompt_tokens"]), bool(r["exposed"])) for r in prompt_rows]
+    prompt_every = max((int(r["every"]) for r in prompt_rows), default=1)
     found = [f.as_dict(rows=10 if names.mode == "ids" else 0) for f in case_findings]
     return ReportData(
         audience=audience, generated_at=generated_at, toolkit_version=toolkit_version, figures=figures,
@@ -171,7 +192,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         configs=configs,
         handoffs=handoffs, responses=responses, victims=victims, tenants=tenants, matrix=matrix,
         replays=replays, files=files, over_time=over_time, prompts=prompts,
-        prompt_limit=min(limits) if limits else None, naming=names.mode, findings=found,
+        prompt_limit=limit, naming=names.mode, findings=found, prompt_every=prompt_every,
         tiers=evidence_tiers.by_tier(con), filled=evidence_tiers.filled_figures(con),
         tier_figures=evidence_tiers.tier_figures(con),
         without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],

@@ -9,6 +9,7 @@ hash). No prompt or response text is ever read. Same case and options, same byte
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import hashlib
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ import forensics
 from forensics.errors import BadOption
 from forensics.outputs import check_target, write_atomically
 from forensics.text import printable
-from reports import charts
+from reports import charts, lists
 from reports.data import AUDIENCES, Names, ReportData, gather
+from reports.lists import SHOWN
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,14 @@ class ReportResult:
     audience: str
     bytes: int
     figures: dict[str, int]
+    #: the complete lists written beside it: name -> (rows, [(file, SHA-256)]) (reports.lists)
+    lists: dict[str, tuple[int, list[tuple[str, str]]]] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
-        return {"out": str(self.out), "audience": self.audience, "bytes": self.bytes, "figures": self.figures}
+        return {"out": str(self.out), "audience": self.audience, "bytes": self.bytes, "figures": self.figures,
+                "lists": {name: {"rows": n, "files": [{"file": f, "sha256": h} for f, h in files]}
+                          for name, (n, files) in self.lists.items()}}
 
 
 def _generated_at(text: str | None) -> str:
@@ -90,8 +96,8 @@ def render(data: ReportData) -> str:
         csp=f"default-src 'none'; img-src data:; style-src 'sha256-{css_hash}'; base-uri 'none'; form-action 'none'",
         chart_time=charts.exposures_over_time(data.over_time),
         chart_prompts=charts.prompts_against_limit(
-            data.prompts, data.prompt_limit, context_lengths[0] if context_lengths else None),
-        page_size=1000,
+            data.prompts, data.prompt_limit, context_lengths[0] if context_lengths else None, data.prompt_every),
+        shown=SHOWN,
     )
 
 
@@ -118,10 +124,20 @@ def report(
         names = Names("ids" if audience == "internal" else "ordinal")
     stamp = _generated_at(generated_at)
     out = Path(out)
-    check_target(out)  # before the work: a report is not made to be refused
+    check_outputs(out, audience)  # before the work: a report is not made to be refused
     with forensics.Case(db, read_only=True) as case:
         data = gather(case.connection, audience=audience, names=names, generated_at=stamp,
                       toolkit_version=forensics.__version__)
+    if audience != "customer":  # (the customer report lists no requests)
+        data.lists = lists.write(out, {"responses": data.responses, "victims": data.victims,
+                                       "handoffs": data.handoffs})
     html = render(data).encode("utf-8")
     write_atomically(out, html)
-    return ReportResult(out, audience, len(html), data.figures)
+    return ReportResult(out, audience, len(html), data.figures, data.lists)
+
+
+def check_outputs(out: Path, audience: str) -> None:
+    """Refuse the report's file, or its lists' folder, before any work where either cannot be written."""
+    check_target(out)
+    if audience != "customer":
+        lists.check_folder(out)

@@ -163,3 +163,89 @@ def test_it_prints_to_pdf_offline(incident: Path, tmp_path: Path) -> None:
                     f"--print-to-pdf={pdf}", out.as_uri()], check=True, capture_output=True, timeout=120)
     data = pdf.read_bytes()
     assert data.startswith(b"%PDF") and data.count(b"/Type /Page") + data.count(b"/Type/Page") >= 3
+
+
+def test_long_tables_show_their_first_rows_and_every_row_goes_beside_the_report(
+        incident: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HTML stays small at any case size: the first rows of each long table, and the complete
+    lists as CSV and Parquet in REPORT-lists/, each named with its SHA-256, named as the report
+    names requests (pseudonyms for a regulator), none for a customer."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    import reports.render
+
+    monkeypatch.setattr(reports.render, "SHOWN", 3)
+    with forensics.Case(incident, read_only=True) as case:
+        responses = case.connection.execute("SELECT count(DISTINCT reader_request) FROM exposures").fetchone()[0]
+        ids = {r for (r,) in case.connection.execute("SELECT DISTINCT reader_request FROM exposures").fetchall()}
+    assert responses > 3
+    for audience in ("internal", "regulator"):
+        got = report(incident, tmp_path / f"{audience}.html", audience=audience, generated_at="2026-11-30T12:00:00Z")
+        html = got.out.read_text()
+        section = html[html.index("Responses that attended"):html.index("Requests whose content was read")]
+        assert section.count("<tr><td>") == 3
+        assert f"The first 3 of {responses:,} rows are shown here" in " ".join(section.split())
+        folder = tmp_path / f"{audience}-lists"
+        csv = pacsv.read_csv(folder / "responses.csv")
+        parquet = pq.read_table(folder / "responses.parquet")
+        assert csv.num_rows == parquet.num_rows == responses == got.lists["responses"][0]
+        for name, digest in got.lists["responses"][1]:
+            assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+            assert f"<td>{name}</td><td><code>{digest}</code></td>" in html
+        shown_ids = set(parquet.column("reader_request").to_pylist())
+        assert (shown_ids == ids) is (audience == "internal")
+        assert not (shown_ids & ids) or audience == "internal"  # a regulator's lists carry no request id
+        assert {"victims.csv", "handoffs.parquet"} <= {p.name for p in folder.iterdir()}
+    customer = report(incident, tmp_path / "customer.html", audience="customer")
+    assert not customer.lists and not (tmp_path / "customer-lists").exists()
+
+
+def test_a_csv_list_never_hands_a_spreadsheet_a_formula() -> None:
+    from reports.lists import _cell
+
+    assert [_cell(v) for v in ("=HYPERLINK(\"x\")", "+1", "-2", "@SUM(A1)", "req-1", "\x1b[31m")] == [
+        "'=HYPERLINK(\"x\")", "'+1", "'-2", "'@SUM(A1)", "req-1", "\\x1b[31m"]
+
+
+def test_charts_of_many_points_stay_small() -> None:
+    """A chart of tens of thousands of points draws them as one raster layer inside the SVG: its
+    size does not grow with the case; a few points stay vector marks."""
+    import datetime as dt
+
+    from reports import charts
+
+    t0 = dt.datetime(2026, 9, 14, tzinfo=dt.UTC)
+
+    def chart(n: int) -> bytes:
+        points = [(t0 + dt.timedelta(seconds=i), 1000 + (i * 7919) % 60000, i % 97 == 0) for i in range(n)]
+        uri = charts.prompts_against_limit(points, 50_000, 65_536)
+        assert uri is not None
+        return base64.b64decode(uri.split(",", 1)[1])
+
+    few, many = chart(500), chart(60_000)
+    assert b"<image" not in few and b"<image" in many
+    assert len(many) < 400_000  # 60,000 points; as vector marks each costs tens of bytes:
+    assert len(chart(1_900)) - len(few) > 1_400 * 40
+
+
+def test_the_prompts_chart_keeps_every_prompt_that_matters_and_samples_the_rest(
+        incident: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import reports.data
+    from reports.data import Names, gather
+
+    monkeypatch.setattr(reports.data, "PROMPT_POINTS", 50)
+    with forensics.Case(incident, read_only=True) as case:
+        con = case.connection
+        data = gather(con, audience="internal", names=Names("ids"), generated_at="x", toolkit_version="x")
+        every = con.execute("SELECT e.ts, e.prompt_tokens, e.request_id IN (SELECT reader_request FROM exposures "
+                            "WHERE reader_delivered) FROM request_events e WHERE e.event = 'received' "
+                            "AND e.prompt_tokens IS NOT NULL ORDER BY e.ts, e.request_id").fetchall()
+    limit = data.prompt_limit
+    assert limit is not None
+    matters = [p for p in every if p[2] or p[1] > limit]
+    rest = [p for p in every if not (p[2] or p[1] > limit)]
+    assert matters and len(rest) > 50
+    shown = [p for p in data.prompts if not (p[2] or p[1] > limit)]
+    assert set(matters) <= set(data.prompts)
+    assert data.prompt_every == -(-len(rest) // 50) and shown == rest[::data.prompt_every]
