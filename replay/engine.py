@@ -13,6 +13,7 @@ transfer carries (one, for an over-long prompt swapped for the placeholder).
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,7 +160,7 @@ class NodeEngine:
     boot: int = 0
     #: confirmation: the requests the logs show served; where the model would end one, it is
     #: listed in ``disagreements`` and the logs are followed instead (None: the model decides)
-    served: frozenset[str] | None = None
+    served: AbstractSet[str] | None = None
     disagreements: list[Disagreement] = field(default_factory=list)
     pool: PagePool = field(init=False)
     held: dict[str, _Held] = field(init=False)
@@ -170,6 +171,7 @@ class NodeEngine:
         if self.behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown engine {self.behaviour!r}; one of {', '.join(BEHAVIOURS)}")
         self.tag_ids = {}
+        self._next_tag = 0
         self._texts: dict[int, tuple[Pages, str]] = {}
         self.start_boot(self.boot, self.config)
 
@@ -182,6 +184,17 @@ class NodeEngine:
         self.pool = PagePool(config.pool_pages)
         self.held = {}
         self.tags = np.full(config.pool_pages, -1, dtype=np.int64)
+
+    def forget(self, rid: str) -> None:
+        """Let go of what the node holds of ``rid`` once none of its events is left to come: a
+        replay keeps state only for the requests in flight. (Its pages stay where they are: the
+        pool and the page tags are the node's, not the request's.)"""
+        h = self.held.pop(rid, None)
+        if h is not None:
+            for p in (h.prompt, h.extra):
+                if p is not None:
+                    self._texts.pop(id(p), None)
+        self.tag_ids.pop(rid, None)
 
     def check(self) -> None:
         """The allocator invariant over what every request holds now."""
@@ -212,7 +225,10 @@ class NodeEngine:
         self._emit({"kind": "kv", "ts": ts, "request_id": rid, "op": op,
                     "pages": text or self._text(pages), "source": source})
         if op == "write":
-            tag = self.tag_ids.setdefault(rid, len(self.tag_ids))
+            tag = self.tag_ids.get(rid)
+            if tag is None:
+                tag = self.tag_ids[rid] = self._next_tag
+                self._next_tag += 1
             self.tags[pages] = tag
 
     def _finish(self, ts: str, rid: str, outcome: tuple[int, str]) -> None:

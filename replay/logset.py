@@ -6,15 +6,13 @@ import datetime as dt
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from forensics.schema import FIELDS
 
 _RANK = {name: i for i, name in enumerate(FIELDS)}
-
-
-def _rank(item: tuple[str, Any]) -> int:
-    return _RANK[item[0]]
+#: The fields of each record layout seen (its keys as inserted), in schema order.
+_ORDERS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -24,30 +22,41 @@ def ts_ns(t: dt.datetime) -> int:
     return (t - EPOCH) // dt.timedelta(microseconds=1) * 1000
 
 
-@functools.lru_cache(maxsize=1 << 14)
 def ts_text(ns: int) -> str:
     """RFC 3339 UTC text of nanoseconds since the epoch, to the microsecond (as the case keeps it)."""
-    micros = ns // 1000
-    t = EPOCH + dt.timedelta(microseconds=micros)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    second, micros = divmod(ns // 1000, 1_000_000)
+    return f"{_second_text(second)}.{micros:06d}Z"
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _second_text(second: int) -> str:
+    return (EPOCH + dt.timedelta(seconds=second)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def record_line(record: dict[str, Any]) -> str:
     """One record as a JSON line: fields in schema order, absent and null fields left out,
-    ``boot`` only when not 0."""
-    out = {k: v for k, v in sorted(record.items(), key=_rank) if v is not None}
+    ``boot`` only when not 0. A field the schema does not have is refused."""
+    keys = tuple(record)
+    order = _ORDERS.get(keys)
+    if order is None:
+        order = _ORDERS[keys] = tuple(sorted(keys, key=_RANK.__getitem__))  # (a field not in the schema: KeyError)
+    out = {k: record[k] for k in order if record[k] is not None}
     if out.get("boot") == 0:
         del out["boot"]
     return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
 
 
 class LogSet:
-    """Records of every node, kept in emission order; ``emit`` numbers them per node."""
+    """Records of every node, numbered per node by ``emit``: kept in emission order until written,
+    or, with ``into`` (a folder), written to each node's file as they are emitted (a replay holds
+    none of them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, into: Path | None = None) -> None:
         self.lines: dict[str, list[str]] = {}
         self._seq: dict[str, int] = {}
         self._used: set[str] = set()  # file names written
+        self._into = into
+        self._open: dict[str, IO[str]] = {}
         self.records = 0
 
     def emit(self, record: dict[str, Any], *, numbered: bool = True) -> None:
@@ -57,7 +66,12 @@ class LogSet:
             seq = self._seq.get(node, 0)
             record["seq"] = seq
             self._seq[node] = seq + 1
-        self.lines.setdefault(node, []).append(record_line(record))
+        if self._into is not None:
+            fh = self._open.get(node) or self._start(node, self._into)
+            fh.write(record_line(record))
+            fh.write("\n")
+        else:
+            self.lines.setdefault(node, []).append(record_line(record))
         self.records += 1
 
     def new_boot(self, node: str) -> None:
@@ -71,17 +85,23 @@ class LogSet:
     def flush(self, node: str, out: Path) -> Path:
         """Write ``node``'s records to its file in ``out`` and let them go (a replay writes each
         node's as soon as it is done with it); the file written."""
+        fh = self._open.pop(node, None) or self._start(node, out)
+        for line in self.lines.pop(node, []):
+            fh.write(line)
+            fh.write("\n")
+        fh.close()
+        return Path(fh.name)
+
+    def _start(self, node: str, out: Path) -> IO[str]:
+        """Open ``node``'s file in ``out``, under a name no other node of this set has."""
         out.mkdir(parents=True, exist_ok=True)
         name = _file_name(node)
         while name in self._used:  # two node names made safe alike: keep both files
             name += "_"
         self._used.add(name)
-        path = out / f"{name}.jsonl"
-        with path.open("w", encoding="utf-8", newline="\n") as fh:
-            for line in self.lines.pop(node, []):
-                fh.write(line)
-                fh.write("\n")
-        return path
+        fh = (out / f"{name}.jsonl").open("w", encoding="utf-8", newline="\n")
+        self._open[node] = fh
+        return fh
 
 
 def _file_name(node: str) -> str:

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import heapq
 import json
 import shutil
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import duckdb
 import pyarrow as pa
 
 import forensics
@@ -145,45 +148,41 @@ class ReplayResult:
 
 
 def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = WhatIf()) -> ReplayResult:
-    """Replay the case ``db`` under ``engine`` into the folder ``out`` (replaced)."""
+    """Replay the case ``db`` under ``engine`` into the folder ``out`` (replaced).
+
+    Memory stays flat in the number of requests: the requests' plans and the ones the logs show
+    served are tables of a scratch DuckDB (spilled to disk under its memory limit), each node's
+    records are read in batches in the node's order, the engine holds a request only while it is
+    in flight on the node, and the replayed records go to their files as they are made."""
     if engine not in BEHAVIOURS:
         raise CaseError(f"unknown engine {engine!r}; one of: {', '.join(BEHAVIOURS)}")
     out = Path(out)
-    con = connect(db, read_only=True, create=False)
-    try:
-        configs = _configs(con)
-        has_pages = (one(con, "SELECT count(*) FROM records WHERE kind = 'kv'") or (0,))[0] > 0
-        if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
-            raise CaseError(f"{db}: no prefill or decode config records, nothing to replay")
-        roles = {node: per[-1][3].role for node, per in configs.items() if per}
-        con.register("node_roles", pa.table({"node": list(roles), "role": list(roles.values())}))
-        facts = _request_facts(con)
-        requests, plans, arrivals, unlogged = _plan_requests(configs, facts, engine, what_if)
-        confirming = what_if == WhatIf() and engine == (logged_engine(configs) or "sglang-placeholder")
-        mode = "confirm" if confirming else "what-if"
-        disagreements: list[Disagreement] = []
-        served: frozenset[str] | None = None
-        if mode == "confirm":
-            served = _delivered(con)
-            plans, unlogged = _follow_logs(facts, plans, unlogged, disagreements)
-        del facts
-        extra, not_replayed = _arrival_events(unlogged, requests, plans, arrivals, configs)
-        _make_room(out)
-        logs = out / "logs"
-        log = LogSet()
-        # node by node: only one node's records are held at a time, and its replayed records are
-        # written as soon as it is done
-        for node in sorted(set(configs) | _nodes_with_events(con)):
-            events = _node_events(con, node)
-            carried = _carried_to(con, node, roles.get(node))
-            if carried:
-                events = _placed(events, carried)
-            _replay_node(node, configs.get(node, []), events, engine, what_if, log,
-                         requests, plans, extra.get(node, []), set(unlogged), served, disagreements)
-            log.flush(node, logs)
-        logs.mkdir(parents=True, exist_ok=True)
-    finally:
-        con.close()
+    connect(db, read_only=True, create=False).close()  # (a case of this schema, or a clear error)
+    with tempfile.TemporaryDirectory(prefix="kvforensics-replay-") as spill:
+        con = _scratch(Path(db), Path(spill))
+        try:
+            configs = _configs(con)
+            has_pages = (one(con, "SELECT count(*) FROM records WHERE kind = 'kv'") or (0,))[0] > 0
+            if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
+                raise CaseError(f"{db}: no prefill or decode config records, nothing to replay")
+            roles = {node: per[-1][3].role for node, per in configs.items() if per}
+            confirming = what_if == WhatIf() and engine == (logged_engine(configs) or "sglang-placeholder")
+            mode = "confirm" if confirming else "what-if"
+            disagreements: list[Disagreement] = []
+            unlogged = _plan_requests(con, configs, roles, engine, what_if, mode == "confirm", disagreements)
+            con.execute(f"CREATE TABLE memory.main.replay_served AS {_DELIVERED}" if mode == "confirm"
+                        else "CREATE TABLE memory.main.replay_served (request_id VARCHAR)")
+            extra, not_replayed = _arrival_events(unlogged, configs)
+            _make_room(out)
+            logs = out / "logs"
+            log = LogSet(into=logs)
+            for node in sorted(set(configs) | _nodes_with_events(con)):
+                _replay_node(con, node, configs.get(node, []), roles.get(node), engine, what_if, log,
+                             unlogged, extra.get(node, []), mode == "confirm", disagreements)
+                log.flush(node, logs)
+            logs.mkdir(parents=True, exist_ok=True)
+        finally:
+            con.close()
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
     agreement = _agreement(Path(db), case) if has_pages else None
@@ -197,6 +196,43 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
                         tuple(disagreements), len(changed))
     _remember(Path(db), done)
     return done
+
+
+#: Rows read from the case at a time (the requests' facts, a node's records).
+_BATCH = 8192
+#: The scratch DuckDB's memory limit: past it, it spills to disk.
+SCRATCH_MEMORY = "512MiB"
+
+
+def _scratch(db: Path, spill: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the case ``db`` attached read-only as its default catalog; the
+    replay's own tables go in ``memory`` (spilled to ``spill`` past :data:`SCRATCH_MEMORY`)."""
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute(f"SET memory_limit = '{SCRATCH_MEMORY}'")
+    con.execute(f"SET temp_directory = '{_sql_path(spill)}'")
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.InvalidInputException:
+        pass  # (Jupyter without ipywidgets: no bar to hide)
+    con.execute(f"ATTACH '{_sql_path(db)}' AS case_db (READ_ONLY)")
+    con.execute("USE case_db")
+    return con
+
+
+def _reader(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A second connection to the scratch DuckDB, for a query read in batches while ``con``
+    writes (registered tables are per connection; ``memory`` is shared)."""
+    cur = con.cursor()
+    cur.execute("USE case_db")
+    return cur
+
+
+def _batches(cur: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None
+             ) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``sql``, read :data:`_BATCH` at a time."""
+    for batch in cur.sql(sql, params=params or {}).to_arrow_reader(_BATCH):
+        yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
 
 
 def _make_room(out: Path) -> None:
@@ -245,40 +281,6 @@ HARDENED_FROM = (0, 5, 22)
 
 def _numbers(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".")[:3])
-
-
-def _delivered(con: Any) -> frozenset[str]:
-    """The requests the logs show delivered: a finished with a 2xx status and none of 400 or more."""
-    return frozenset(rid for (rid,) in con.execute(
-        "SELECT request_id FROM records WHERE kind = 'request' AND event = 'finished' AND status IS NOT NULL "
-        "GROUP BY request_id HAVING bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400)").fetchall())
-
-
-def _follow_logs(
-    facts: list[RequestFacts], plans: dict[str, Plan], unlogged: list[str], disagreements: list[Disagreement],
-) -> tuple[dict[str, Plan], list[str]]:
-    """Confirmation: where the model's decision for a request goes against what the logs show
-    (it would reject at the router or at prefill a request the logs show on the engine; it would
-    admit one the logs show rejected and never on the engine), the logs are followed and the
-    disagreement listed."""
-    # (a prompt past the context that each server's tokenizer refused, as SGLang does, is the
-    # router's rejection of the model: only work on the engine contradicts it)
-    on_engine = {f.request_id for f in facts if (f.on_prefill or f.on_decode) and f.engine_work}
-    on_decode = {f.request_id for f in facts if f.on_decode and f.decode_work}
-    out = dict(plans)
-    for rid, p in plans.items():
-        if p.router_rejects and rid in on_engine:
-            disagreements.append(Disagreement(rid, "router", "model_rejects_served",
-                                              f"the router would reject its prompt (context {p.context_length})"))
-            out[rid] = dataclasses.replace(p, router_rejects=False)
-        elif p.prefill_rejects and rid in on_decode:
-            disagreements.append(Disagreement(rid, "prefill", "model_rejects_served",
-                                              f"prefill would reject its prompt (limit {p.limit_tokens})"))
-            out[rid] = dataclasses.replace(p, prefill_rejects=False)
-    for rid in unlogged:
-        disagreements.append(Disagreement(rid, "router", "model_admits_rejected",
-                                          "the model admits a prompt the logs show rejected, never on the engine"))
-    return out, []
 
 
 def _outcomes_changed(logged: Path, replayed: Path) -> list[tuple[str, bool]]:
@@ -353,44 +355,12 @@ def _nodes_with_events(con: Any) -> set[str]:
         "SELECT DISTINCT node FROM records WHERE kind IN ('request', 'transfer')").fetchall()}
 
 
-def _node_events(con: Any, node: str) -> list[dict[str, Any]]:
-    """One node's request and transfer records, in its order."""
-    rows = con.execute(
-        f"SELECT {', '.join(_EVENT_FIELDS)} FROM records WHERE kind IN ('request', 'transfer') AND node = ? "
-        f"ORDER BY {_ORDER}", [node]).fetchall()
-    out = []
-    for row in rows:
-        record = dict(zip(_EVENT_FIELDS, row, strict=True))
-        record["ts"] = _ts(record["ts"])
-        out.append(record)
-    return out
-
-
-@dataclass(frozen=True)
-class RequestFacts:
-    """What planning needs of one request: its first ``received`` (in node order), its largest
-    logged output, and whether a prefill or decode node logged it (the first such prefill node)."""
-
-    request_id: str
-    ts: str
-    tenant_id: str
-    prompt_tokens: int
-    max_new_tokens: int | None
-    prefill_node: str | None
-    decode_node: str | None
-    output: int | None
-    on_prefill: bool
-    on_decode: bool
-    prefill_of: str | None
-    #: the engine worked on it: a prefill, a transfer, a decode start or a 2xx answer on an
-    #: engine node (not only lines saying it arrived and was refused)
-    engine_work: bool = True
-    decode_work: bool = True  # the same on a decode node
-
-
-def _request_facts(con: Any) -> list[RequestFacts]:
-    """:class:`RequestFacts` of every received request, by request id (``node_roles`` registered)."""
-    rows = con.execute(f"""
+#: The received requests' facts, by request id (``node_roles`` registered): what planning needs
+#: of each, its first ``received`` (in node order), its largest logged output, whether a prefill or
+#: decode node logged it (the first such prefill node), and whether the engine worked on it there
+#: (a prefill, a transfer, a decode start or a 2xx answer, not only lines saying it arrived and
+#: was refused).
+_FACTS = f"""
         WITH ev AS (
           SELECT r.* EXCLUDE (role), coalesce(n.role, 'router') AS node_role
           FROM records r LEFT JOIN node_roles n USING (node)
@@ -413,10 +383,17 @@ def _request_facts(con: Any) -> list[RequestFacts]:
           FROM ev GROUP BY request_id
         )
         SELECT r.request_id, r.ts, r.tenant_id, r.prompt_tokens, r.max_new_tokens, r.prefill_node, r.decode_node,
-               f.output, coalesce(f.on_prefill, FALSE), coalesce(f.on_decode, FALSE), f.prefill_of,
-               coalesce(f.engine_work, FALSE), coalesce(f.decode_work, FALSE)
-        FROM received r LEFT JOIN facts f USING (request_id) WHERE r.k = 1 ORDER BY r.request_id""").fetchall()
-    return [RequestFacts(rid, _ts(ts), *rest) for rid, ts, *rest in rows]
+               f.output, coalesce(f.on_prefill, FALSE) AS on_prefill, coalesce(f.on_decode, FALSE) AS on_decode,
+               f.prefill_of, coalesce(f.engine_work, FALSE) AS engine_work,
+               coalesce(f.decode_work, FALSE) AS decode_work
+        FROM received r LEFT JOIN facts f USING (request_id) WHERE r.k = 1 ORDER BY r.request_id"""
+
+
+_FACT_NAMES = ("request_id", "ts", "tenant_id", "prompt_tokens", "max_new_tokens", "prefill_node", "decode_node",
+               "output", "on_prefill", "on_decode", "prefill_of", "engine_work", "decode_work")
+#: A record's fields as a node's replay reads them (its time in microseconds since the epoch).
+_EVENT_SQL = ", ".join("epoch_us(ts) AS ts" if f == "ts" else f for f in _EVENT_FIELDS)
+_N_EVENT = len(_EVENT_FIELDS)
 
 
 #: A request's events on a node that come before its transfer ends there, and after.
@@ -427,99 +404,288 @@ _AFTER_TRANSFER_END = {("request", "decode_started"), ("request", "finished")}
 _NO_SEQ = 1 << 62
 
 
-def _carried_to(con: Any, node: str, role: str | None) -> list[dict[str, Any]]:
-    """The transfer ends ``node`` did not log itself but another node did, for its side.
+class _Row(NamedTuple):
+    """A record of a node's replay stream: the record, whether it is the last of its request in
+    the node's logged order, its request's ``replay_plans`` row (None: a request the router never
+    logged), and whether the logs show the request served."""
+
+    record: dict[str, Any]
+    last: bool
+    plan: tuple[Any, ...] | None
+    served: bool
+
+
+def _events_sql(fields: str) -> str:
+    return (f"SELECT {fields}, row_number() OVER (ORDER BY {_ORDER}) AS _i FROM records "
+            "WHERE kind IN ('request', 'transfer') AND node = $node")
+
+
+def _node_events(con: duckdb.DuckDBPyConnection, node: str) -> Iterator[_Row]:
+    """One node's request and transfer records, in its order, read in batches."""
+    cur = _reader(con)
+    try:
+        for row in _batches(cur, f"""
+                WITH ev AS ({_events_sql(_EVENT_SQL)})
+                SELECT {', '.join(f'ev.{f}' for f in _EVENT_FIELDS)}, s.request_id IS NOT NULL AS _served,
+                       ev._i = max(ev._i) OVER (PARTITION BY ev.request_id) AS _last, {_PLAN_SQL}
+                FROM ev LEFT JOIN memory.main.replay_plans p USING (request_id)
+                LEFT JOIN memory.main.replay_served s USING (request_id)
+                ORDER BY ev._i""", {"node": node}):
+            yield _row(row)
+    finally:
+        cur.close()
+
+
+def _row(row: tuple[Any, ...]) -> _Row:
+    """A row of :func:`_node_events` or :func:`_carried_to`: the record's fields, whether the
+    request is served, one more (its last, or its place), then its plan."""
+    record = dict(zip(_EVENT_FIELDS, row[:_N_EVENT], strict=True))
+    record["ts"] = ts_text(record["ts"] * 1000)
+    plan_row = row[_N_EVENT + 2:]
+    return _Row(record, bool(row[_N_EVENT + 1]), None if plan_row[-1] is None else plan_row, bool(row[_N_EVENT]))
+
+
+def _kinds(events: set[tuple[str, str]]) -> str:
+    """SQL: a record is one of ``events`` (kind, event)."""
+    return "(" + " OR ".join(f"(kind = '{k}' AND event = '{e}')" for k, e in sorted(events)) + ")"
+
+
+def _carried_to(con: duckdb.DuckDBPyConnection, node: str, role: str | None) -> Iterator[tuple[int, _Row]]:
+    """The transfer ends ``node`` did not log itself but another node did, for its side, each with
+    the place in the node's order from which it may go (after the last of its request's records
+    that come before a transfer end there), in that order.
 
     A transfer's ``completed`` or ``failed`` logged by one node is a fact for both sides (the
     schema's section 3): its prefill node (``src_node``) releases its pages then, its decode node
     (``dst_node``) has them land. Each such end (the first record of it, in node order) comes as
     the record that node would have logged, marked ``_carried`` with the node that did; where it
-    goes in the node's order is :func:`_placed`'s.
+    goes in the node's order is :func:`_placed`'s. Ends of requests the node holds nothing of
+    act on nothing there and are left out.
     """
     side = {"prefill": "src_node", "decode": "dst_node"}.get(role or "")
     if side is None:
-        return []
-    rows = con.execute(f"""
-        WITH ends AS (
-          SELECT *, row_number() OVER (PARTITION BY request_id, transfer_id, event ORDER BY node, {_ORDER}) AS k
-          FROM records WHERE kind = 'transfer' AND event IN ('completed', 'failed') AND {side} = $node)
-        SELECT {', '.join(_EVENT_FIELDS)} FROM ends e
-        WHERE k = 1 AND NOT EXISTS (
-          SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.node = $node AND x.event = e.event
-            AND x.request_id = e.request_id AND x.transfer_id IS NOT DISTINCT FROM e.transfer_id)
-        ORDER BY e.request_id, e.transfer_id, e.event""", {"node": node}).fetchall()
-    out = []
+        return
+    cur = _reader(con)
+    try:
+        for row in _batches(cur, f"""
+                WITH node_ev AS ({_events_sql('request_id, kind, event')}),
+                mine AS (
+                  SELECT request_id, coalesce(max(_i) FILTER (WHERE {_kinds(_BEFORE_TRANSFER_END)}), 0) AS _lo
+                  FROM node_ev WHERE request_id IS NOT NULL GROUP BY request_id
+                ), ends AS (
+                  SELECT {_EVENT_SQL}, file_id, line_no, part,
+                         row_number() OVER (PARTITION BY request_id, transfer_id, event ORDER BY node, {_ORDER}) AS k
+                  FROM records WHERE kind = 'transfer' AND event IN ('completed', 'failed') AND {side} = $node)
+                SELECT {', '.join(f'e.{f}' for f in _EVENT_FIELDS)}, s.request_id IS NOT NULL AS _served, m._lo,
+                       {_PLAN_SQL}
+                FROM ends e JOIN mine m USING (request_id)
+                LEFT JOIN memory.main.replay_plans p USING (request_id)
+                LEFT JOIN memory.main.replay_served s USING (request_id)
+                WHERE e.k = 1 AND NOT EXISTS (
+                  SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.node = $node AND x.event = e.event
+                    AND x.request_id = e.request_id AND x.transfer_id IS NOT DISTINCT FROM e.transfer_id)
+                ORDER BY m._lo, e.request_id, e.transfer_id, e.event""", {"node": node}):
+            r = _row(row)
+            yield row[_N_EVENT + 1], r._replace(record=dict(r.record, node=node, seq=None, _carried=r.record["node"]),
+                                                last=False)
+    finally:
+        cur.close()
+
+
+def _placed(rows: Iterator[_Row], carried: Iterator[tuple[int, _Row]]) -> Iterator[_Row | str]:
+    """A node's ``rows`` (in its order) with each carried transfer end put where causality and
+    then time say: after the last of its request's records that come before a transfer end
+    (``carried`` gives that place, and comes in that order), before the first of the request's
+    records that come after one, and, between the two, before the first record (of any request)
+    logged after it. Ends at one place go in the order ``carried`` gives them. Each placed record
+    takes the (boot, seq) of the record before it as its sort key. A request's id comes as a
+    string once nothing of it is left to come on the node (the replay forgets it then)."""
+    upcoming = iter(carried)
+    nxt = next(upcoming, None)
+    armed: dict[str, list[tuple[int, _Row]]] = defaultdict(list)  # by request, in carried order
+    by_time: list[tuple[str, int, str]] = []  # heap of the armed: (ts, n, request)
+    done: set[str] = set()  # requests past their last record, waiting for their ends
+    n = 0
+    prev: dict[str, Any] | None = None
+
+    def arm(at: int) -> None:
+        nonlocal nxt, n
+        while nxt is not None and nxt[0] <= at:
+            rid = nxt[1].record["request_id"]
+            armed[rid].append((n, nxt[1]))
+            heapq.heappush(by_time, (nxt[1].record["ts"], n, rid))
+            n += 1
+            nxt = next(upcoming, None)
+
+    def place(due: list[tuple[int, _Row]], before: dict[str, Any] | None) -> Iterator[_Row | str]:
+        nonlocal prev
+        placed = []
+        for _, row in sorted(due, key=lambda d: d[0]):
+            ref = prev if prev is not None else before
+            boot = ref["boot"] if ref is not None else 0
+            key = ref.get("_seq_key", ref["seq"]) if ref is not None else None
+            record = dict(row.record, boot=boot, _seq_key=_NO_SEQ if key is None else key)
+            yield row._replace(record=record)
+            prev = record
+            placed.append(record["request_id"])
+        for rid in dict.fromkeys(placed):  # (once every end due here is placed)
+            if rid in done and not armed.get(rid):
+                done.discard(rid)
+                yield rid
+
+    def take(rid: str, ns: set[int]) -> list[tuple[int, _Row]]:
+        mine = armed.get(rid, [])
+        out = [d for d in mine if d[0] in ns]
+        left = [d for d in mine if d[0] not in ns]
+        if left:
+            armed[rid] = left
+        else:
+            armed.pop(rid, None)
+        return out
+
+    i = 0
     for row in rows:
-        record = dict(zip(_EVENT_FIELDS, row, strict=True))
-        out.append(dict(record, ts=_ts(record["ts"]), node=node, seq=None, _carried=record["node"]))
-    return out
+        record = row.record
+        rid = record["request_id"]
+        if nxt is None and not by_time and not armed:  # (nothing to place: most nodes, most of the time)
+            yield row
+            prev = record
+            i += 1
+            if row.last and rid is not None:
+                yield rid
+            continue
+        arm(i)
+        due_n: dict[str, set[int]] = defaultdict(set)
+        while by_time and by_time[0][0] < record["ts"]:
+            _, k, r = heapq.heappop(by_time)
+            due_n[r].add(k)
+        if rid in armed and (record["kind"], record["event"]) in _AFTER_TRANSFER_END:
+            due_n[rid].update(k for k, _ in armed[rid])
+        due = [d for r, ks in due_n.items() for d in take(r, ks)]
+        if due:
+            yield from place(due, record)
+        yield row
+        prev = record
+        i += 1
+        arm(i)
+        if row.last and rid is not None:
+            if armed.get(rid):
+                done.add(rid)
+            else:
+                armed.pop(rid, None)
+                yield rid
+    arm(1 << 62)
+    rest = [d for r in list(armed) for d in take(r, {k for k, _ in armed[r]})]
+    yield from place(rest, None)
+    for rid in sorted(done):
+        yield rid
 
 
-def _placed(records: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``records`` (a node's, in its order) with each of ``extra`` put where causality and then
-    time say; each placed record takes the (boot, seq) of the record before it as its sort key."""
-    by_request: dict[str, list[int]] = defaultdict(list)
-    for i, r in enumerate(records):
-        if r.get("request_id") is not None:
-            by_request[r["request_id"]].append(i)
-    at: list[tuple[int, int, dict[str, Any]]] = []
-    for n, e in enumerate(extra):
-        mine = by_request.get(e["request_id"], [])
-        if not mine:
-            continue  # the node holds nothing of the request: the end acts on nothing there
-        lo = max((i + 1 for i in mine if (records[i]["kind"], records[i]["event"]) in _BEFORE_TRANSFER_END), default=0)
-        hi = min((i for i in mine if (records[i]["kind"], records[i]["event"]) in _AFTER_TRANSFER_END and i >= lo),
-                 default=len(records))
-        pos = next((i for i in range(lo, hi) if records[i]["ts"] > e["ts"]), hi)
-        at.append((pos, n, e))
-    out: list[dict[str, Any]] = []
-    at.sort(key=lambda t: (t[0], t[1]))
-    k = 0
-    for i in range(len(records) + 1):
-        while k < len(at) and at[k][0] == i:
-            e = at[k][2]
-            before = out[-1] if out else (records[i] if i < len(records) else None)
-            boot = before["boot"] if before is not None else 0
-            key = before.get("_seq_key", before["seq"]) if before is not None else None
-            out.append(dict(e, boot=boot, _seq_key=_NO_SEQ if key is None else key))
-            k += 1
-        if i < len(records):
-            out.append(records[i])
-    return out
+#: The requests the logs show delivered: a finished with a 2xx status and none of 400 or more.
+_DELIVERED = ("SELECT request_id FROM records WHERE kind = 'request' AND event = 'finished' AND status IS NOT NULL "
+              "GROUP BY request_id HAVING bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400)")
+
+#: What a node's replay reads of each request with its records: the request as the router logged
+#: it (``q_``) and the engine's cross-node decisions for it (``p_``), as :func:`plan` made them.
+_PLAN_COLUMNS = (
+    ("request_id", pa.string()), ("q_tenant_id", pa.string()), ("q_prompt_tokens", pa.int64()),
+    ("q_max_new_tokens", pa.int64()), ("q_prefill_node", pa.string()), ("q_decode_node", pa.string()),
+    ("p_router_rejects", pa.bool_()), ("p_over_long", pa.bool_()), ("p_prefill_rejects", pa.bool_()),
+    ("p_kv_tokens", pa.int64()), ("p_limit_tokens", pa.int64()), ("p_context_length", pa.int64()),
+)
+_PLAN_SCHEMA = pa.schema(list(_PLAN_COLUMNS))
+_PLAN_SQL = ", ".join(f"p.{name}" for name, _ in _PLAN_COLUMNS[1:])
 
 
 def _plan_requests(
+    con: duckdb.DuckDBPyConnection,
     configs: dict[str, list[tuple[int, int, str, NodeConfig]]],
-    facts: list[RequestFacts],
+    roles: dict[str, str],
     engine: str,
     what_if: WhatIf,
-) -> tuple[dict[str, Request], dict[str, Plan], dict[str, str], list[str]]:
-    """The requests as the router logged them, the engine's cross-node decisions, and the
-    requests that reach the engine under this replay but have no engine event in the logs."""
+    confirm: bool,
+    disagreements: list[Disagreement],
+) -> dict[str, tuple[Request, Plan, str]]:
+    """Plan every received request (its facts read in batches, its plan written to the scratch
+    table ``replay_plans``); return the requests that reach the engine under this replay but have
+    no engine event in the logs, with their plans and arrival times. Confirming, these are
+    disagreements instead (the model admits a prompt the logs show rejected) and none is returned,
+    and where the model would reject a request the logs show on the engine, the logs are followed."""
     last_config = {node: what_if.apply(per[-1][3]) for node, per in configs.items() if per}
     prefill_configs = [c for _, c in sorted(last_config.items()) if c.role == "prefill"]
     fallback = prefill_configs[0] if prefill_configs else next(iter(last_config.values()))
-    requests: dict[str, Request] = {}
-    plans: dict[str, Plan] = {}
-    arrivals: dict[str, str] = {}
-    unlogged: list[str] = []
-    for f in facts:
-        max_new = f.max_new_tokens if f.max_new_tokens is not None else (f.output or 0)
-        request = Request(f.request_id, f.tenant_id, f.prompt_tokens, max_new, f.prefill_node, f.decode_node)
-        prefill = last_config.get(f.prefill_node or f.prefill_of or "", fallback)
-        requests[f.request_id] = request
-        plans[f.request_id] = p = plan(request, engine, prefill)
-        arrivals[f.request_id] = f.ts
-        if not p.router_rejects and not (f.on_prefill or f.on_decode):
-            unlogged.append(f.request_id)
-    return requests, plans, arrivals, unlogged
+    con.execute(f"CREATE TABLE memory.main.replay_plans ({', '.join(f'{n} {_SQL_TYPE[t]}' for n, t in _PLAN_COLUMNS)})")
+    unlogged: dict[str, tuple[Request, Plan, str]] = {}
+    admitted: list[str] = []
+    cur = _reader(con)
+    cur.register("node_roles", pa.table({"node": list(roles), "role": list(roles.values())}))
+    rows: list[tuple[Any, ...]] = []
+    for values in _batches(cur, _FACTS):
+        f = dict(zip(_FACT_NAMES, values, strict=True))
+        rid = f["request_id"]
+        max_new = f["max_new_tokens"] if f["max_new_tokens"] is not None else (f["output"] or 0)
+        request = Request(rid, f["tenant_id"], f["prompt_tokens"], max_new, f["prefill_node"], f["decode_node"])
+        p = plan(request, engine, last_config.get(f["prefill_node"] or f["prefill_of"] or "", fallback))
+        if not p.router_rejects and not (f["on_prefill"] or f["on_decode"]):
+            if confirm:
+                admitted.append(rid)
+            else:
+                unlogged[rid] = (request, p, _ts(f["ts"]))
+        if confirm:
+            p = _followed(f, p, disagreements)
+        rows.append((rid, request.tenant_id, request.prompt_tokens, request.max_new_tokens, request.prefill_node,
+                     request.decode_node, p.router_rejects, p.over_long, p.prefill_rejects, p.kv_tokens,
+                     p.limit_tokens, p.context_length))
+        if len(rows) >= _BATCH:
+            _insert_plans(con, rows)
+            rows = []
+    _insert_plans(con, rows)
+    cur.close()
+    disagreements += [Disagreement(rid, "router", "model_admits_rejected",
+                                   "the model admits a prompt the logs show rejected, never on the engine")
+                      for rid in admitted]
+    return unlogged
+
+
+_SQL_TYPE = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN"}
+
+
+def _insert_plans(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> None:
+    if not rows:
+        return
+    table = pa.Table.from_pylist([dict(zip(_PLAN_SCHEMA.names, r, strict=True)) for r in rows], schema=_PLAN_SCHEMA)
+    con.register("plan_rows", table)
+    con.execute("INSERT INTO memory.main.replay_plans SELECT * FROM plan_rows")
+    con.unregister("plan_rows")
+
+
+def _followed(f: dict[str, Any], p: Plan, disagreements: list[Disagreement]) -> Plan:
+    """Confirmation: where the model's decision for a request goes against what the logs show (it
+    would reject at the router or at prefill a request the logs show on the engine), the logs
+    are followed and the disagreement listed. (A prompt past the context that each server's
+    tokenizer refused, as SGLang does, is the router's rejection of the model: only work on the
+    engine contradicts it.)"""
+    rid = f["request_id"]
+    if p.router_rejects and (f["on_prefill"] or f["on_decode"]) and f["engine_work"]:
+        disagreements.append(Disagreement(rid, "router", "model_rejects_served",
+                                          f"the router would reject its prompt (context {p.context_length})"))
+        return dataclasses.replace(p, router_rejects=False)
+    if p.prefill_rejects and f["on_decode"] and f["decode_work"]:
+        disagreements.append(Disagreement(rid, "prefill", "model_rejects_served",
+                                          f"prefill would reject its prompt (limit {p.limit_tokens})"))
+        return dataclasses.replace(p, prefill_rejects=False)
+    return p
+
+
+def _request_of(rid: str, row: tuple[Any, ...]) -> tuple[Request, Plan]:
+    """A ``replay_plans`` row (its columns after the request id) as the request and its plan."""
+    tenant, prompt, max_new, prefill, decode, router, over_long, prefill_rejects, kv, limit, context = row
+    return (Request(rid, tenant, prompt, max_new, prefill, decode),
+            Plan(router, over_long, prefill_rejects, kv, limit, context))
 
 
 def _arrival_events(
-    unlogged: list[str],
-    requests: dict[str, Request],
-    plans: dict[str, Plan],
-    arrivals: dict[str, str],
+    unlogged: dict[str, tuple[Request, Plan, str]],
     configs: dict[str, list[tuple[int, int, str, NodeConfig]]],
 ) -> tuple[dict[str, list[dict[str, Any]]], int]:
     """Engine events, timed by the simulator's cost model from each request's arrival, for
@@ -530,8 +696,7 @@ def _arrival_events(
             roles[per[-1][3].role].append(node)
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     placed = 0
-    for i, rid in enumerate(unlogged):
-        r, p = requests[rid], plans[rid]
+    for i, (rid, (r, p, arrival)) in enumerate(unlogged.items()):
         prefill = r.prefill_node if r.prefill_node in roles["prefill"] else None
         decode = r.decode_node if r.decode_node in roles["decode"] else None
         prefill = prefill or (roles["prefill"][i % len(roles["prefill"])] if roles["prefill"] else None)
@@ -539,7 +704,7 @@ def _arrival_events(
         if prefill is None or decode is None:
             continue
         placed += 1
-        t0 = _ns(arrivals[rid])
+        t0 = _ns(arrival)
         t1 = t0 + PREFILL_FIXED + PREFILL_PER_TOKEN * p.kv_tokens
         t2 = t1 + TRANSFER_FIXED + TRANSFER_PER_TOKEN * p.kv_tokens
         t3 = t2 + DECODE_PER_TOKEN * r.max_new_tokens
@@ -571,58 +736,97 @@ def _ns(text: str) -> int:
 
 
 def _replay_node(
+    con: duckdb.DuckDBPyConnection,
     node: str,
     configs: list[tuple[int, int, str, NodeConfig]],
-    events: list[dict[str, Any]],
+    role: str | None,
     engine: str,
     what_if: WhatIf,
     log: LogSet,
-    requests: dict[str, Request],
-    plans: dict[str, Plan],
+    unlogged: dict[str, tuple[Request, Plan, str]],
     extra: list[dict[str, Any]],
-    unlogged: set[str],
-    served: frozenset[str] | None = None,
-    disagreements: list[Disagreement] | None = None,
+    confirm: bool,
+    disagreements: list[Disagreement],
 ) -> None:
     """Feed one node's configs and events, merged in (boot, seq) order, to a node engine;
-    ``extra`` events (of requests the logs have no engine event for) join by time."""
+    ``extra`` events (of requests the logs have no engine event for) join by time. A request is
+    known to the engine from its first record on the node to its last (its plan read with its
+    records), the unlogged ones throughout."""
+    requests = {rid: r for rid, (r, _, _) in unlogged.items()}
+    plans = {rid: p for rid, (_, p, _) in unlogged.items()}
+    served: set[str] | None = set() if confirm else None
+    stream: Iterator[_Row | str] = _placed(_node_events(con, node), _carried_to(con, node, role))
+    engines: list[NodeEngine] = []
+
+    def admit(row: _Row) -> dict[str, Any]:
+        rid = row.record["request_id"]
+        if rid is not None and rid not in plans and row.plan is not None:
+            requests[rid], plans[rid] = _request_of(rid, row.plan)
+            if served is not None and row.served:
+                served.add(rid)
+        return _logged(row.record)
+
+    def forget(rid: str) -> None:
+        if rid in unlogged:
+            return
+        requests.pop(rid, None)
+        plans.pop(rid, None)
+        if served is not None:
+            served.discard(rid)
+        for e in engines:
+            e.forget(rid)
+
     if not configs:  # a router (or any node without a config): its events pass through
         router = NodeEngine(NodeConfig(node, "router", 1 << 62, 1, 2), engine, log, requests, plans)
-        for record in events:
-            if record["request_id"] in unlogged and record["event"] != "received":
-                continue  # the logged router rejection no longer applies
-            router.handle(_logged(record))
+        engines.append(router)
+        for item in stream:
+            if isinstance(item, str):
+                forget(item)
+            elif not (item.record["request_id"] in unlogged and item.record["event"] != "received"):
+                router.handle(admit(item))  # (else the logged router rejection no longer applies)
         return
     pending = list(reversed(extra))
-    timeline = sorted(
-        [(boot, seq, 0, i) for i, (boot, seq, _, _) in enumerate(configs)]
-        + [(e["boot"], e.get("_seq_key", e["seq"] if e["seq"] is not None else _NO_SEQ), 1, i)
-           for i, e in enumerate(events)]
-    )
+    steps = sorted((boot, seq, i) for i, (boot, seq, _, _) in enumerate(configs))
+    k = 0
     node_engine: NodeEngine | None = None
-    for boot, _, what, i in timeline:
-        if what == 0:
-            config = what_if.apply(configs[i][3])
-            if node_engine is None or boot != node_engine.boot:
-                log.new_boot(node)
-                if node_engine is None:
-                    node_engine = NodeEngine(config, engine, log, requests, plans, boot=boot, served=served,
-                                             disagreements=disagreements if disagreements is not None else [])
-                else:
-                    node_engine.start_boot(boot, config)
-            else:
-                node_engine.config = config
-            log.emit(config.record(configs[i][2], boot))
-            continue
-        if node_engine is None:  # events before any config: no pool to act on
-            log.emit(_logged(events[i]))
-            continue
-        if events[i]["boot"] != node_engine.boot:
+
+    def configure(boot: int, i: int) -> None:
+        nonlocal node_engine
+        config = what_if.apply(configs[i][3])
+        if node_engine is None or boot != node_engine.boot:
             log.new_boot(node)
-            node_engine.start_boot(events[i]["boot"], node_engine.config)
-        while pending and pending[-1]["ts"] < events[i]["ts"]:
+            if node_engine is None:
+                node_engine = NodeEngine(config, engine, log, requests, plans, boot=boot, served=served,
+                                         disagreements=disagreements)
+                engines.append(node_engine)
+            else:
+                node_engine.start_boot(boot, config)
+        else:
+            node_engine.config = config
+        log.emit(config.record(configs[i][2], boot))
+
+    for item in stream:
+        if isinstance(item, str):
+            forget(item)
+            continue
+        event = item.record
+        key = (event["boot"], event.get("_seq_key", event["seq"] if event["seq"] is not None else _NO_SEQ))
+        while k < len(steps) and steps[k][:2] <= key:
+            configure(steps[k][0], steps[k][2])
+            k += 1
+        record = admit(item)
+        if node_engine is None:  # events before any config: no pool to act on
+            log.emit(record)
+            continue
+        if event["boot"] != node_engine.boot:
+            log.new_boot(node)
+            node_engine.start_boot(event["boot"], node_engine.config)
+        while pending and pending[-1]["ts"] < event["ts"]:
             node_engine.handle(dict(pending.pop(), boot=node_engine.boot))
-        node_engine.handle(_logged(events[i]))
+        node_engine.handle(record)
+    while k < len(steps):
+        configure(steps[k][0], steps[k][2])
+        k += 1
     while pending and node_engine is not None:
         node_engine.handle(dict(pending.pop(), boot=node_engine.boot))
 

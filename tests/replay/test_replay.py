@@ -246,3 +246,96 @@ def test_page_records_missing_in_a_window_are_filled_by_replay(tmp_path: Path) -
     assert reader not in logged  # its page records are gone, and with them the page evidence
     assert reader in set(filled["reader_request"])
     assert set(filled["evidence"]) <= {"transfer records + replay", "request records + replay"}
+
+
+def test_a_replay_holds_a_request_only_while_it_is_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory flat in the number of requests: each node's engine knows a request from its first
+    record on the node to its last, and holds nothing of it after (the figures are unchanged)."""
+    from replay import engine as engine_module
+
+    full = tmp_path / "full"
+    simulate(full, _arrivals(400, 3, SMALL), deployment=SMALL, seed=3, late_writes=0.02)
+    logged = forensics.investigate([full], tmp_path / "full.duckdb").exposure
+    forensics.investigate([_strip_pages(full, tmp_path / "stripped")], tmp_path / "stripped.duckdb")
+    engines: list[engine_module.NodeEngine] = []
+    most: dict[str, int] = {}
+    forget = engine_module.NodeEngine.forget
+
+    def watched(self: engine_module.NodeEngine, rid: str) -> None:
+        if self not in engines:
+            engines.append(self)
+        most[self.config.node] = max(most.get(self.config.node, 0), len(self.held), len(self.plans))
+        forget(self, rid)
+
+    monkeypatch.setattr(engine_module.NodeEngine, "forget", watched)
+    result = replay(tmp_path / "stripped.duckdb", "sglang-placeholder", tmp_path / "replayed")
+    assert result.exposure == logged and logged["exposed_responses"] > 0
+    assert {e.config.node for e in engines} == {"router", "prefill-0", "prefill-1", "decode-0", "decode-1"}
+    for e in engines:
+        assert not e.held and not e.tag_ids and not e.plans and not e.requests, e.config.node
+    # (400 requests, about 200 a node: a few dozen are in flight at once)
+    assert max(most.values()) < 100, most
+
+
+def _placed_oracle(records: list[dict], ends: list[tuple[int, dict]]) -> list[dict]:
+    """The placement rule over whole lists (the replay streams it): each end after the last of its
+    request's records that come before a transfer end, before the first after one at or past there,
+    and before the first record logged after it in between; ends at one place in their order."""
+    from replay.replay import _AFTER_TRANSFER_END, _NO_SEQ
+
+    at = []
+    for n, (lo, e) in enumerate(ends):
+        mine = [i for i, r in enumerate(records) if r["request_id"] == e["request_id"]]
+        hi = min((i for i in mine if (records[i]["kind"], records[i]["event"]) in _AFTER_TRANSFER_END and i >= lo),
+                 default=len(records))
+        pos = next((i for i in range(lo, hi) if records[i]["ts"] > e["ts"]), hi)
+        at.append((pos, n, e))
+    out: list[dict] = []
+    at.sort(key=lambda t: (t[0], t[1]))
+    k = 0
+    for i in range(len(records) + 1):
+        while k < len(at) and at[k][0] == i:
+            before = out[-1] if out else (records[i] if i < len(records) else None)
+            key = before.get("_seq_key", before["seq"]) if before is not None else None
+            out.append(dict(at[k][2], boot=before["boot"] if before else 0, _seq_key=_NO_SEQ if key is None else key))
+            k += 1
+        if i < len(records):
+            out.append(records[i])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_carried_transfer_ends_are_placed_as_the_rule_says(seed: int) -> None:
+    """The streaming placement of carried transfer ends (replay._placed) against the rule applied
+    to whole lists, on random node orders; each request is forgotten once, after its last record
+    and its last placed end."""
+    from replay.replay import _BEFORE_TRANSFER_END, _placed, _Row
+
+    rng = random.Random(seed)
+    events = [("request", "received"), ("request", "admitted"), ("request", "prefill_started"),
+              ("transfer", "started"), ("request", "decode_started"), ("request", "finished"),
+              ("request", "prefill_done")]
+    records = []
+    for i in range(rng.randint(0, 30)):
+        kind, event = rng.choice(events)
+        records.append({"kind": kind, "event": event, "request_id": f"r{rng.randint(0, 5)}", "boot": 0,
+                        "seq": i if rng.random() < 0.8 else None, "ts": f"t{rng.randint(0, 40):03d}"})
+    ends = []
+    for rid in sorted({r["request_id"] for r in records}):
+        for j in range(rng.randint(0, 2)):
+            before = [i for i, r in enumerate(records)
+                      if r["request_id"] == rid and (r["kind"], r["event"]) in _BEFORE_TRANSFER_END]
+            ends.append((max(before) + 1 if before else 0,
+                         {"kind": "transfer", "event": "completed", "request_id": rid, "transfer_id": f"x{j}",
+                          "boot": 0, "seq": None, "ts": f"t{rng.randint(0, 40):03d}", "_carried": "other"}))
+    ends.sort(key=lambda e: e[0])  # (the order replay._carried_to reads them in)
+    last = {r["request_id"]: i for i, r in enumerate(records)}
+    rows = [_Row(r, last[r["request_id"]] == i, None, False) for i, r in enumerate(records)]
+    got = list(_placed(iter(rows), iter((lo, _Row(e, False, None, False)) for lo, e in ends)))
+    placed = [g.record for g in got if not isinstance(g, str)]
+    assert placed == _placed_oracle(records, ends)
+    forgotten = [g for g in got if isinstance(g, str)]
+    assert sorted(forgotten) == sorted(last)
+    for rid in forgotten:
+        at = got.index(rid)
+        assert all(isinstance(g, str) or g.record["request_id"] != rid for g in got[at + 1:])
