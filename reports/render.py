@@ -28,7 +28,6 @@ from reports import charts, lists
 from reports.data import AUDIENCES, Names, ReportData, gather
 from reports.lists import SHOWN
 
-
 #: DuckDB's memory limit while the report reads the case (past it, its queries spill to disk):
 #: without it they held 3.9 GiB on a case of 5.12 million records, with it 1.3 GiB in the same time.
 REPORT_MEMORY = "1GiB"
