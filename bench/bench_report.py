@@ -14,10 +14,7 @@ sample's report, opened the same way in the same run.
 from __future__ import annotations
 
 import argparse
-import fcntl
-import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,47 +22,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "reports"))
-
-from cdp import _Pipe  # noqa: E402
 
 
 def opened(page: Path) -> float:
     """Seconds from navigating to ``page`` to its load event and the layout of the whole page."""
-    to_r, to_w = os.pipe()
-    from_r, from_w = os.pipe()
+    sys.path.insert(0, str(ROOT / "tests" / "reports"))
+    from cdp import browser, offline  # (the tests' DevTools pipe)
 
-    def fds() -> None:
-        high_r = fcntl.fcntl(to_r, fcntl.F_DUPFD, 10)
-        high_w = fcntl.fcntl(from_w, fcntl.F_DUPFD, 10)
-        os.dup2(high_r, 3)
-        os.dup2(high_w, 4)
-
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
-        proc = subprocess.Popen(
-            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--no-first-run",
-             f"--user-data-dir={profile}", "--window-size=1100,1400", "about:blank"],
-            pass_fds=(3, 4, to_r, from_w), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=fds, start_new_session=True)
-        os.close(to_r)
-        os.close(from_w)
-        pipe = _Pipe(proc, to_w, from_r)
-        try:
-            target = pipe.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-            session = pipe.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-            pipe.send("Page.enable", session=session)
-            pipe.send("Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": 0,
-                                                           "uploadThroughput": 0}, session=session)
-            t = time.perf_counter()
-            pipe.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
-            pipe.wait_for("Page.loadEventFired")
-            pipe.send("Runtime.evaluate", {"expression": "document.body.scrollHeight"}, session=session)
-            return time.perf_counter() - t
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            os.close(to_w)
-            os.close(from_r)
+    with browser() as (cdp, session):
+        cdp.send("Page.enable", session=session)
+        offline(cdp, session)
+        t = time.perf_counter()
+        cdp.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
+        cdp.wait_for("Page.loadEventFired")
+        cdp.send("Runtime.evaluate", {"expression": "document.body.scrollHeight"}, session=session)
+        return time.perf_counter() - t
 
 
 def main() -> None:

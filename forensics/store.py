@@ -73,6 +73,15 @@ def check_case_path(path: Path, *, create: bool) -> None:
                         "database, which ingest creates)")
 
 
+def session(con: duckdb.DuckDBPyConnection) -> None:
+    """The settings every connection of the toolkit works under: times in UTC, no progress bar."""
+    con.execute("SET TimeZone = 'UTC'")
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.InvalidInputException:
+        pass  # in Jupyter without ipywidgets DuckDB refuses to touch the setting; there is no bar to hide
+
+
 def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -> duckdb.DuckDBPyConnection:
     """A connection to the case at ``path`` (``:memory:`` for a scratch case), schema in place.
 
@@ -96,11 +105,7 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
         raise CaseError(f"{target}: cannot open the case ({text.splitlines()[0]})") from exc
     except duckdb.Error as exc:
         raise CaseError(f"{target}: not a DuckDB case file ({str(exc).splitlines()[0]})") from exc
-    con.execute("SET TimeZone = 'UTC'")
-    try:
-        con.execute("SET enable_progress_bar = false")
-    except duckdb.InvalidInputException:
-        pass  # in Jupyter without ipywidgets DuckDB refuses to touch the setting; there is no bar to hide
+    session(con)
     # the version is read before the schema is applied, so a file of another kind or version is left untouched
     version = _schema_version(con)
     fresh = version is None and not _has_any_table(con)

@@ -33,7 +33,7 @@ import pyarrow as pa
 import forensics
 from forensics.adapters.sglang_eras import releases_of
 from forensics.errors import CaseError, OutputExists
-from forensics.store import connect, one
+from forensics.store import connect, one, session
 from replay.engine import BEHAVIOURS, Disagreement, NodeConfig, NodeEngine, Plan, Request, plan
 from replay.logset import LogSet, ts_ns, ts_text
 from replay.simulate import (
@@ -208,13 +208,9 @@ def _scratch(db: Path, spill: Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the case ``db`` attached read-only as its default catalog; the
     replay's own tables go in ``memory`` (spilled to ``spill`` past :data:`SCRATCH_MEMORY`)."""
     con = duckdb.connect()
-    con.execute("SET TimeZone = 'UTC'")
+    session(con)
     con.execute(f"SET memory_limit = '{SCRATCH_MEMORY}'")
     con.execute(f"SET temp_directory = '{_sql_path(spill)}'")
-    try:
-        con.execute("SET enable_progress_bar = false")
-    except duckdb.InvalidInputException:
-        pass  # (Jupyter without ipywidgets: no bar to hide)
     con.execute(f"ATTACH '{_sql_path(db)}' AS case_db (READ_ONLY)")
     con.execute("USE case_db")
     return con

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from forensics.errors import OutputRefused
 from forensics.outputs import check_target, write_atomically
 from forensics.text import printable
 
@@ -49,8 +50,6 @@ def check_folder(report: Path) -> None:
     folder = folder_for(report)
     check_target(folder / "responses.csv")
     if folder.exists() and (folder.is_symlink() or not folder.is_dir()):
-        from forensics.errors import OutputRefused
-
         raise OutputRefused(f"{folder}: not a folder; the report's complete lists go there")
 
 

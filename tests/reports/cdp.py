@@ -11,6 +11,8 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +63,10 @@ class _Pipe:
         return dict(json.loads(raw))
 
 
-def load(page: Path, chromium: str = "chromium") -> PageLoad:
-    """Open ``page`` (a local file) with every network request blocked."""
+@contextmanager
+def browser(chromium: str = "chromium") -> Iterator[tuple[_Pipe, str]]:
+    """Headless Chromium on a DevTools pipe, with one blank page attached: ``(pipe, session)``.
+    Killed on the way out."""
     to_r, to_w = os.pipe()  # browser reads fd 3
     from_r, from_w = os.pipe()  # browser writes fd 4
 
@@ -85,22 +89,33 @@ def load(page: Path, chromium: str = "chromium") -> PageLoad:
         try:
             target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
             session = cdp.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-            for domain in ("Page", "Network", "Runtime", "Log"):
-                cdp.send(f"{domain}.enable", session=session)
-            cdp.send("Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": 0,
-                                                          "uploadThroughput": 0}, session=session)
-            cdp.send("Network.setBlockedURLs", {"urls": ["http://*", "https://*", "ws://*", "wss://*"]},
-                     session=session)
-            cdp.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
-            cdp.wait_for("Page.loadEventFired")
-            time.sleep(0.5)  # late console messages
-            shot = cdp.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                            session=session)
+            yield cdp, session
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             os.close(to_w)
             os.close(from_r)
+
+
+def offline(cdp: _Pipe, session: str) -> None:
+    """Cut the page's network off."""
+    cdp.send("Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": 0,
+                                                  "uploadThroughput": 0}, session=session)
+
+
+def load(page: Path, chromium: str = "chromium") -> PageLoad:
+    """Open ``page`` (a local file) with every network request blocked."""
+    with browser(chromium) as (cdp, session):
+        for domain in ("Page", "Network", "Runtime", "Log"):
+            cdp.send(f"{domain}.enable", session=session)
+        offline(cdp, session)
+        cdp.send("Network.setBlockedURLs", {"urls": ["http://*", "https://*", "ws://*", "wss://*"]},
+                 session=session)
+        cdp.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
+        cdp.wait_for("Page.loadEventFired")
+        time.sleep(0.5)  # late console messages
+        shot = cdp.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
+                        session=session)
     result = PageLoad(screenshot=base64.b64decode(shot["data"]))
     document = page.resolve().as_uri()
     for e in cdp.events:
