@@ -33,7 +33,7 @@ import pyarrow as pa
 import forensics
 from forensics.adapters.sglang_eras import releases_of
 from forensics.errors import CaseError, OutputExists
-from forensics.store import connect, one, session
+from forensics.store import connect, one, scan, session
 from replay.engine import BEHAVIOURS, Disagreement, NodeConfig, NodeEngine, Plan, Request, plan
 from replay.logset import LogSet, ts_ns, ts_text
 from replay.simulate import (
@@ -650,9 +650,7 @@ def _insert_plans(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -
     if not rows:
         return
     table = pa.Table.from_pylist([dict(zip(_PLAN_SCHEMA.names, r, strict=True)) for r in rows], schema=_PLAN_SCHEMA)
-    con.register("plan_rows", table)
-    con.execute("INSERT INTO memory.main.replay_plans SELECT * FROM plan_rows")
-    con.unregister("plan_rows")
+    scan(con, table, "plan_rows", "INSERT INTO memory.main.replay_plans SELECT * FROM plan_rows")
 
 
 def _followed(f: dict[str, Any], p: Plan, disagreements: list[Disagreement]) -> Plan:

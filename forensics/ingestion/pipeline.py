@@ -55,7 +55,7 @@ from forensics.ingestion.readers import (
 from forensics.ingestion.settle import RECORD_TABLES, count, settle
 from forensics.ingestion.validate import LENIENT_SUSPECT, PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 from forensics.schema import KINDS, Reason
-from forensics.store import connect, one
+from forensics.store import connect, one, scan
 from forensics.text import path_text, shown
 from forensics.version import __version__
 
@@ -215,8 +215,8 @@ def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], prog
                 # each file leaves each kind's table a part of a row group; DuckDB would merge those
                 # with the groups around them at every commit's checkpoint, rewriting them (0.35 s a file)
                 con.execute("SET max_vacuum_tasks = 0")
-                with _registered(con, LINES_SCHEMA.empty_table()):
-                    con.execute(f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
+                scan(con, LINES_SCHEMA.empty_table(), "chunk",
+                     f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
                 columns = record_columns(con)
                 results = [
                     _ingest_or_refuse(con, log, digest, progress, options, ahead, columns)
@@ -454,10 +454,14 @@ def _load(
 
     waiting: dict[str, list[pa.Table]] = {kind: [] for kind in KINDS}  # not yet in a statement
     held: dict[str, pa.Table] = {}  # whole groups, held back in case the file ends after them
-    text: list[source.Piece] = []
-    leap = 0
+    text: list[source.Piece] = []  # the text of the lines read, until there is enough to store
+    text_bytes = leap = 0
     for block in read_blocks(log, ahead, options, notes, count_ignored):
         text.extend(block.text)
+        text_bytes += sum(len(piece[2]) for piece in block.text)
+        if text_bytes >= source.STORE_BYTES:
+            source.store(con, file_id, text)
+            text, text_bytes = [], 0
         for kind, rows in block.kinds:
             plain += rows.num_rows
             if "ts_text" in rows.column_names and rows["ts_us"].null_count:  # (a leap second is never read there)
@@ -480,8 +484,7 @@ def _load(
                 held[kind] = whole.slice(0, n)
                 waiting[kind] = [whole.slice(n)] if n < whole.num_rows else []
         if block.lines.num_rows:
-            with _registered(con, block.lines):
-                con.execute(f"INSERT INTO stage BY NAME {LINES_STAGE}")
+            scan(con, block.lines, "chunk", f"INSERT INTO stage BY NAME {LINES_STAGE}")
         done += block.nbytes
         if progress is not None:
             progress(log.path, min(done, size), size)
@@ -489,7 +492,7 @@ def _load(
         last = ([held[kind]] if kind in held else []) + queue
         if last:
             _load_plain(con, file_id, kind, pa.concat_tables(last), columns[kind])
-    source.store(con, file_id, text if fast_path(log) else list(source_pieces(log)))
+    source.store(con, file_id, text if fast_path(log) else source_pieces(log))
     row = one(con, "SELECT count(*) FROM stage WHERE q_reason IS NULL AND contains(coalesce(doc, raw), ':59:60') "
                    "AND regexp_matches(coalesce(doc, raw), ?)", [_LEAP_IN_LINE])  # (the regex only where it may match)
     leap += int(row[0]) if row else 0
@@ -516,24 +519,21 @@ def _load_plain(
     """
     chunk = batched(chunk, ROW_GROUP)
     cols = ", ".join(c for c in columns if _has_values(chunk, c))
-    with _registered(con, chunk):
-        for stage, lines in plain_stages(chunk):
-            kept = 0
-            if kind is not None:
-                row = one(
-                    con,
-                    f"INSERT INTO {RECORD_TABLES[kind]} (file_id, line_no, part, {cols}) "
-                    f"SELECT {file_id}, line_no, part, {cols} FROM ({stage}) WHERE q_reason IS NULL",
-                )
-                assert row is not None
-                kept = int(row[0])
-            if kept < lines:  # the checks run again only where some line failed them
-                row = one(
-                    con,
-                    f"INSERT INTO quarantine SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL "
-                    f"FROM ({stage}) WHERE q_reason IS NOT NULL",
-                )
-                assert row is not None and kept + int(row[0]) == lines, "a plain line neither kept nor quarantined"
+    for stage, lines in plain_stages(chunk):
+        kept = 0
+        if kind is not None:
+            kept = int(scan(
+                con, chunk, "chunk",
+                f"INSERT INTO {RECORD_TABLES[kind]} (file_id, line_no, part, {cols}) "
+                f"SELECT {file_id}, line_no, part, {cols} FROM ({stage}) WHERE q_reason IS NULL",
+            )[0][0])
+        if kept < lines:  # the checks run again only where some line failed them
+            quarantined = int(scan(
+                con, chunk, "chunk",
+                f"INSERT INTO quarantine SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL "
+                f"FROM ({stage}) WHERE q_reason IS NOT NULL",
+            )[0][0])
+            assert kept + quarantined == lines, "a plain line neither kept nor quarantined"
 
 
 def plain_stages(chunk: pa.Table) -> list[tuple[str, int]]:
@@ -543,16 +543,6 @@ def plain_stages(chunk: pa.Table) -> list[tuple[str, int]]:
     kept = int(pc.sum(chunk.column("rules_ok")).as_py() or 0)
     stages = [(PLAIN_KEPT_STAGE, kept), (PLAIN_BROKEN_STAGE, chunk.num_rows - kept)]
     return [(stage, lines) for stage, lines in stages if lines]
-
-
-@contextmanager
-def _registered(con: duckdb.DuckDBPyConnection, table: pa.Table, name: str = "chunk") -> Iterator[None]:
-    """``table`` visible to the queries as ``name`` (``chunk``: what LINES_STAGE and the plain stages read)."""
-    con.register(name, table)
-    try:
-        yield
-    finally:
-        con.unregister(name)
 
 
 def _has_values(chunk: pa.Table, column: str) -> bool:

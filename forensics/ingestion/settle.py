@@ -73,7 +73,9 @@ def keys_unique(con: duckdb.DuckDBPyConnection, file_id: int) -> bool:
         if any(lo <= o_hi and o_lo <= hi for o_lo, o_hi in others.get((node, boot), [])):
             return False
         seqs = con.execute(_SQL["file_seqs"], {"file_id": file_id, "node": node, "boot": boot}).fetchnumpy()["seq"]
-        if np.bincount(np.asarray(seqs, dtype=np.int64) - lo, minlength=span).max() > 1:
+        seen = np.zeros(span, dtype=bool)  # a byte per seq of the range
+        seen[np.asarray(seqs, dtype=np.int64) - lo] = True
+        if int(np.count_nonzero(seen)) < len(seqs):
             return False
     return True
 

@@ -21,9 +21,13 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
+from forensics.store import scan
+
 #: About how much text (uncompressed) one row of ``source_lines`` holds: reading one line back
 #: decompresses its piece (about a millisecond).
 PIECE_BYTES = 1 << 20
+#: About how many bytes of frames go into ``source_lines`` in one statement while a file is read.
+STORE_BYTES = 32 << 20
 #: zstd level 1: about 1 GB/s on logs; higher levels gain little on them.
 LEVEL = 1
 
@@ -80,21 +84,29 @@ def _groups(lines: Iterable[str]) -> Iterator[list[str]]:
         yield held
 
 
-def store(con: duckdb.DuckDBPyConnection, file_id: int, kept: list[Piece]) -> None:
-    """Keep a file's pieces in ``source_lines``."""
-    if not kept:
-        return
+def store(con: duckdb.DuckDBPyConnection, file_id: int, kept: Iterable[Piece]) -> None:
+    """Keep pieces of a file in ``source_lines``, about :data:`STORE_BYTES` of frames a statement
+    (a file's pieces are never all held at once)."""
+    batch: list[Piece] = []
+    size = 0
+    for piece in kept:
+        batch.append(piece)
+        size += len(piece[2])
+        if size >= STORE_BYTES:
+            _insert(con, file_id, batch)
+            batch, size = [], 0
+    if batch:
+        _insert(con, file_id, batch)
+
+
+def _insert(con: duckdb.DuckDBPyConnection, file_id: int, batch: list[Piece]) -> None:
     table = pa.table({
-        "file_id": pa.array([file_id] * len(kept), pa.int32()),
-        "first_line": pa.array([p[0] for p in kept], pa.int64()),
-        "line_count": pa.array([p[1] for p in kept], pa.int32()),
-        "text": pa.array([p[2] for p in kept], pa.binary()),
+        "file_id": pa.array([file_id] * len(batch), pa.int32()),
+        "first_line": pa.array([p[0] for p in batch], pa.int64()),
+        "line_count": pa.array([p[1] for p in batch], pa.int32()),
+        "text": pa.array([p[2] for p in batch], pa.binary()),
     })
-    con.register("source_pieces", table)
-    try:
-        con.execute("INSERT INTO source_lines SELECT * FROM source_pieces")
-    finally:
-        con.unregister("source_pieces")
+    scan(con, table, "source_pieces", "INSERT INTO source_lines SELECT * FROM source_pieces")
 
 
 def texts(con: duckdb.DuckDBPyConnection, keys: str) -> pa.Table:
