@@ -29,46 +29,62 @@ import pyarrow as pa
 from forensics import compiled
 from forensics.exposure import rows as vocab
 from forensics.exposure.rows import HI, LO
+from forensics.store import scan
 
 COMPACT_AFTER = 1 << 16  # rows of garbage the walk's pools carry before it drops them
 #: Events from which the compiled kernel is used (with ``fast=None``): below, its interpreted twin
 #: (about 25 us an event) is quicker than loading the machine code, let alone compiling it.
 COMPILED_FROM = 50_000
+#: Events walked at once: the (node, boot)s go through the walk in runs of about this many
+#: events (one with more is a run of its own), so the sweep's memory follows its largest
+#: (node, boot), never the case (56 bytes an event; bench/README.md).
+RUN_EVENTS = 1 << 22
 
 OPS = {
     "alloc": vocab.ALLOC, "share": vocab.SHARE, "write": vocab.WRITE,
     "read": vocab.READ, "free": vocab.FREE,
 }
 
-# One row per page range of a kv record, plus one per decode_started (``sweep`` keeps those that
-# start an inferred read), in sweep order.
-EVENTS_SQL = f"""
+# The integer ids of the sweep, each (node, boot) with its number of page ranges, and the
+# (node, request) pairs with a read record (on any boot): a decode_started of one starts no
+# inferred read.
+SETUP_SQL = """
 CREATE OR REPLACE TEMP TABLE sweep_requests AS
 SELECT request_id, (row_number() OVER (ORDER BY request_id) - 1)::INTEGER AS rid
 FROM (SELECT DISTINCT request_id FROM records WHERE request_id IS NOT NULL);
 
 CREATE OR REPLACE TEMP TABLE sweep_node_boots AS
 SELECT node, boot, (row_number() OVER (ORDER BY node, boot) - 1)::INTEGER AS nb,
-       dense_rank() OVER (ORDER BY node)::INTEGER AS node_id
-FROM (SELECT DISTINCT node, boot FROM records WHERE seq IS NOT NULL AND kind = 'kv');
+       dense_rank() OVER (ORDER BY node)::INTEGER AS node_id, ranges
+FROM (SELECT node, boot, coalesce(sum(len(page_ranges)), 0)::BIGINT AS ranges
+      FROM records WHERE seq IS NOT NULL AND kind = 'kv' GROUP BY node, boot);
 
-CREATE OR REPLACE TEMP VIEW sweep_events AS
-WITH kv AS (
+CREATE OR REPLACE TEMP TABLE sweep_readers AS
+SELECT DISTINCT node, request_id FROM records
+WHERE kind = 'kv' AND op = 'read' AND seq IS NOT NULL AND len(page_ranges) > 0;
+"""
+
+# One row per page range of a kv record, plus one per decode_started that starts an inferred
+# read, of the (node, boot)s ``nb`` $lo to $hi, in sweep order; times in microseconds.
+EVENTS_SQL = f"""
+WITH run AS (SELECT node, boot, nb FROM sweep_node_boots WHERE nb BETWEEN $lo AND $hi),
+kv AS (
   SELECT nb.nb::BIGINT AS nb, r.seq::BIGINT AS seq, q.rid::BIGINT AS rid,
          CASE r.op {" ".join(f"WHEN '{k}' THEN {v}" for k, v in OPS.items())} END::BIGINT AS op,
-         r.ts, unnest(r.page_ranges) AS rg
-  FROM records r JOIN sweep_node_boots nb USING (node, boot) JOIN sweep_requests q USING (request_id)
+         epoch_us(r.ts)::BIGINT AS ts, unnest(r.page_ranges) AS rg
+  FROM records r JOIN run nb USING (node, boot) JOIN sweep_requests q USING (request_id)
   WHERE r.kind = 'kv' AND r.seq IS NOT NULL
 ), starts AS (
   SELECT nb.nb::BIGINT AS nb, r.seq::BIGINT AS seq, q.rid::BIGINT AS rid,
-         {vocab.START}::BIGINT AS op, r.ts
-  FROM records r JOIN sweep_node_boots nb USING (node, boot) JOIN sweep_requests q USING (request_id)
+         {vocab.START}::BIGINT AS op, epoch_us(r.ts)::BIGINT AS ts
+  FROM records r JOIN run nb USING (node, boot) JOIN sweep_requests q USING (request_id)
   WHERE r.kind = 'request' AND r.event = 'decode_started' AND r.seq IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM sweep_readers s WHERE s.node = r.node AND s.request_id = r.request_id)
 )
 SELECT nb, seq, rid, op, rg.lo::BIGINT AS lo, rg.hi::BIGINT AS hi, ts FROM kv
 UNION ALL
 SELECT nb, seq, rid, op, -1::BIGINT, -1::BIGINT, ts FROM starts
-ORDER BY nb, seq, lo, hi;
+ORDER BY nb, seq, lo, hi
 """
 
 # The columns kept of the kernel's rows (booleans are 0/1), by name and column, the range last.
@@ -78,6 +94,9 @@ UNINITIALIZED_COLUMNS = (("nb", vocab.UNI_NB), ("reader", vocab.UNI_READER), ("s
                          ("inferred", vocab.UNI_INFERRED))
 READ_COLUMNS = (("nb", vocab.RD_NB), ("reader", vocab.RD_READER), ("start_seq", vocab.RD_START),
                 ("end_seq", vocab.RD_END), ("inferred", vocab.RD_INFERRED))
+#: The tables the sweep leaves, with their columns.
+TABLES: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = (
+    ("exposures", EXPOSURE_COLUMNS), ("uninitialized", UNINITIALIZED_COLUMNS), ("reads", READ_COLUMNS))
 
 
 def walker(n_events: int, fast: bool | None = None) -> ModuleType:
@@ -91,11 +110,49 @@ def walker(n_events: int, fast: bool | None = None) -> ModuleType:
 
 def sweep(con: duckdb.DuckDBPyConnection, *, fast: bool | None = None) -> None:
     """Run the sweep over the case's kv records into the ``sweep_*`` tables of ``con``
-    (``fast``: the compiled kernel, its interpreted twin, or by size: :func:`walker`)."""
-    con.execute(EVENTS_SQL)
+    (``fast``: the compiled kernel, its interpreted twin, or by size: :func:`walker`), a run of
+    (node, boot)s at a time (:data:`RUN_EVENTS`)."""
+    con.execute(SETUP_SQL)
     n_requests = con.execute("SELECT count(*) FROM sweep_requests").fetchall()[0][0]
-    nbs, seqs, rids, ops, los, his, micros = _events(con, n_requests)
-    kernel = walker(len(nbs), fast)
+    counts = con.execute("SELECT nb, ranges FROM sweep_node_boots ORDER BY nb").fetchall()
+    kernel = walker(sum(n for _, n in counts), fast)
+    empty = np.empty((0, vocab.WIDTH), np.int64)
+    for name, names in TABLES:
+        scan(con, _table(empty, names), "sweep_rows", f"CREATE OR REPLACE TEMP TABLE sweep_{name} AS FROM sweep_rows")
+    for lo, hi in runs(counts, RUN_EVENTS):
+        found = walk(kernel, events(con, lo, hi), n_requests)
+        for (name, names), found_rows in zip(TABLES, found, strict=True):
+            if len(found_rows):
+                scan(con, _table(found_rows, names), "sweep_rows", f"INSERT INTO sweep_{name} FROM sweep_rows")
+
+
+def runs(counts: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The (node, boot)s ``nb`` (with their event counts, in order) as runs ``(first, last)`` of
+    consecutive ones, each of at most ``size`` events unless it is a single (node, boot)."""
+    out: list[tuple[int, int]] = []
+    total = 0
+    for nb, n in counts:
+        if out and total + n <= size:
+            out[-1] = (out[-1][0], nb)
+            total += n
+        else:
+            out.append((nb, nb))
+            total = n
+    return out
+
+
+def events(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> list[np.ndarray]:
+    """The events of the (node, boot)s ``lo`` to ``hi`` (:data:`EVENTS_SQL`), column by column:
+    nb, seq, rid, op, lo, hi and ts, each a writable int64 array (numba compiles read-only
+    arrays, as Arrow's are, as another type)."""
+    got = con.execute(EVENTS_SQL, {"lo": lo, "hi": hi}).fetchnumpy()
+    return [np.require(got[c], dtype=np.int64, requirements=["C", "W"])
+            for c in ("nb", "seq", "rid", "op", "lo", "hi", "ts")]
+
+
+def walk(kernel: ModuleType, columns: list[np.ndarray], n_requests: int) -> tuple[np.ndarray, ...]:
+    """The rows of the :data:`TABLES` that the events ``columns`` (:func:`events`) give."""
+    nbs, seqs, rids, ops, los, his, micros = columns
     exposures, uninitialized, reads, still_open, shared = kernel.walk(
         nbs, seqs, rids, ops, los, his, n_requests, COMPACT_AFTER
     )
@@ -105,39 +162,7 @@ def sweep(con: duckdb.DuckDBPyConnection, *, fast: bool | None = None) -> None:
     at = kernel.event_at(nbs, seqs, exposures[:, vocab.ISL_NB], exposures[:, vocab.ISL_SEQ])
     exposures[:, vocab.ISL_TS] = micros[at]
     reads = np.concatenate((reads, kernel.merged(_sorted(still_open))))
-    for name, rows, names in (
-        ("exposures", exposures, EXPOSURE_COLUMNS),
-        ("uninitialized", uninitialized, UNINITIALIZED_COLUMNS),
-        ("reads", reads, READ_COLUMNS),
-    ):
-        con.register("sweep_rows", _table(rows, names))
-        con.execute(f"CREATE OR REPLACE TEMP TABLE sweep_{name} AS SELECT * FROM sweep_rows")
-        con.unregister("sweep_rows")
-
-
-def _events(con: duckdb.DuckDBPyConnection, n_requests: int) -> list[np.ndarray]:
-    """The columns of ``sweep_events`` (ts in microseconds), less the decode_starts that start
-    no inferred read."""
-    events = con.sql("SELECT * FROM sweep_events").to_arrow_table()
-    node_of = con.sql("SELECT node_id FROM sweep_node_boots ORDER BY nb").to_arrow_table()
-    # writable copies: numba compiles read-only arrays (Arrow's) as another type
-    columns = [np.array(events.column(i).to_numpy(), dtype=np.int64) for i in range(6)]
-    columns.append(np.array(events.column(6).cast(pa.int64()).to_numpy(), dtype=np.int64))
-    return _inferring(columns, node_of.column(0).to_numpy(), n_requests)
-
-
-def _inferring(events: list[np.ndarray], node_of: np.ndarray, n_requests: int) -> list[np.ndarray]:
-    """The events without the decode_starts of requests with a read record on that node (in
-    any boot): only the others start an inferred read."""
-    nbs, rids, ops = events[0], events[2], events[3]
-    key = node_of[nbs].astype(np.int64) * n_requests + rids
-    starts = ops == vocab.START
-    has_read = np.isin(key[starts], key[ops == vocab.READ])
-    if not has_read.any():
-        return events
-    keep = np.ones(len(ops), dtype=bool)
-    keep[np.flatnonzero(starts)[has_read]] = False
-    return [col[keep] for col in events]
+    return exposures, uninitialized, reads
 
 
 def _sorted(rows: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from conftest import example_dirs, write_jsonl
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from logsets import scale_pages
 
 import forensics
-from forensics.exposure import reference
+from forensics.exposure import reference, sweep
 from forensics.exposure.figures import FIGURES
 from forensics.exposure.reference import expand
 
@@ -145,16 +146,19 @@ def _sql_exposures(
 def test_sql_equals_the_oracle_on_random_logs(
     records: list[dict[str, Any]], data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Figures and exposure rows equal the oracle's, whatever the split into files and order, and
-    whether the compiled accelerators or their interpreted twins and the SQL validator ran."""
+    """Figures and exposure rows equal the oracle's, whatever the split into files and order,
+    whether the compiled accelerators or their interpreted twins and the SQL validator ran, and
+    however the sweep groups the (node, boot)s into runs (each its own, a few, all in one)."""
     tmp = tmp_path_factory.mktemp("rand")
     rng = random.Random(data.draw(st.integers(0, 2**32)))
     fast = data.draw(st.booleans())
+    run_events = data.draw(st.sampled_from([1, 40, sweep.RUN_EVENTS]))
     shuffled = records[:]
     rng.shuffle(shuffled)
     n_files = rng.randint(1, 3)
     files = [write_jsonl(tmp / f"part{i}.jsonl", shuffled[i::n_files]) for i in range(n_files)]
-    found = forensics.investigate(files, tmp / "case.duckdb", fast=fast)
+    with mock.patch.object(sweep, "RUN_EVENTS", run_events):
+        found = forensics.investigate(files, tmp / "case.duckdb", fast=fast)
     assert found.ingest.records.quarantined == 0
     expected = reference.run(records)
     assert found.exposure == expected.figures

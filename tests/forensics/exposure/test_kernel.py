@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -27,9 +28,10 @@ def sample_case(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _sample_events(sample_case: Path) -> tuple[list[np.ndarray], int]:
     con = connect(sample_case)
     try:
-        con.execute(sweep.EVENTS_SQL)
+        con.execute(sweep.SETUP_SQL)
         n_requests = con.execute("SELECT count(*) FROM sweep_requests").fetchall()[0][0]
-        return sweep._events(con, n_requests)[:6], n_requests
+        last = con.execute("SELECT max(nb) FROM sweep_node_boots").fetchall()[0][0]
+        return sweep.events(con, 0, last)[:6], n_requests
     finally:
         con.close()
 
@@ -69,3 +71,34 @@ def test_the_sample_incident_gives_the_oracles_figures_and_exposures(sample_case
         }
     assert found == expected.exposures
     assert expected.figures["exposed_responses"] > 0
+
+
+def test_runs_group_consecutive_node_boots_up_to_the_size() -> None:
+    counts = [(0, 3), (1, 3), (2, 10), (3, 0), (4, 1), (5, 2)]
+    assert sweep.runs(counts, 6) == [(0, 1), (2, 2), (3, 5)]  # one over the size is a run of its own
+    assert sweep.runs(counts, 100) == [(0, 5)]
+    assert sweep.runs(counts, 0) == [(i, i) for i in range(6)]
+    assert sweep.runs([], 6) == []
+
+
+def test_the_sweep_in_runs_of_one_node_boot_leaves_the_same_tables(sample_case: Path, tmp_path: Path) -> None:
+    def tables(run_events: int) -> list[list[tuple[object, ...]]]:
+        db = tmp_path / f"case-{run_events}.duckdb"
+        db.write_bytes(sample_case.read_bytes())
+        con = connect(db)
+        try:
+            with mock.patch.object(sweep, "RUN_EVENTS", run_events):
+                sweep.sweep(con, fast=True)
+            return [con.execute(f"FROM sweep_{name} ORDER BY ALL").fetchall() for name, _ in sweep.TABLES]
+        finally:
+            con.close()
+
+    con = connect(sample_case)
+    try:
+        node_boots = con.execute("SELECT count(DISTINCT (node, boot)) FROM kv_ops").fetchall()[0][0]
+    finally:
+        con.close()
+    assert node_boots > 1  # so that runs of one differ from a run of all
+    whole, each = tables(sweep.RUN_EVENTS), tables(1)
+    assert all(len(rows) for rows in whole)
+    assert each == whole
