@@ -76,6 +76,12 @@ def check_case_path(path: Path, *, create: bool) -> None:
                         "database, which ingest creates)")
 
 
+#: DuckDB's memory on a case: past it, DuckDB spills to a folder beside the case (``CASE.tmp``),
+#: so ingest and analysis stay bounded whatever the size of the case (DuckDB's default is 80% of
+#: the machine's memory; bench/README.md). A report lowers it further (``reports.render``).
+CASE_MEMORY = "2GiB"
+
+
 def session(con: duckdb.DuckDBPyConnection) -> None:
     """The settings every connection of the toolkit works under: times in UTC, no progress bar."""
     con.execute("SET TimeZone = 'UTC'")
@@ -109,6 +115,8 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
     except duckdb.Error as exc:
         raise CaseError(f"{target}: not a DuckDB case file ({str(exc).splitlines()[0]})") from exc
     session(con)
+    if target != ":memory:":
+        con.execute(f"SET memory_limit = '{CASE_MEMORY}'")
     # the version is read before the schema is applied, so a file of another kind or version is left untouched
     version = _schema_version(con)
     fresh = version is None and not _has_any_table(con)
