@@ -26,27 +26,19 @@ import forensics
 from replay.simulate import simulate_to
 
 _CHILD = r"""
-import json, sys, threading, time
+import json, sys, time
+sys.path.insert(0, sys.argv[3])
 import forensics
 import replay.replay as R
+from peaks import Peaks
 
-def rss():
-    with open('/proc/self/status') as fh:
-        for line in fh:
-            if line.startswith('VmRSS'):
-                return int(line.split()[1]) * 1024
-peak = {'replay': 0, 'investigate': 0}
-part = ['replay']
-def sample():
-    while True:
-        peak[part[0]] = max(peak[part[0]], rss())
-        time.sleep(0.1)
-threading.Thread(target=sample, daemon=True).start()
+sampled = Peaks('replay', every=0.1)
+peak = sampled.peak
 inner = forensics.investigate
 times = {}
 def investigate(*args, **kwargs):
     times['replay'] = time.perf_counter() - t0
-    part[0] = 'investigate'
+    sampled.part = 'investigate'
     t = time.perf_counter()
     try:
         return inner(*args, **kwargs)
@@ -88,8 +80,8 @@ def main() -> None:
             if not case.exists():
                 case = _case(root, n)
             t = time.perf_counter()
-            done = subprocess.run([sys.executable, "-c", _CHILD, str(case), str(root / f"replay-{n}")],
-                                  check=True, capture_output=True, text=True)
+            child = [sys.executable, "-c", _CHILD, str(case), str(root / f"replay-{n}"), str(Path(__file__).parent)]
+            done = subprocess.run(child, check=True, capture_output=True, text=True)
             wall = time.perf_counter() - t
             got = json.loads(done.stdout.strip().splitlines()[-1])
             rows.append((n, wall, got))

@@ -27,26 +27,18 @@ import psutil
 from generate import generate
 
 _CHILD = r"""
-import json, sys, threading, time
+import json, sys, time
+sys.path.insert(0, sys.argv[3])
 import forensics
 from forensics.exposure.analysis import analyse
 from forensics.store import connect
+from peaks import Peaks
 
-def rss():
-    with open('/proc/self/status') as fh:
-        for line in fh:
-            if line.startswith('VmRSS'):
-                return int(line.split()[1]) * 1024
-peak, part = {'ingest': 0, 'analysis': 0}, ['ingest']
-def sample():
-    while True:
-        peak[part[0]] = max(peak[part[0]], rss())
-        time.sleep(0.05)
-threading.Thread(target=sample, daemon=True).start()
+sampled = Peaks('ingest')
 t = time.perf_counter()
 result = forensics.ingest([sys.argv[1]], sys.argv[2], fast=True)
 ingest_s = time.perf_counter() - t
-part[0] = 'analysis'
+sampled.part = 'analysis'
 con = connect(sys.argv[2])
 t = time.perf_counter()
 figures = analyse(con, fast=True)
@@ -54,7 +46,7 @@ analysis_s = time.perf_counter() - t
 con.close()
 time.sleep(0.1)
 print(json.dumps({'records': result.records.ingested, 'ingest_s': ingest_s, 'analysis_s': analysis_s,
-                  'peak': peak, 'figures': figures}))
+                  'peak': sampled.peak, 'figures': figures}))
 """
 
 
@@ -94,7 +86,7 @@ def main() -> None:
         for m in [] if args.only_whole_job else sorted(args.millions):
             logs = _logs(root, m)
             db = Path(tmp) / f"case-{m}m.duckdb"
-            done = subprocess.run([sys.executable, "-c", _CHILD, str(logs), str(db)],
+            done = subprocess.run([sys.executable, "-c", _CHILD, str(logs), str(db), str(Path(__file__).parent)],
                                   check=True, capture_output=True, text=True)
             got = json.loads(done.stdout.strip().splitlines()[-1])
             db.unlink()
