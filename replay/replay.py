@@ -457,10 +457,16 @@ def _carried_to(con: duckdb.DuckDBPyConnection, node: str, role: str | None) -> 
     the record that node would have logged, marked ``_carried`` with the node that did; where it
     goes in the node's order is :func:`_placed`'s. Ends of requests the node holds nothing of
     act on nothing there and are left out.
+
+    A request no node logged a transfer end of, that decode started on, had its transfer end
+    before that (decode reads what it carried): its end is *implied* there, for both sides
+    (``implied``: the engine acts on it and logs no transfer record, as none was logged; the
+    decode node places it just before the ``decode_started``, the prefill node by that time).
     """
     side = {"prefill": "src_node", "decode": "dst_node"}.get(role or "")
     if side is None:
         return
+    implied_on = "TRUE" if role == "prefill" else "node = $node"
     cur = _reader(con)
     try:
         for row in _batches(cur, f"""
@@ -468,12 +474,24 @@ def _carried_to(con: duckdb.DuckDBPyConnection, node: str, role: str | None) -> 
                 mine AS (
                   SELECT request_id, coalesce(max(_i) FILTER (WHERE {_kinds(_BEFORE_TRANSFER_END)}), 0) AS _lo
                   FROM node_ev WHERE request_id IS NOT NULL GROUP BY request_id
-                ), ends AS (
-                  SELECT {_EVENT_SQL}, file_id, line_no, part,
+                ), logged_ends AS (
+                  SELECT {_EVENT_SQL}, file_id, line_no, part, FALSE AS _implied,
                          row_number() OVER (PARTITION BY request_id, transfer_id, event ORDER BY node, {_ORDER}) AS k
-                  FROM records WHERE kind = 'transfer' AND event IN ('completed', 'failed') AND {side} = $node)
+                  FROM records WHERE kind = 'transfer' AND event IN ('completed', 'failed') AND {side} = $node
+                ), implied AS (
+                  SELECT * REPLACE ('transfer' AS kind, 'completed' AS event, node AS dst_node)
+                  FROM records r WHERE kind = 'request' AND event = 'decode_started' AND request_id IS NOT NULL
+                    AND {implied_on} AND NOT EXISTS (
+                      SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.event IN ('completed', 'failed')
+                        AND x.request_id = r.request_id)
+                ), ends AS (
+                  SELECT * FROM logged_ends
+                  UNION ALL BY NAME
+                  SELECT {_EVENT_SQL}, file_id, line_no, part, TRUE AS _implied,
+                         row_number() OVER (PARTITION BY request_id ORDER BY node, {_ORDER}) AS k
+                  FROM implied)
                 SELECT {', '.join(f'e.{f}' for f in _EVENT_FIELDS)}, s.request_id IS NOT NULL AS _served, m._lo,
-                       {_PLAN_SQL}
+                       e._implied, {_PLAN_SQL}
                 FROM ends e JOIN mine m USING (request_id)
                 LEFT JOIN memory.main.replay_plans p USING (request_id)
                 LEFT JOIN memory.main.replay_served s USING (request_id)
@@ -481,9 +499,11 @@ def _carried_to(con: duckdb.DuckDBPyConnection, node: str, role: str | None) -> 
                   SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.node = $node AND x.event = e.event
                     AND x.request_id = e.request_id AND x.transfer_id IS NOT DISTINCT FROM e.transfer_id)
                 ORDER BY m._lo, e.request_id, e.transfer_id, e.event""", {"node": node}):
-            r = _row(row)
-            yield row[_N_EVENT + 1], r._replace(record=dict(r.record, node=node, seq=None, _carried=r.record["node"]),
-                                                last=False)
+            r = _row(row[:_N_EVENT + 2] + row[_N_EVENT + 3:])
+            record = dict(r.record, node=node, seq=None, _carried=r.record["node"])
+            if row[_N_EVENT + 2]:
+                record["implied"] = True
+            yield row[_N_EVENT + 1], r._replace(record=record, last=False)
     finally:
         cur.close()
 

@@ -10,7 +10,8 @@ when the free list is short; never zeroed), and writes the full log set: configs
 
 Layouts (how a deployment logs, all valid under the schema), chosen per log set:
 
-- ``ends``: which side logs a transfer's ``completed``: ``prefill``, ``decode`` or ``both``;
+- ``ends``: which side logs a transfer's ``completed``: ``prefill``, ``decode``, ``both`` or
+  ``none`` (no transfer end is logged: only the decode start that follows it);
 - ``starts``: which side logs its ``started``: ``prefill``, ``decode``, ``both`` or ``none``;
 - ``skew_ns``: each node's clock is off by up to this much (its ``ts``; never its order);
 - ``restart``: a decode node restarts (a new boot, its pool afresh) once, when nothing is in

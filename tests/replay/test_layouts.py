@@ -30,6 +30,10 @@ LAYOUTS = {
                                                                     skew_ns=20_000_000),
     "each request's KV in three transfers": Layout(chunks=3),
     "three transfers, decode logs their ends only": Layout(chunks=3, ends="decode", starts="none"),
+    "no transfer records at all": Layout(ends="none", starts="none"),
+    "no transfer end, clocks 30 ms apart, a restart in flight": Layout(ends="none", skew_ns=30_000_000, restart=True,
+                                                                      in_flight=True),
+    "three transfers, no end logged": Layout(chunks=3, ends="none", starts="decode"),
 }
 
 
@@ -52,7 +56,7 @@ def test_the_replay_of_request_level_evidence_gives_the_page_logs_figures(tmp_pa
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.integers(0, 10_000), st.sampled_from(["prefill", "decode", "both"]),
+@given(st.integers(0, 10_000), st.sampled_from(["prefill", "decode", "both", "none"]),
        st.sampled_from(["prefill", "decode", "both", "none"]), st.sampled_from([0, 5_000_000]),
        st.sampled_from(["none", "between requests", "in flight"]))
 def test_any_layout_of_any_run_replays_exactly(tmp_path: Path, seed: int, ends: str, starts: str, skew: int,
