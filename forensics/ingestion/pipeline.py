@@ -454,14 +454,10 @@ def _load(
 
     waiting: dict[str, list[pa.Table]] = {kind: [] for kind in KINDS}  # not yet in a statement
     held: dict[str, pa.Table] = {}  # whole groups, held back in case the file ends after them
-    text: list[source.Piece] = []  # the text of the lines read, until there is enough to store
-    text_bytes = leap = 0
+    text = source.Store(con, file_id)  # the text of the lines read (the fast path's blocks carry it)
+    leap = 0
     for block in read_blocks(log, ahead, options, notes, count_ignored):
-        text.extend(block.text)
-        text_bytes += sum(len(piece[2]) for piece in block.text)
-        if text_bytes >= source.STORE_BYTES:
-            source.store(con, file_id, text)
-            text, text_bytes = [], 0
+        text.add(block.text)
         for kind, rows in block.kinds:
             plain += rows.num_rows
             if "ts_text" in rows.column_names and rows["ts_us"].null_count:  # (a leap second is never read there)
@@ -492,7 +488,9 @@ def _load(
         last = ([held[kind]] if kind in held else []) + queue
         if last:
             _load_plain(con, file_id, kind, pa.concat_tables(last), columns[kind])
-    source.store(con, file_id, text if fast_path(log) else source_pieces(log))
+    if not fast_path(log):
+        text.add(source_pieces(log))
+    text.flush()
     row = one(con, "SELECT count(*) FROM stage WHERE q_reason IS NULL AND contains(coalesce(doc, raw), ':59:60') "
                    "AND regexp_matches(coalesce(doc, raw), ?)", [_LEAP_IN_LINE])  # (the regex only where it may match)
     leap += int(row[0]) if row else 0

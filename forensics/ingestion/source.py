@@ -84,29 +84,44 @@ def _groups(lines: Iterable[str]) -> Iterator[list[str]]:
         yield held
 
 
+class Store:
+    """A file's pieces on their way to ``source_lines``: held until about :data:`STORE_BYTES` of
+    frames wait, then inserted in one statement (a file's pieces are never all held at once);
+    :meth:`flush` inserts the rest."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+        self.con, self.file_id = con, file_id
+        self.batch: list[Piece] = []
+        self.size = 0
+
+    def add(self, pieces: Iterable[Piece]) -> None:
+        """Keep ``pieces`` (inserting what waits once it is enough)."""
+        for piece in pieces:
+            self.batch.append(piece)
+            self.size += len(piece[2])
+            if self.size >= STORE_BYTES:
+                self.flush()
+
+    def flush(self) -> None:
+        """Insert what waits."""
+        if not self.batch:
+            return
+        batch = self.batch
+        table = pa.table({
+            "file_id": pa.array([self.file_id] * len(batch), pa.int32()),
+            "first_line": pa.array([p[0] for p in batch], pa.int64()),
+            "line_count": pa.array([p[1] for p in batch], pa.int32()),
+            "text": pa.array([p[2] for p in batch], pa.binary()),
+        })
+        scan(self.con, table, "source_pieces", "INSERT INTO source_lines SELECT * FROM source_pieces")
+        self.batch, self.size = [], 0
+
+
 def store(con: duckdb.DuckDBPyConnection, file_id: int, kept: Iterable[Piece]) -> None:
-    """Keep pieces of a file in ``source_lines``, about :data:`STORE_BYTES` of frames a statement
-    (a file's pieces are never all held at once)."""
-    batch: list[Piece] = []
-    size = 0
-    for piece in kept:
-        batch.append(piece)
-        size += len(piece[2])
-        if size >= STORE_BYTES:
-            _insert(con, file_id, batch)
-            batch, size = [], 0
-    if batch:
-        _insert(con, file_id, batch)
-
-
-def _insert(con: duckdb.DuckDBPyConnection, file_id: int, batch: list[Piece]) -> None:
-    table = pa.table({
-        "file_id": pa.array([file_id] * len(batch), pa.int32()),
-        "first_line": pa.array([p[0] for p in batch], pa.int64()),
-        "line_count": pa.array([p[1] for p in batch], pa.int32()),
-        "text": pa.array([p[2] for p in batch], pa.binary()),
-    })
-    scan(con, table, "source_pieces", "INSERT INTO source_lines SELECT * FROM source_pieces")
+    """Keep pieces of a file in ``source_lines`` (:class:`Store`)."""
+    stored = Store(con, file_id)
+    stored.add(kept)
+    stored.flush()
 
 
 def texts(con: duckdb.DuckDBPyConnection, keys: str) -> pa.Table:
