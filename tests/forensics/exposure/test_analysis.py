@@ -12,19 +12,12 @@ import pytest
 from conftest import example_dirs, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from logsets import scale_pages
+from logsets import log_sets, scale_pages, ts_of
 
 import forensics
 from forensics.exposure import reference, sweep
 from forensics.exposure.figures import FIGURES
 from forensics.exposure.reference import expand
-
-TS = "2026-08-27T10:00:00Z"
-
-
-def _ts(boot: int, seq: int) -> str:
-    """A node's record time: distinct per (boot, seq), so first_ts can be checked."""
-    return f"2026-08-27T1{boot}:{seq // 60:02d}:{seq % 60:02d}Z"
 
 
 @pytest.mark.parametrize(
@@ -37,94 +30,6 @@ def test_spec_example_gives_its_figures(example: Path, fast: bool, tmp_path: Pat
     assert found.ingest.records.quarantined == 0
     assert found.exposure == expected
     assert list(found.exposure) == list(FIGURES)
-
-
-@st.composite
-def log_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
-    """Random valid log sets: two nodes, boots, alloc/share/write/read/free, decode starts."""
-    requests = [f"r{i}" for i in range(draw(st.integers(2, 6)))]
-    tenants = ["acme", "globex", "initech"]
-    records: list[dict[str, Any]] = []
-    for rid in requests:
-        records.append(
-            {
-                "kind": "request",
-                "ts": TS,
-                "node": "router",
-                "request_id": rid,
-                "event": "received",
-                "tenant_id": draw(st.sampled_from(tenants)),
-                "prompt_tokens": 8,
-            }
-        )
-    pool = 12
-    for node in ("decode-0", "decode-1"):
-        for boot in range(draw(st.integers(1, 2))):
-            seq = 0
-            records.append(
-                {
-                    "kind": "config",
-                    "ts": TS,
-                    "node": node,
-                    "seq": seq,
-                    "boot": boot,
-                    "role": "decode",
-                    "engine": "sglang",
-                    "engine_version": "0.5.21",
-                    "model": "glm-5.3",
-                    "context_length": 64,
-                    "page_size": 4,
-                    "pool_pages": pool,
-                }
-            )
-            for _ in range(draw(st.integers(0, 24))):
-                seq += draw(st.integers(1, 3))
-                rid = draw(st.sampled_from(requests))
-                if draw(st.integers(0, 9)) == 0:
-                    records.append(
-                        {
-                            "kind": "request",
-                            "ts": _ts(boot, seq),
-                            "node": node,
-                            "seq": seq,
-                            "boot": boot,
-                            "request_id": rid,
-                            "event": "decode_started",
-                        }
-                    )
-                    continue
-                lo = draw(st.integers(0, pool - 1))
-                hi = draw(st.integers(lo, min(pool - 1, lo + 4)))
-                pages = f"{lo}-{hi}" if hi > lo else str(lo)
-                if draw(st.booleans()):
-                    extra = draw(st.integers(0, pool - 1))
-                    pages += f",{extra}"
-                op = draw(st.sampled_from(["alloc", "share", "write", "read", "free", "write"]))
-                records.append(
-                    {
-                        "kind": "kv",
-                        "ts": _ts(boot, seq),
-                        "node": node,
-                        "seq": seq,
-                        "boot": boot,
-                        "request_id": rid,
-                        "op": op,
-                        "pages": pages,
-                    }
-                )
-    for rid in requests:
-        for status in draw(st.lists(st.sampled_from([200, 200, 500, 504]), max_size=2)):
-            records.append(
-                {
-                    "kind": "request",
-                    "ts": TS,
-                    "node": "router",
-                    "request_id": rid,
-                    "event": "finished",
-                    "status": status,
-                }
-            )
-    return records
 
 
 def _sql_exposures(
@@ -180,7 +85,7 @@ def _check_rows_read_right(case: forensics.Case) -> None:
                 ranges.append([p, p])
         assert r["pages"] == ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
         assert r["n_pages"] == len(pages)
-        assert r["first_ts"].strftime("%Y-%m-%dT%H:%M:%SZ") == _ts(r["boot"], r["first_seq"])
+        assert r["first_ts"].strftime("%Y-%m-%dT%H:%M:%SZ") == ts_of(r["boot"], r["first_seq"])
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

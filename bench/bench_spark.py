@@ -1,0 +1,103 @@
+"""The analysis on Spark (local mode) against the DuckDB path, on one generated case.
+
+Run: python bench/bench_spark.py [--requests 625000] [--logs DIR] [--masters local[1] local[2]] [--partitions 2 8]
+
+The case is ``bench/generate.py``'s incident (4 decode nodes, seed 5; 625,000 requests are about
+5 million records), ingested once. Each analysis runs in a child process whose process tree (for
+Spark: the driver, its JVM and its Python workers) is sampled every 50 ms: the DuckDB path's
+``analyse`` (the baseline), then ``forensics.spark.analyse`` under each master and shuffle
+partition count, timed apart for the session's start, the records' export to Parquet and the
+analysis. Prints each one's time and peak, the ratio to the baseline, and whether the figures
+are the same (they must be).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+from generate import generate
+
+import forensics
+
+_DUCKDB = r"""
+import json, sys, time
+from forensics.exposure.analysis import analyse
+from forensics.store import connect
+con = connect(sys.argv[1])
+t = time.perf_counter()
+figures = analyse(con, fast=True)
+print(json.dumps({'analysis_s': time.perf_counter() - t, 'figures': figures}))
+"""
+
+_SPARK = r"""
+import json, sys, time
+from forensics.spark import analyse, records_of_case, spark_session
+t = time.perf_counter()
+spark = spark_session(sys.argv[2], partitions=int(sys.argv[3]))
+spark.range(1).count()
+start_s = time.perf_counter() - t
+t = time.perf_counter()
+records = records_of_case(spark, sys.argv[1], sys.argv[4])
+export_s = time.perf_counter() - t
+t = time.perf_counter()
+figures = analyse(records).figures
+print(json.dumps({'start_s': start_s, 'export_s': export_s, 'analysis_s': time.perf_counter() - t,
+                  'figures': figures}))
+spark.stop()
+"""
+
+
+def _run(args: list[str]) -> tuple[dict[str, object], int]:
+    """Run a child, sampling its process tree's memory; its JSON answer and the peak."""
+    process = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    root = psutil.Process(process.pid)
+    peak = 0
+    while process.poll() is None:
+        try:
+            peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    out = (process.stdout.read() if process.stdout else b"").decode()
+    if process.returncode != 0:
+        raise SystemExit(f"child failed ({process.returncode})")
+    return json.loads(out.strip().splitlines()[-1]), peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=625_000)
+    parser.add_argument("--logs", type=Path, help="an existing log set of bench/generate.py (else one is made)")
+    parser.add_argument("--masters", nargs="+", default=["local[1]", "local[2]"])
+    parser.add_argument("--partitions", type=int, nargs="+", default=[2, 8])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        logs = args.logs
+        if logs is None:
+            logs = root / "logs"
+            generate(logs, requests=args.requests, seed=5, decode_nodes=4)
+        db = root / "case.duckdb"
+        records = forensics.ingest([logs], db, fast=True).records.ingested
+        base, base_peak = _run([_DUCKDB, str(db)])
+        print(f"{records:,} records; DuckDB analysis: {base['analysis_s']:.1f} s, peak {base_peak / 2**30:.2f} GiB")
+        for master in args.masters:
+            for partitions in args.partitions:
+                parquet = root / f"parquet-{master.replace('[', '-').rstrip(']')}-{partitions}"
+                got, peak = _run([_SPARK, str(db), master, str(partitions), str(parquet)])
+                same = "same figures" if got["figures"] == base["figures"] else "FIGURES DIFFER"
+                print(f"Spark {master}, {partitions} partitions: start {got['start_s']:.1f} s, export "
+                      f"{got['export_s']:.1f} s, analysis {got['analysis_s']:.1f} s "
+                      f"(x{got['analysis_s'] / base['analysis_s']:.2f} DuckDB's), peak {peak / 2**30:.2f} GiB; {same}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
