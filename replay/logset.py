@@ -79,8 +79,9 @@ class LogSet:
         self._seq[node] = 0
 
     def write(self, out: Path) -> list[Path]:
-        """One ``NODE.jsonl`` per node in ``out``; the files written, in name order."""
-        return [self.flush(node, out) for node in sorted(self.lines)]
+        """One ``NODE.jsonl`` per node in ``out`` (with ``into``: the files there, closed); the
+        files written, in node order."""
+        return [self.flush(node, out) for node in sorted(set(self.lines) | set(self._open))]
 
     def flush(self, node: str, out: Path) -> Path:
         """Write ``node``'s records to its file in ``out`` and let them go (a replay writes each

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import datetime as dt
 import heapq
+import os
 import random
+import shutil
+import tempfile
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -157,8 +160,21 @@ def simulate(
 ) -> SimResult:
     """Simulate ``arrivals`` on ``deployment`` and write the full log set (page records
     included) into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    # the records go to their files as they are made (a run of a million requests is 19 million
+    # records), in a folder beside ``out`` that only a finished run's files leave
+    writing = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+    try:
+        return _simulate(out, writing, arrivals, deployment=deployment, seed=seed, late_writes=late_writes,
+                         check_invariants=check_invariants)
+    finally:
+        shutil.rmtree(writing, ignore_errors=True)
+
+
+def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: Deployment, seed: int,
+              late_writes: float, check_invariants: bool) -> SimResult:
     rng = random.Random(seed)
-    log = LogSet()
+    log = LogSet(into=writing)
     t0 = ts_ns(T0)
     configs = deployment.configs()
     prefill_cfgs = [c for c in configs if c.role == "prefill"]
@@ -287,7 +303,10 @@ def simulate(
         t, _, fn, args = heapq.heappop(queue)
         fn(t, *args)
 
-    files = log.write(out)
+    files = []
+    for written in log.write(writing):
+        files.append(out / written.name)
+        os.replace(written, files[-1])
     by_router = sum(p.router_rejects for p in plans.values())
     by_prefill = sum(p.prefill_rejects for p in plans.values())
     return SimResult(
