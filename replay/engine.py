@@ -207,6 +207,8 @@ class NodeEngine:
     # -- emitting ------------------------------------------------------------------------
 
     def _emit(self, record: dict[str, Any]) -> None:
+        if record.pop("implied", False):  # a transfer end no node logged: it acts, it is not logged
+            return
         record["node"] = self.config.node
         record["boot"] = self.boot
         self.log.emit(record)
@@ -315,13 +317,11 @@ class NodeEngine:
             return True
         if p.prefill_rejects:
             return False
-        implied = record.pop("implied", False)
         record = dict(record, tokens=p.kv_tokens)
         if h.prompt is not None:
             record["src_pages"] = self._text(h.prompt)
         record.pop("dst_pages", None)
-        if not implied:
-            self._emit(record)
+        self._emit(record)
         if event in ("completed", "failed"):
             self._free(ts, rid)
         return True
@@ -366,11 +366,9 @@ class NodeEngine:
         h = self.held.setdefault(rid, _Held())
         page_size = self.config.page_size
         if record["kind"] == "transfer":
-            # The transfer lands whether or not the request still holds its pages. An end implied
-            # by a decode start (no node logged one) acts as one and is not logged.
-            implied = record.pop("implied", False)
+            # The transfer lands whether or not the request still holds its pages.
             if event != "completed" or h.prompt is None:
-                if not h.ended and not implied:
+                if not h.ended:
                     self._emit(record)
                 return not h.ended
             n = pages_for(p.kv_tokens, page_size)
@@ -378,8 +376,7 @@ class NodeEngine:
             text = self._text(landed) if landed is h.prompt else page_string(landed)
             record = dict(record, tokens=p.kv_tokens, dst_pages=text)
             record.pop("src_pages", None)
-            if not implied:
-                self._emit(record)
+            self._emit(record)
             self._kv(ts, rid, "write", landed, "transfer", text)
             if self.behaviour == "page-tags":
                 self._fail_retagged_readers(ts, rid)
