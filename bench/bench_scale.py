@@ -23,8 +23,8 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 from generate import generate
+from peaks import tree_peak
 
 _CHILD = r"""
 import json, sys, time
@@ -56,20 +56,6 @@ def _logs(root: Path, millions: int) -> Path:
     if not (logs / "router.jsonl").exists():
         generate(logs, requests=millions * 1_000_000 // 8, seed=5, decode_nodes=4)
     return logs
-
-
-def _tree_peak(process: subprocess.Popen[bytes]) -> int:
-    """The peak resident memory of ``process`` and its children, sampled every 50 ms until it ends."""
-    peak = 0
-    root = psutil.Process(process.pid)
-    while process.poll() is None:
-        try:
-            total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-        except psutil.Error:
-            continue
-        peak = max(peak, total)
-        time.sleep(0.05)
-    return peak
 
 
 def main() -> None:
@@ -111,7 +97,7 @@ def main() -> None:
             lines: list[bytes] = []
             reader = threading.Thread(target=lambda: lines.extend(process.stdout or []), daemon=True)
             reader.start()
-            peak_tree = _tree_peak(process)
+            peak_tree = tree_peak(process)
             reader.join()
             wall = time.perf_counter() - t
             print(f"investigate --out, {m} million records: exit {process.returncode}, {wall:.0f} s, "

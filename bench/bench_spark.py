@@ -18,11 +18,10 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import psutil
 from generate import generate
+from peaks import tree_peak
 
 import forensics
 
@@ -57,14 +56,7 @@ spark.stop()
 def _run(args: list[str]) -> tuple[dict[str, object], int]:
     """Run a child, sampling its process tree's memory; its JSON answer and the peak."""
     process = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    root = psutil.Process(process.pid)
-    peak = 0
-    while process.poll() is None:
-        try:
-            peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
+    peak = tree_peak(process)
     out = (process.stdout.read() if process.stdout else b"").decode()
     if process.returncode != 0:
         raise SystemExit(f"child failed ({process.returncode})")
