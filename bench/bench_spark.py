@@ -1,6 +1,7 @@
 """The analysis on Spark (local mode) against the DuckDB path, on one generated case.
 
 Run: python bench/bench_spark.py [--requests 625000] [--logs DIR] [--masters local[1] local[2]] [--partitions 2 8]
+     [--whole]
 
 The case is ``bench/generate.py``'s incident (4 decode nodes, seed 5; 625,000 requests are about
 5 million records), ingested once. Each analysis runs in a child process whose process tree (for
@@ -8,7 +9,9 @@ Spark: the driver, its JVM and its Python workers) is sampled every 50 ms: the D
 ``analyse`` (the baseline), then ``forensics.spark.analyse`` under each master and shuffle
 partition count, timed apart for the session's start, the records' export to Parquet and the
 analysis. Prints each one's time and peak, the ratio to the baseline, and whether the figures
-are the same (they must be).
+are the same (they must be). ``--whole``: the whole investigation from the logs instead, ingest
+and analysis (``forensics.investigate`` against ``forensics.spark.investigate``), with the counts
+of records read, ingested, duplicate and quarantined compared too.
 """
 
 from __future__ import annotations
@@ -53,6 +56,47 @@ spark.stop()
 """
 
 
+_DUCKDB_WHOLE = r"""
+import json, sys, time
+import forensics
+t = time.perf_counter()
+found = forensics.investigate([sys.argv[1]], sys.argv[2], fast=True)
+print(json.dumps({'whole_s': time.perf_counter() - t, 'figures': found.exposure,
+                  'records': found.ingest.records.as_dict()}))
+"""
+
+_SPARK_WHOLE = r"""
+import json, sys, time
+from pathlib import Path
+from forensics.spark import investigate, spark_session
+t = time.perf_counter()
+spark = spark_session(sys.argv[3], partitions=int(sys.argv[4]))
+spark.range(1).count()
+start_s = time.perf_counter() - t
+t = time.perf_counter()
+found = investigate([sys.argv[1]], Path(sys.argv[2]), spark=spark)
+print(json.dumps({'start_s': start_s, 'whole_s': time.perf_counter() - t, 'figures': found.exposure,
+                  'records': found.ingest.records.as_dict()}))
+spark.stop()
+"""
+
+
+def whole(logs: Path, root: Path, masters: list[str], partitions: list[int]) -> None:
+    """The whole investigation (ingest and analysis) from the logs, on DuckDB and on Spark."""
+    base, base_peak = _run([_DUCKDB_WHOLE, str(logs), str(root / "whole.duckdb")])
+    print(f"{base['records']['read']:,} records read; DuckDB ingest and analysis: {base['whole_s']:.1f} s, "
+          f"peak {base_peak / 2**30:.2f} GiB", flush=True)
+    for master in masters:
+        for n in partitions:
+            out = root / f"case-{master.replace('[', '-').rstrip(']')}-{n}"
+            got, peak = _run([_SPARK_WHOLE, str(logs), str(out), master, str(n)])
+            same = ("same figures and counts" if (got["figures"], got["records"]) == (base["figures"], base["records"])
+                    else "FIGURES OR COUNTS DIFFER")
+            print(f"Spark {master}, {n} partitions: start {got['start_s']:.1f} s, ingest and analysis "
+                  f"{got['whole_s']:.1f} s (x{got['whole_s'] / base['whole_s']:.2f} DuckDB's), "
+                  f"peak {peak / 2**30:.2f} GiB; {same}", flush=True)
+
+
 def _run(args: list[str]) -> tuple[dict[str, object], int]:
     """Run a child, sampling its process tree's memory; its JSON answer and the peak."""
     process = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -69,6 +113,8 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, help="an existing log set of bench/generate.py (else one is made)")
     parser.add_argument("--masters", nargs="+", default=["local[1]", "local[2]"])
     parser.add_argument("--partitions", type=int, nargs="+", default=[2, 8])
+    parser.add_argument("--whole", action="store_true",
+                        help="the whole investigation from the logs (ingest and analysis), not the analysis alone")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -76,6 +122,9 @@ def main() -> None:
         if logs is None:
             logs = root / "logs"
             generate(logs, requests=args.requests, seed=5, decode_nodes=4)
+        if args.whole:
+            whole(logs, root, args.masters, args.partitions)
+            return
         db = root / "case.duckdb"
         records = forensics.ingest([logs], db, fast=True).records.ingested
         base, base_peak = _run([_DUCKDB, str(db)])

@@ -19,7 +19,7 @@ from forensics.exposure.tiers import missing_page_records, tier_figures, unseen_
 from forensics.findings import Findings, findings
 from forensics.ids import NodeId, PageId, RequestId, TenantId
 from forensics.ingestion import source
-from forensics.store import connect, one, sql_text
+from forensics.store import connect, is_parquet_case, one, sql_text
 
 
 class Summary(dict[str, int]):
@@ -79,10 +79,10 @@ class Case:
 
     def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
         self.path = Path(path)
-        self.read_only = read_only
-        self._con = connect(self.path, read_only=read_only, create=False)
+        self.read_only = read_only or is_parquet_case(self.path)  # (a Parquet case is analysed where written)
+        self._con = connect(self.path, read_only=self.read_only, create=False)
         if self._stale():
-            if read_only:
+            if self.read_only:
                 self._con.close()
                 raise CaseError(f"{self.path}: not analysed yet (run 'kvforensics investigate')")
             analyse(self._con)
@@ -242,6 +242,9 @@ def run_read_only(path: Path, query: str, *, limit: int | None = SQL_ROW_LIMIT) 
         raise QueryError("no SQL query given")
     con = connect(path, read_only=True, create=False)
     try:
+        if is_parquet_case(Path(path)):  # its tables are views of its files: those, and nothing else
+            folder = str(Path(path).resolve()).replace("'", "''")
+            con.execute(f"SET allowed_directories = ['{folder}/']")
         con.execute("SET enable_external_access = false")
         con.execute("SET autoinstall_known_extensions = false")
         con.execute("SET lock_configuration = true")

@@ -45,3 +45,11 @@ class OutputRefused(KvfError):
 
 class BadOption(KvfError):
     """A command option outside what it admits."""
+
+
+class EngineMissing(KvfError):
+    """An engine the command needs is not installed here (PySpark, Java)."""
+
+
+class SparkFailed(KvfError):
+    """Spark failed a job: what failed, in one line (``--debug`` shows Spark's own report)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -94,10 +95,16 @@ def session(con: duckdb.DuckDBPyConnection) -> None:
 def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -> duckdb.DuckDBPyConnection:
     """A connection to the case at ``path`` (``:memory:`` for a scratch case), schema in place.
 
-    ``path`` must be new (when ``create``: it is made, and its folder) or a DuckDB file holding a
-    case of this schema version; anything else is refused and left untouched.
+    ``path`` must be new (when ``create``: it is made, and its folder), a DuckDB file holding a
+    case of this schema version, or a Parquet case (a folder the Spark engine wrote: opened read
+    only, :func:`open_parquet_case`); anything else is refused and left untouched.
     """
     target = str(path)
+    if target != ":memory:" and is_parquet_case(Path(target)):
+        if not read_only:
+            raise CaseError(f"{shown(Path(target))}: a Parquet case (written by --engine spark) is read only; "
+                            "ingest or replay into a DuckDB case")
+        return open_parquet_case(Path(target))
     if target != ":memory:":
         p = Path(target)
         check_case_path(p, create=create and not read_only)
@@ -185,3 +192,136 @@ def rows(con: duckdb.DuckDBPyConnection, sql: str,
     cur = con.execute(sql, params or [])
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+#: A Parquet case's manifest, in its folder: what it is, the tables it holds and their files.
+PARQUET_MANIFEST = "manifest.json"
+#: What a Parquet case's manifest says it is.
+PARQUET_KIND = "kvforensics Parquet case"
+#: The tables of a case, each a folder of Parquet files in a Parquet case: the schema's (but for
+#: ``case_meta``, made from the manifest) and the analysis's (``forensics/sql/analysis.sql``).
+CASE_TABLES = (
+    "files", "refused_files", "file_notes", "config_records", "request_records", "kv_records",
+    "transfer_records", "quarantine", "duplicates", "source_lines", "replays", "replay_disagreements",
+    "replay_exposures", "requests", "page_reads", "uninitialized_reads", "exposures", "exposure_summary",
+)
+
+
+def is_parquet_case(path: Path) -> bool:
+    """Whether ``path`` is a folder holding a Parquet case (its manifest says so)."""
+    manifest = path / PARQUET_MANIFEST
+    if not (path.is_dir() and manifest.is_file()):
+        return False
+    try:
+        return bool(json.loads(manifest.read_text(encoding="utf-8")).get("kind") == PARQUET_KIND)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def parquet_manifest(path: Path) -> dict[str, Any]:
+    """A Parquet case's manifest (:data:`PARQUET_MANIFEST`)."""
+    return dict(json.loads((path / PARQUET_MANIFEST).read_text(encoding="utf-8")))
+
+
+def schema_columns() -> dict[str, list[tuple[str, str]]]:
+    """Per table of the case schema (``schema.sql``), its columns and their DuckDB types."""
+    con = duckdb.connect()
+    try:
+        con.execute(sql_text("schema.sql"))
+        rows = con.execute("SELECT table_name, column_name, data_type FROM duckdb_columns() "
+                           "WHERE NOT internal ORDER BY table_name, column_index").fetchall()
+        tables = {name for (name,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    finally:
+        con.close()
+    out: dict[str, list[tuple[str, str]]] = {}
+    for table, column, kind in rows:
+        if table in tables:
+            out.setdefault(table, []).append((column, kind))
+    return out
+
+
+def open_parquet_case(path: Path) -> duckdb.DuckDBPyConnection:
+    """A Parquet case opened in DuckDB: each table a view of its files (each column as the case
+    schema types it: a record hash is kept as its decimal text, Parquet having no 128-bit integer),
+    ``case_meta`` from the manifest, and the schema's views over them, so every query, command, the
+    report and the notebook read it as they read a DuckDB case. Nothing of the folder is written."""
+    path = path.resolve()
+    manifest = parquet_manifest(path)
+    if str(manifest.get("schema_version")) != SCHEMA_VERSION:
+        raise CaseError(f"{shown(path)}: case schema {manifest.get('schema_version')}, this kvforensics reads "
+                        f"schema {SCHEMA_VERSION}")
+    con = duckdb.connect()
+    session(con)
+    con.execute(f"SET memory_limit = '{CASE_MEMORY}'")
+    typed = schema_columns()
+    tables = manifest.get("tables", {})
+    for table in CASE_TABLES:
+        files = [str(path / table / name) for name in tables.get(table, {}).get("files", [])]
+        columns = typed.get(table)
+        if not files:
+            if columns is None:
+                continue  # an analysis table the case does not hold
+            con.execute(f"CREATE TABLE {table} ({', '.join(f'{c} {t}' for c, t in columns)})")
+            continue
+        source = f"read_parquet({_sql_list(files)})"
+        select = "*" if columns is None else ", ".join(f"{c}::{t} AS {c}" for c, t in columns)
+        con.execute(f"CREATE VIEW {table} AS SELECT {select} FROM {source}")
+    con.execute("CREATE TABLE case_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+    con.executemany("INSERT INTO case_meta VALUES (?, ?)", sorted(manifest.get("meta", {}).items()))
+    con.execute("INSERT INTO case_meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING", [SCHEMA_VERSION])
+    for statement in _schema_views():
+        con.execute(statement)
+    return con
+
+
+def _sql_list(values: list[str]) -> str:
+    return "[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]"
+
+
+def _schema_views() -> list[str]:
+    """The ``CREATE ... VIEW`` statements of ``schema.sql``, in order."""
+    text = "\n".join(line for line in sql_text("schema.sql").splitlines() if not line.lstrip().startswith("--"))
+    return [s.strip() for s in text.split(";") if s.strip().startswith("CREATE OR REPLACE VIEW")]
+
+
+def write_parquet_manifest(path: Path, *, meta: dict[str, str], extra: dict[str, Any]) -> None:
+    """The manifest of the Parquet case in ``path``, once its tables are in place: every Parquet file
+    of each table (sorted), its rows and SHA-256, the ``case_meta`` rows, and ``extra``."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    tables: dict[str, Any] = {}
+    for table in CASE_TABLES:
+        folder = path / table
+        if not folder.is_dir():
+            continue
+        names = sorted(p.name for p in folder.iterdir() if p.suffix == ".parquet")
+        tables[table] = {
+            "files": names,
+            "rows": sum(pq.ParquetFile(folder / n).metadata.num_rows for n in names),
+            "sha256": {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in names},
+        }
+    manifest = {"kind": PARQUET_KIND, "schema_version": SCHEMA_VERSION, **extra, "meta": meta, "tables": tables}
+    (path / PARQUET_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def export_parquet_case(db: Path | str, path: Path) -> None:
+    """The DuckDB case ``db`` as a Parquet case in the new folder ``path`` (each table one file)."""
+    con = connect(db, read_only=True, create=False)
+    try:
+        path.mkdir(parents=True)
+        meta = dict(con.execute("SELECT key, value FROM case_meta").fetchall())
+        typed = schema_columns()
+        for table in CASE_TABLES:
+            if not has_table(con, table):
+                continue
+            columns = typed.get(table)
+            select = "*" if columns is None else ", ".join(
+                f"{c}::VARCHAR AS {c}" if t == "UHUGEINT" else c for c, t in columns)
+            (path / table).mkdir()
+            target = str(path / table / "part-0.parquet").replace("'", "''")
+            con.execute(f"COPY (SELECT {select} FROM {table}) TO '{target}' (FORMAT parquet)")
+    finally:
+        con.close()
+    write_parquet_manifest(path, meta=meta, extra={"written_by": "duckdb"})

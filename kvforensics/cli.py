@@ -307,10 +307,18 @@ GeneratedAtOption = Annotated[
 ]
 
 
+class CaseEngine(StrEnum):
+    """Where ``investigate`` runs."""
+
+    duckdb = "duckdb"
+    spark = "spark"
+
+
 @app.command()
 def investigate(
     paths: PathsArg,
-    db: DbOption,
+    db: Annotated[Path | None, typer.Option("--db", help="The case database (a DuckDB file); not with --engine "
+                                            "spark, which writes --out-dir.")] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also replay where the logs allow it and write the HTML report here.")
     ] = None,
@@ -328,18 +336,46 @@ def investigate(
     request_ids: RequestIdsOption = "rid",
     max_line_bytes: MaxLineOption = Limits.max_line_bytes,
     max_expansion: MaxExpansionOption = Limits.max_expansion,
+    engine: Annotated[CaseEngine, typer.Option(
+        "--engine", help="duckdb: one case file on this machine; spark: on Apache Spark (the spark extra and "
+        "Java 17+), the case written as Parquet to --out-dir.", rich_help_panel="Spark")] = CaseEngine.duckdb,
+    master: Annotated[str, typer.Option(
+        "--master", help="With --engine spark: Spark's master URL (local[N]: N cores of this machine).",
+        rich_help_panel="Spark")] = "local[*]",
+    partitions: Annotated[int, typer.Option(
+        "--partitions", min=1, help="With --engine spark: the partitions of Spark's shuffles.",
+        rich_help_panel="Spark")] = 8,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out-dir", help="With --engine spark: the folder the Parquet case is written to (new, or a Parquet "
+        "case, replaced); query it and report on it with --db DIR.", rich_help_panel="Spark")] = None,
 ) -> None:
     """Ingest, rebuild page timelines, find exposures, print the figures; with --out, the whole job.
 
     The whole job adds replay confirmation and what-if where the evidence allows, then the HTML report.
+    With --engine spark, ingest and analysis run on Spark into the Parquet case --out-dir (no replay).
     """
     from kvforensics.job import run
+
+    options = _adapter_options(node, role, tenant_map, tenant_from, year, request_ids)
+    limits = Limits(max_line_bytes=max_line_bytes, max_expansion=max_expansion)
+    if engine is CaseEngine.spark:
+        if db is not None:
+            raise BadOption("--engine spark writes its case to --out-dir, not --db")
+        if out_dir is None:
+            raise BadOption("--engine spark needs --out-dir DIR, the folder its Parquet case is written to")
+        _investigate_on_spark(paths, out_dir, out, master=master, partitions=partitions, format=format,
+                              options=options, limits=limits, audience=str(audience),
+                              pseudonymize_key=pseudonymize_key, generated_at=generated_at, as_json=as_json)
+        return
+    if db is None:
+        raise BadOption("--db CASE is needed: the case database to ingest into (or --engine spark --out-dir DIR)")
+    if out_dir is not None:
+        raise BadOption("--out-dir is for --engine spark; the DuckDB engine writes --db")
 
     found = (_with_progress(lambda p: run(
         paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
         generated_at=generated_at, with_replay=not no_replay, progress=p, format=format,
-        limits=Limits(max_line_bytes=max_line_bytes, max_expansion=max_expansion),
-        options=_adapter_options(node, role, tenant_map, tenant_from, year, request_ids))))
+        limits=limits, options=options)))
     if as_json:
         _print_json(found.as_dict())
         _refused_exit(found.investigation.ingest)
@@ -378,6 +414,50 @@ def investigate(
     _refused_exit(found.investigation.ingest)
     for r in found.replays:
         _disagreement_exit(r)
+
+
+def _investigate_on_spark(paths: list[Path], out_dir: Path, out: Path | None, *, master: str, partitions: int,
+                          format: str | None, options: Any, limits: Limits, audience: str,
+                          pseudonymize_key: str | None, generated_at: str | None, as_json: bool) -> None:
+    """``investigate --engine spark``: the Parquet case, its counts and figures, and the report if asked."""
+    from forensics.exposure.tiers import missing_page_records
+    from forensics.spark import investigate as on_spark
+    from forensics.store import connect
+
+    if out is not None:
+        from reports.render import check_outputs
+
+        check_outputs(out, audience)
+    found = on_spark(paths, out_dir, master=master, partitions=partitions, format=format, options=options,
+                     limits=limits, progress=sys.stderr.isatty() and not as_json)
+    con = connect(out_dir, read_only=True, create=False)
+    try:
+        missing = missing_page_records(con)
+    finally:
+        con.close()
+    done = None
+    if out is not None:
+        from reports.render import report as write_report
+
+        done = write_report(out_dir, out, audience=audience, pseudonymize_key=pseudonymize_key,
+                            generated_at=generated_at)
+    if as_json:
+        _print_json({**found.as_dict(), "nodes_without_page_records": list(missing),
+                     **({"report": done.as_dict()} if done is not None else {})})
+        _refused_exit(found.ingest)
+        return
+    _print_counts(found.ingest)
+    typer.echo("")
+    _print_figures(found.exposure)
+    if missing:
+        typer.echo(f"page records missing on {', '.join(shown(m) for m in missing)}: not replayed on Spark, so the "
+                   "figures rest on the page records elsewhere only (investigate --out on a DuckDB case fills in)")
+    else:
+        typer.echo("(evidence: page records, on every engine node that logged requests)")
+    if done is not None:
+        typer.echo(f"\nreport: {done.out}")
+    typer.echo(f"\ncase (Parquet): {shown(out_dir)}\nnext: kvforensics exposures --db {shown(out_dir)}")
+    _refused_exit(found.ingest)
 
 
 @app.command()

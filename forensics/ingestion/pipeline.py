@@ -52,7 +52,7 @@ from forensics.ingestion.readers import (
     read_blocks,
     source_pieces,
 )
-from forensics.ingestion.settle import RECORD_TABLES, count, settle
+from forensics.ingestion.settle import RECORD_TABLES, count, place, settle
 from forensics.ingestion.validate import LENIENT_SUSPECT, PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 from forensics.schema import KINDS, Reason
 from forensics.store import connect, one, scan
@@ -200,8 +200,21 @@ def ingest(
         return _ingest(db, logs, skipped, progress, options or Options())
 
 
+def ingest_alone(log: LogFile, db: Path | str, options: Options | None = None) -> IngestResult:
+    """The one file ``log`` (as :func:`~forensics.ingestion.readers.discover` found it) into the new
+    case ``db``, by the same reading and validation as :func:`ingest`, its lines placed in their
+    kind's table or quarantine but not settled against other files (no repeat, conflict or pool
+    check: :func:`~forensics.ingestion.settle.settle_across` does that where the files meet; the
+    Spark path, ``forensics.spark``)."""
+    with _ordinary_pages():
+        return _ingest(db, [log], [], None, options or Options(), settler=place)
+
+#: What settles a file once its lines are in (:func:`settle`, or only :func:`place`).
+Settler = Callable[[duckdb.DuckDBPyConnection, int, dict[str, tuple[str, ...]]], None]
+
+
 def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], progress: Progress | None,
-            options: Options) -> IngestResult:
+            options: Options, settler: Settler = settle) -> IngestResult:
     """:func:`ingest` of the files found."""
     con = connect(db)
     try:
@@ -219,7 +232,7 @@ def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], prog
                      f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
                 columns = record_columns(con)
                 results = [
-                    _ingest_or_refuse(con, log, digest, progress, options, ahead, columns)
+                    _ingest_or_refuse(con, log, digest, progress, options, ahead, columns, settler)
                     for log, digest in zip(logs, hashes, strict=True)
                 ]
             finally:
@@ -328,12 +341,12 @@ def sha256_of(path: Path) -> Hashed:
 
 def _ingest_or_refuse(
     con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Future[Hashed], progress: Progress | None,
-    options: Options, ahead: ReadAhead, columns: dict[str, tuple[str, ...]],
+    options: Options, ahead: ReadAhead, columns: dict[str, tuple[str, ...]], settler: Settler,
 ) -> FileResult:
     """:func:`_ingest_file`, or, for a file that cannot be read, its refusal: recorded in
     ``refused_files`` (the case holds nothing else of it) and the ingest goes on."""
     try:
-        return _ingest_file(con, log, hashing, progress, options, ahead, columns)
+        return _ingest_file(con, log, hashing, progress, options, ahead, columns, settler)
     except UnreadableFile as exc:
         if fast_path(log):
             ahead.abandon(log)
@@ -358,7 +371,7 @@ def _size_or_zero(path: Path) -> int:
 
 def _ingest_file(
     con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Future[Hashed], progress: Progress | None,
-    options: Options, ahead: ReadAhead, columns: dict[str, tuple[str, ...]],
+    options: Options, ahead: ReadAhead, columns: dict[str, tuple[str, ...]], settler: Settler,
 ) -> FileResult:
     size = _size_of(log.path)
     # Only a file of a size the case holds can be in it already; any other starts loading while it
@@ -392,7 +405,7 @@ def _ingest_file(
         if notes.counts:
             con.executemany("INSERT INTO file_notes VALUES (?, ?, ?, ?)",
                             [[file_id, key, count, text] for key, count, text in notes.rows()])
-        settle(con, file_id, columns)
+        settler(con, file_id, columns)
         con.execute("DELETE FROM refused_files WHERE path = ?", [path_text(log.path)])
         con.execute("COMMIT")
     except BaseException:

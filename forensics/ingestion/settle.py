@@ -27,7 +27,14 @@ _SQL = {block.name: block.sql for block in sql_blocks("settle.sql")}
 
 def settle(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tuple[str, ...]]) -> None:
     """Give every record of the file its end: the staged lines join the plain ones in records or
-    quarantine; then repeats move to duplicates, conflicts and pages beyond the pool to quarantine."""
+    quarantine (:func:`place`); then repeats move to duplicates, conflicts and pages beyond the pool
+    to quarantine (:func:`settle_across`)."""
+    place(con, file_id, columns)
+    settle_across(con, file_id)
+
+
+def place(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tuple[str, ...]]) -> None:
+    """The file's staged lines into their kind's table or quarantine: what the file alone decides."""
     if count(con, "stage"):
         # only when there are staged lines: even an empty insert into records puts the rows the fast
         # path left short of a row group through the write-ahead log at commit
@@ -41,6 +48,13 @@ def settle(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tupl
                 f"SELECT $file_id, line_no, part, {cols} FROM stage WHERE q_reason IS NULL AND kind = $kind",
                 {"file_id": file_id, "kind": kind},
             )
+
+
+def settle_across(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
+    """The file's records against the case's and each other: repeats to duplicates, conflicts and
+    pages beyond the pool to quarantine. Each rule looks at one node's records only (a repeat has
+    its record's node, a conflict is on a node's key, a pool is a node's), so a case settled node
+    by node, each node's files in the same order, ends as one settled whole (``forensics.spark``)."""
     unique = keys_unique(con, file_id)
     _move_repeats(con, file_id, only_without_seq=unique)
     if not unique:

@@ -37,14 +37,16 @@ if TYPE_CHECKING:
 COLUMNS = ("kind", "ts", "node", "boot", "seq", "request_id", "event", "op", "page_ranges", "tenant_id",
            "prompt_tokens", "status")
 
-#: What a node's task hands back: rows of three kinds (``part``), each with the columns it uses.
+#: What a node's task hands back: rows of four kinds (``part``), each with the columns it uses.
 #: ``exposure``: an exposure row without its requests' tenants and delivery; ``uninitialized``: an
-#: uninitialized read; ``exposed_pages``/``uninitialized_pages``: a request's distinct pages of
-#: that kind on the node (its ranges merged over the node's boots), as ``n_pages``.
+#: uninitialized read; ``page_read``: a row of ``page_reads`` (``seq`` its start); ``exposed_pages``/
+#: ``uninitialized_pages``: a request's distinct pages of that kind on the node (its ranges merged
+#: over the node's boots), as ``n_pages``.
 NODE_ROWS = pa.schema([
     ("part", pa.string()), ("node", pa.string()), ("boot", pa.int64()), ("reader", pa.string()),
     ("victim", pa.string()), ("pages", pa.string()), ("n_pages", pa.int64()), ("seq", pa.int64()),
     ("ts", pa.timestamp("us", tz="UTC")), ("inferred", pa.bool_()), ("lo", pa.int64()), ("hi", pa.int64()),
+    ("end_seq", pa.int64()),
 ])
 
 #: The node's own rows, from the tables the DuckDB analysis left (``sweep_exposures`` holds each
@@ -59,12 +61,16 @@ WITH merged AS (  -- a request's ranges on the node, over its boots, as maximal 
             UNION ALL SELECT 'uninitialized_pages', reader, lo, hi FROM sweep_uninitialized)))
   GROUP BY part, reader, island)
 SELECT 'exposure' AS part, node, boot::BIGINT AS boot, reader_request AS reader, victim_request AS victim, pages,
-       n_pages, first_seq::BIGINT AS seq, first_ts AS ts, inferred, NULL::BIGINT AS lo, NULL::BIGINT AS hi
+       n_pages, first_seq::BIGINT AS seq, first_ts AS ts, inferred, NULL::BIGINT AS lo, NULL::BIGINT AS hi,
+       NULL::BIGINT AS end_seq
 FROM exposures
 UNION ALL
-SELECT 'uninitialized', node, boot, request_id, NULL, NULL, NULL, seq, NULL, inferred, lo, hi FROM uninitialized_reads
+SELECT 'uninitialized', node, boot, request_id, NULL, NULL, NULL, seq, NULL, inferred, lo, hi, NULL
+FROM uninitialized_reads
 UNION ALL
-SELECT m.part, $node, NULL, q.request_id, NULL, NULL, sum(m.hi - m.lo + 1)::BIGINT, NULL, NULL, NULL, NULL, NULL
+SELECT 'page_read', node, boot, request_id, NULL, NULL, NULL, start_seq, NULL, inferred, lo, hi, end_seq FROM page_reads
+UNION ALL
+SELECT m.part, $node, NULL, q.request_id, NULL, NULL, sum(m.hi - m.lo + 1)::BIGINT, NULL, NULL, NULL, NULL, NULL, NULL
 FROM merged m JOIN sweep_requests q ON q.rid = m.reader GROUP BY m.part, q.request_id
 """
 
@@ -96,27 +102,42 @@ def _requests_sql() -> str:
 
 @dataclass(frozen=True)
 class SparkResult:
-    """The Spark analysis of a case: its figures and its exposure rows (the DuckDB case's
-    ``exposures`` table's columns), as Spark DataFrames and, for the figures, counted."""
+    """The Spark analysis of a case: its figures, counted, and its tables as a DuckDB case holds
+    them (the same columns), as Spark DataFrames."""
 
     figures: dict[str, int]
     exposures: DataFrame
     uninitialized_reads: DataFrame
+    page_reads: DataFrame
+    requests: DataFrame
 
 
-def spark_session(master: str = "local[2]", *, partitions: int = 8, app: str = "kvforensics") -> SparkSession:
-    """A Spark session for the analysis: workers run this Python, times in UTC, no web UI."""
+def spark_session(master: str = "local[2]", *, partitions: int = 8, app: str = "kvforensics",
+                  progress: bool = False) -> SparkSession:
+    """A Spark session for the investigation: workers run this Python, times in UTC (and written to
+    Parquet as microseconds, as DuckDB reads them), no web UI; ``progress``: Spark's console bar."""
+    import shutil
+
+    from forensics.errors import EngineMissing
+
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise EngineMissing("Spark needs Java 17 or later, and there is none here (Debian: apt-get install "
+                            "openjdk-17-jre-headless)")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise EngineMissing("the Spark engine needs the spark extra: pip install 'kvforensics[spark]'") from exc
 
     return (SparkSession.builder.master(master).appName(app)
             .config("spark.ui.enabled", "false")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.shuffle.partitions", str(partitions))
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-            .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate())
+            .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+            .config("spark.ui.showConsoleProgress", "true" if progress else "false")
+            .getOrCreate())  # (Spark says what it fails with; its warnings are for its operators)
 
 
 def records_of_case(spark: SparkSession, db: Path | str, folder: Path | str) -> DataFrame:
@@ -138,10 +159,11 @@ def analyse(records: DataFrame) -> SparkResult:
     from pyspark.sql import functions as F
 
     spark = records.sparkSession
-    node_rows = records.select(*COLUMNS).groupBy("node").applyInArrow(analyse_node, _spark_schema(NODE_ROWS))
+    node_rows = records.select(*COLUMNS).groupBy("node").applyInArrow(analyse_node, spark_schema(NODE_ROWS))
     node_rows = node_rows.cache()
     records.createOrReplaceTempView("kvforensics_records")
-    requests = spark.sql(_requests_sql()).select("request_id", "tenant_id", "delivered")
+    all_requests = spark.sql(_requests_sql())
+    requests = all_requests.select("request_id", "tenant_id", "delivered")
     involved = (node_rows.select(F.col("reader").alias("request_id"))
                 .union(node_rows.select(F.col("victim").alias("request_id"))).distinct())
     facts = requests.join(involved, "request_id", "left_semi").select(
@@ -160,6 +182,9 @@ def analyse(records: DataFrame) -> SparkResult:
                          .otherwise(F.lit("page records")).alias("evidence")))
     uninitialized = (node_rows.filter(F.col("part") == "uninitialized")
                      .select("node", "boot", "lo", "hi", F.col("reader").alias("request_id"), "seq", "inferred"))
+    page_reads = (node_rows.filter(F.col("part") == "page_read")
+                  .select("node", "boot", "lo", "hi", F.col("reader").alias("request_id"),
+                          F.col("seq").alias("start_seq"), "end_seq", "inferred"))
     pages = (node_rows.filter(F.col("part").isin("exposed_pages", "uninitialized_pages"))
              .join(r, "reader", "left").cache())
     exposures = exposures.cache()
@@ -167,7 +192,8 @@ def analyse(records: DataFrame) -> SparkResult:
     pages.createOrReplaceTempView("spark_pages")
     row = spark.sql(_FIGURES_SQL).collect()[0]
     pages.unpersist()  # (the node rows and the exposures stay cached: the result's frames read them)
-    return SparkResult({name: int(row[name] or 0) for name in FIGURES}, exposures, uninitialized)
+    return SparkResult({name: int(row[name] or 0) for name in FIGURES}, exposures, uninitialized, page_reads,
+                       all_requests)
 
 
 #: The eight figures (figures.DEFINITIONS) from the joined rows, by Spark SQL.
@@ -187,7 +213,7 @@ SELECT
 """
 
 
-def _spark_schema(schema: pa.Schema) -> Any:
+def spark_schema(schema: pa.Schema) -> Any:
     """An Arrow schema as Spark's."""
     from pyspark.sql.pandas.types import from_arrow_schema
 

@@ -1,0 +1,285 @@
+"""Ingest on Spark: the DuckDB path's reading, validation and settling, file by file and node by node.
+
+The DuckDB ingest reads each file (validating its lines, :func:`forensics.ingestion.pipeline.ingest`)
+and then settles it against the case (repeats to duplicates, conflicts on ``(node, boot, seq)``
+and pages beyond the pool to quarantine, :func:`forensics.ingestion.settle.settle_across`). The
+first depends on the file alone; each rule of the second on one node's records alone. So on Spark:
+
+1. a task per file reads it into a DuckDB case of its own by the same code
+   (:func:`~forensics.ingestion.pipeline.ingest_alone`: its lines placed in their kind's table or
+   quarantine, or the file refused), and hands back what that case holds;
+2. the driver numbers the files as the DuckDB path would (in the order found, a file whose bytes
+   came earlier or that was refused taking no number);
+3. a task per node puts that node's records in a DuckDB case of its own, file by file in that
+   order, settling each as the DuckDB path does (with the text of their files, for a record that
+   goes to quarantine takes its line along).
+
+What the tasks hand each other are rows of :data:`WIRE` (every table's columns side by side, a
+row of one table at a time, a record hash as its decimal text), so Spark moves them without
+knowing the case schema.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+import pyarrow as pa
+
+from forensics.adapters import Options
+from forensics.ingestion.pipeline import ingest_alone
+from forensics.ingestion.readers import LogFile
+from forensics.ingestion.settle import RECORD_TABLES, settle_across
+from forensics.ingestion.validate import prepare
+from forensics.store import connect, scan, schema_columns
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: The tables a file's task hands back (``files``/``file_notes``/``refused_files``: a row or a few
+#: per file), and those a node's task does.
+FILE_TABLES = (*RECORD_TABLES.values(), "quarantine", "source_lines", "files", "file_notes", "refused_files")
+NODE_TABLES = (*RECORD_TABLES.values(), "quarantine", "duplicates")
+_TABLES = (*FILE_TABLES, "duplicates")
+
+
+@cache
+def _columns() -> dict[str, list[tuple[str, str]]]:
+    return {t: cols for t, cols in schema_columns().items() if t in _TABLES}
+
+
+def _select(table: str) -> str:
+    """A query of ``table``'s columns, a hash as its decimal text."""
+    return ", ".join(f"{c}::VARCHAR AS {c}" if t == "UHUGEINT" else c for c, t in _columns()[table])
+
+
+@cache
+def wire_names() -> dict[tuple[str, str], str]:
+    """Each table's column's name on the wire: its own, but where another table has a column of
+    that name and another type (``text``: a note's, a piece's), ``table__column``."""
+    typed = _arrow_types()
+    first: dict[str, pa.DataType] = {}
+    out: dict[tuple[str, str], str] = {}
+    for table in _TABLES:
+        for name, kind in typed[table].items():
+            if first.setdefault(name, kind) == kind:
+                out[table, name] = name
+            else:
+                out[table, name] = f"{table}__{name}"
+    return out
+
+
+@cache
+def _arrow_types() -> dict[str, dict[str, pa.DataType]]:
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        for table, cols in _columns().items():
+            con.execute(f"CREATE TABLE {table} ({', '.join(f'{c} {t}' for c, t in cols)})")
+        return {t: {f.name: f.type for f in con.sql(f"SELECT {_select(t)} FROM {t}").to_arrow_table().schema}
+                for t in _TABLES}
+    finally:
+        con.close()
+
+
+@cache
+def wire_schema() -> pa.Schema:
+    """The rows the tasks hand on: which table (``tbl``), which file of the run (``idx``, in the
+    order found) and node (NULL for a row of no node's), and every table's columns."""
+    typed = _arrow_types()
+    fields = [pa.field("tbl", pa.string()), pa.field("idx", pa.int32()), pa.field("wire_node", pa.string())]
+    seen = set()
+    for (table, column), name in wire_names().items():
+        if name not in seen:
+            seen.add(name)
+            fields.append(pa.field(name, typed[table][column]))
+    return pa.schema(fields)
+
+
+def to_wire(table: str, rows: pa.Table | pa.RecordBatch, idx: int, node: str | None = None) -> pa.RecordBatch:
+    """Rows of ``table`` (its columns, a hash as text) as :func:`wire_schema` rows."""
+    schema = wire_schema()
+    n = rows.num_rows
+    names = wire_names()
+    mine = {names[table, c]: rows.column(c) for c in rows.schema.names}
+    arrays = []
+    for field in schema:
+        if field.name == "tbl":
+            arrays.append(pa.array([table] * n, pa.string()))
+        elif field.name == "idx":
+            arrays.append(pa.array([idx] * n, pa.int32()))
+        elif field.name == "wire_node":
+            arrays.append(rows.column("node") if node is None and "node" in rows.schema.names
+                          else pa.array([node] * n, pa.string()))
+        elif field.name in mine:
+            arrays.append(mine[field.name])
+        else:
+            arrays.append(pa.nulls(n, field.type))
+    return pa.RecordBatch.from_arrays([a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+                                       for a in arrays], schema=schema)
+
+
+def from_wire(table: str, rows: pa.Table) -> pa.Table:
+    """:func:`wire_schema` rows of ``table`` as its own columns."""
+    names = wire_names()
+    cols = [c for c, _ in _columns()[table]]
+    return pa.table({c: rows.column(names[table, c]) for c in cols})
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> None:
+    """Rows of ``table`` as the wire carries them into the case's table (a hash back to an integer)."""
+    if not rows.num_rows:
+        return
+    select = ", ".join(f"{c}::{t} AS {c}" for c, t in _columns()[table])
+    scan(con, from_wire(table, rows), "wire_rows", f"INSERT INTO {table} BY NAME SELECT {select} FROM wire_rows")
+
+
+#: A file task's batches: at most this many rows each.
+BATCH_ROWS = 65_536
+
+
+def read_file(log: LogFile, idx: int, options: Options) -> Iterator[pa.RecordBatch]:
+    """The ``idx``-th file found, read into a case of its own (:func:`ingest_alone`): what that case
+    holds, as wire rows (its ``file_id`` is ``idx`` there; the driver numbers the files later)."""
+    with tempfile.TemporaryDirectory(prefix="kvforensics-file-") as tmp:
+        db = Path(tmp) / "file.duckdb"
+        ingest_alone(log, db, options)
+        con = connect(db, read_only=True, create=False)
+        try:
+            for table in FILE_TABLES:
+                select = _select(table).replace("file_id", f"{idx}::INTEGER AS file_id", 1) \
+                    if any(c == "file_id" for c, _ in _columns()[table]) else _select(table)
+                reader = con.sql(f"SELECT {select} FROM {table}").fetch_arrow_reader(BATCH_ROWS)
+                for batch in reader:
+                    if batch.num_rows:
+                        yield to_wire(table, batch, idx)
+        finally:
+            con.close()
+
+
+def settle_node(rows: pa.Table, files: pa.Table) -> Iterator[pa.RecordBatch]:
+    """One node's records (wire rows of the record tables, with the ``source_lines`` of their
+    files) settled as the DuckDB path settles them, file by file in the order of ``file_id``:
+    the node's records, duplicates and quarantined records, as wire rows. ``files``: every file
+    of the case (its ``files`` rows)."""
+    node = None
+    with tempfile.TemporaryDirectory(prefix="kvforensics-node-") as tmp:
+        con = connect(Path(tmp) / "node.duckdb")
+        try:
+            prepare(con)  # (a conflict's contenders are validated again, for their canonical JSON)
+            scan(con, files, "case_files", "INSERT INTO files SELECT * FROM case_files")
+            ids = rows.column(wire_names()["files", "file_id"])
+            tables = rows.column("tbl")
+            import pyarrow.compute as pc
+
+            for file_id in sorted(set(pc.unique(ids).to_pylist())):
+                of_file = rows.filter(pc.equal(ids, file_id))
+                con.execute("BEGIN")
+                for table in (*RECORD_TABLES.values(), "source_lines"):
+                    part = of_file.filter(pc.equal(of_file.column("tbl"), table))
+                    if part.num_rows and table != "source_lines" and node is None:
+                        node = part.column("wire_node")[0].as_py()
+                    _insert(con, table, part)
+                settle_across(con, file_id)
+                con.execute("COMMIT")
+            del tables
+            for table in NODE_TABLES:
+                reader = con.sql(f"SELECT {_select(table)} FROM {table}").fetch_arrow_reader(BATCH_ROWS)
+                for batch in reader:
+                    if batch.num_rows:
+                        yield to_wire(table, batch, -1, node)
+        finally:
+            con.close()
+
+
+@dataclass(frozen=True)
+class Numbered:
+    """The files of a run as the DuckDB path numbers them: ``ids`` maps a file's place in the
+    order found to its ``file_id`` (a file refused, or whose bytes came earlier, has none)."""
+
+    ids: dict[int, int]
+    files: pa.Table  # the ``files`` rows, numbered
+    file_notes: pa.Table
+    refused_files: pa.Table
+    sha256: dict[int, str]  # every file read, by its place
+
+
+def number_files(files: pa.Table, notes: pa.Table, refused: pa.Table) -> Numbered:
+    """Number the files read (wire rows of ``files``, ``file_notes``, ``refused_files``)."""
+    rows = sorted(zip(files.column("idx").to_pylist(), files.column("sha256").to_pylist(), strict=True))
+    ids: dict[int, int] = {}
+    seen: set[str] = set()
+    for idx, sha in rows:
+        if sha in seen:
+            continue
+        seen.add(sha)
+        ids[idx] = len(ids) + 1
+    own = _renumbered(files, "files", ids).sort_by("file_id")
+    note_rows = _renumbered(notes, "file_notes", ids).sort_by([("file_id", "ascending"), ("key", "ascending")])
+    return Numbered(ids, own, note_rows, from_wire("refused_files", refused).sort_by("path"), dict(rows))
+
+
+def _renumbered(wire: pa.Table, table: str, ids: dict[int, int]) -> pa.Table:
+    """Wire rows of ``table`` of the files numbered in ``ids`` (by place), as its own columns with
+    ``file_id`` their number."""
+    places = wire.column("idx").to_pylist()
+    keep = pa.array([i for i, idx in enumerate(places) if idx in ids], pa.int64())
+    own = from_wire(table, wire).take(keep)
+    numbers = pa.array([ids[places[i]] for i in keep.to_pylist()], pa.int32())
+    return own.set_column(own.schema.get_field_index("file_id"), "file_id", numbers)
+
+
+def read_files(spark: SparkSession, logs: Sequence[LogFile], options: Options, stage: Path) -> DataFrame:
+    """Every file read by a task of its own: their wire rows, written to ``stage`` (Parquet) and
+    read back, so later steps never read a file twice."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    from forensics.spark.analysis import spark_schema
+
+    listed = list(logs)
+    places = spark.createDataFrame([(i,) for i in range(len(listed))],
+                                   StructType([StructField("place", IntegerType(), False)]))
+    places = places.repartition(max(1, len(listed)), "place")
+
+    def read(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for i in batch.column("place").to_pylist():
+                yield from read_file(listed[i], i, options)
+
+    wire = places.mapInArrow(read, spark_schema(wire_schema()))
+    wire.write.mode("overwrite").parquet(str(stage))
+    return spark.read.parquet(str(stage))
+
+
+def settle_nodes(spark: SparkSession, wire: DataFrame, numbered: Numbered, stage: Path) -> DataFrame:
+    """The files' records settled node by node (:func:`settle_node`), their files numbered: the
+    node tasks' wire rows, written to ``stage`` and read back."""
+    from pyspark.sql import functions as F
+
+    from forensics.spark.analysis import spark_schema
+
+    file_id = wire_names()["files", "file_id"]
+    ids = spark.createDataFrame([(k, v) for k, v in sorted(numbered.ids.items())], "idx INT, new_id INT")
+    wire = wire.join(F.broadcast(ids), "idx").withColumn(file_id, F.col("new_id")).drop("new_id")
+    records = wire.filter(F.col("tbl").isin(*RECORD_TABLES.values()))
+    # each file's text goes to every node it has records of: a record moved to quarantine takes its line
+    touched = records.select(F.col(file_id).alias("f"), F.col("wire_node").alias("n")).distinct()
+    pieces = (wire.filter(F.col("tbl") == "source_lines").join(touched, F.col(file_id) == F.col("f"))
+              .withColumn("wire_node", F.col("n")).drop("f", "n"))
+    files = numbered.files
+
+    def settle(rows: pa.Table) -> pa.Table:
+        return pa.Table.from_batches(list(settle_node(rows, files)), schema=wire_schema())
+
+    settled = records.unionByName(pieces).groupBy("wire_node").applyInArrow(settle, spark_schema(wire_schema()))
+    settled.write.mode("overwrite").parquet(str(stage))
+    return spark.read.parquet(str(stage))
+
+
+__all__ = ["FILE_TABLES", "NODE_TABLES", "Numbered", "from_wire", "number_files", "read_file", "read_files",
+           "settle_node", "settle_nodes", "to_wire", "wire_names", "wire_schema"]
