@@ -76,7 +76,7 @@ start_s = time.perf_counter() - t
 t = time.perf_counter()
 found = investigate([sys.argv[1]], Path(sys.argv[2]), spark=spark)
 print(json.dumps({'start_s': start_s, 'whole_s': time.perf_counter() - t, 'figures': found.exposure,
-                  'records': found.ingest.records.as_dict()}))
+                  'records': found.ingest.records.as_dict(), 'phases': found.phases}))
 spark.stop()
 """
 
@@ -95,6 +95,7 @@ def whole(logs: Path, root: Path, masters: list[str], partitions: list[int]) -> 
             print(f"Spark {master}, {n} partitions: start {got['start_s']:.1f} s, ingest and analysis "
                   f"{got['whole_s']:.1f} s (x{got['whole_s'] / base['whole_s']:.2f} DuckDB's), "
                   f"peak {peak / 2**30:.2f} GiB; {same}", flush=True)
+            print("  phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in got["phases"].items()), flush=True)
 
 
 def _run(args: list[str]) -> tuple[dict[str, object], int]:

@@ -1,14 +1,20 @@
 """Findings: root-cause signatures and evidence gaps, each with its evidence rows and its SQL.
 
 The queries live in ``sql/findings.sql``, one per finding, each headed by ``-- name:``,
-``-- severity:`` and ``-- title:`` lines (``{count}`` in the title is the number of rows).
-They read only the documented tables and views, so each can be re-run by hand with
-``kvforensics sql``.
+``-- severity:``, ``-- partition:`` and ``-- title:`` lines (``{count}`` in the title is the
+number of rows; the partition is what the Spark path splits the query's work by). They read only
+the documented tables and views, so each can be re-run by hand with ``kvforensics sql``.
+
+A finding's rows come in its query's order, ties broken by every column in turn, so the same case
+lists them alike every time. A Parquet case written on Spark holds each finding's rows (a view
+``finding:ID`` over its files, :data:`STORED`), computed there by the same query; they are read
+from it, in the same order.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +34,11 @@ class FindingSpec:
     severity: str
     title: str
     sql: str
+    partition: str = "case"  # node, request, transfer or case: what each evidence row depends on
+
+
+#: The name of the view of a finding's rows where a case holds them (a Parquet case from Spark).
+STORED = "finding:{id}"
 
 
 @dataclass(frozen=True)
@@ -76,14 +87,34 @@ def _plain(value: Any) -> Any:
 
 def specs() -> list[FindingSpec]:
     """The findings defined in ``sql/findings.sql``, in file order."""
-    return [FindingSpec(b.name, b.head["severity"], b.head["title"], b.sql) for b in sql_blocks("findings.sql")]
+    return [FindingSpec(b.name, b.head["severity"], b.head["title"], b.sql, b.head["partition"])
+            for b in sql_blocks("findings.sql")]
+
+
+def order_by(sql: str) -> str:
+    """The final ``ORDER BY`` of a finding's query, as names of its result's columns."""
+    m = re.search(r"\bORDER BY ([^()]*)$", sql.strip())
+    assert m is not None, "every finding's query ends with its ORDER BY"
+    return re.sub(r"\b[a-z]\w*\.", "", m.group(1))
+
+
+def ordered(con: duckdb.DuckDBPyConnection, source: str, spec: FindingSpec) -> str:
+    """A query of ``source`` (a query or a view of the finding's rows) in the finding's order,
+    ties broken by every column."""
+    columns = con.sql(f"SELECT * FROM {source} LIMIT 0").columns
+    every = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
+    return f"SELECT * FROM {source} ORDER BY {order_by(spec.sql)}, {every}"
 
 
 def findings(con: duckdb.DuckDBPyConnection) -> list[Finding]:
     """Every finding with at least one evidence row, most severe first, then in file order."""
+    stored = {name for (name,) in con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE view_name LIKE 'finding:%'").fetchall()}
     found = []
     for spec in specs():
-        evidence = con.sql(spec.sql).pl()
+        view = STORED.format(id=spec.id)
+        source = f'"{view}"' if view in stored else f"({spec.sql})"
+        evidence = con.sql(ordered(con, source, spec)).pl()
         if evidence.height:
             found.append(Finding(spec.id, spec.severity, spec.title.format(count=f"{evidence.height:,}"),
                                  evidence.height, evidence, spec.sql))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -223,8 +224,10 @@ def parquet_manifest(path: Path) -> dict[str, Any]:
     return dict(json.loads((path / PARQUET_MANIFEST).read_text(encoding="utf-8")))
 
 
+@cache
 def schema_columns() -> dict[str, list[tuple[str, str]]]:
-    """Per table of the case schema (``schema.sql``), its columns and their DuckDB types."""
+    """Per table of the case schema (``schema.sql``), its columns and their DuckDB types (made once
+    a process; not to be changed)."""
     con = duckdb.connect()
     try:
         con.execute(sql_text("schema.sql"))
@@ -242,7 +245,7 @@ def schema_columns() -> dict[str, list[tuple[str, str]]]:
 
 def open_parquet_case(path: Path) -> duckdb.DuckDBPyConnection:
     """A Parquet case opened in DuckDB: each table a view of its files (each column as the case
-    schema types it: a record hash is kept as its decimal text, Parquet having no 128-bit integer),
+    schema types it: a record hash is kept as its hex text, Parquet having no 128-bit integer),
     ``case_meta`` from the manifest, and the schema's views over them, so every query, command, the
     report and the notebook read it as they read a DuckDB case. Nothing of the folder is written."""
     path = path.resolve()
@@ -264,14 +267,28 @@ def open_parquet_case(path: Path) -> duckdb.DuckDBPyConnection:
             con.execute(f"CREATE TABLE {table} ({', '.join(f'{c} {t}' for c, t in columns)})")
             continue
         source = f"read_parquet({_sql_list(files)})"
-        select = "*" if columns is None else ", ".join(f"{c}::{t} AS {c}" for c, t in columns)
+        select = "*" if columns is None else ", ".join(f"{typed_value(c, t)} AS {c}" for c, t in columns)
         con.execute(f"CREATE VIEW {table} AS SELECT {select} FROM {source}")
     con.execute("CREATE TABLE case_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
     con.executemany("INSERT INTO case_meta VALUES (?, ?)", sorted(manifest.get("meta", {}).items()))
     con.execute("INSERT INTO case_meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING", [SCHEMA_VERSION])
     for statement in _schema_views():
         con.execute(statement)
+    for finding, held in sorted(manifest.get("findings", {}).items()):  # (forensics.findings.STORED)
+        files = [str(path / "findings" / finding / name) for name in held["files"]]
+        view = "finding:" + finding
+        con.execute(f'CREATE VIEW "{view}" AS SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)')
     return con
+
+
+def hash_text(column: str) -> str:
+    """SQL for a record hash (``UHUGEINT``) as Parquet keeps it: hex text (Parquet has no 128-bit integer)."""
+    return f"hex({column})"
+
+
+def typed_value(column: str, kind: str) -> str:
+    """SQL for a column of a Parquet case (or the Spark tasks' rows) as the case schema types it."""
+    return f"('0x' || {column})::UHUGEINT" if kind == "UHUGEINT" else f"{column}::{kind}"
 
 
 def _sql_list(values: list[str]) -> str:
@@ -302,7 +319,17 @@ def write_parquet_manifest(path: Path, *, meta: dict[str, str], extra: dict[str,
             "rows": sum(pq.ParquetFile(folder / n).metadata.num_rows for n in names),
             "sha256": {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in names},
         }
-    manifest = {"kind": PARQUET_KIND, "schema_version": SCHEMA_VERSION, **extra, "meta": meta, "tables": tables}
+    findings: dict[str, Any] = {}
+    if (path / "findings").is_dir():
+        for folder in sorted(p for p in (path / "findings").iterdir() if p.is_dir()):
+            names = sorted(p.name for p in folder.iterdir() if p.suffix == ".parquet" and not p.name.startswith("."))
+            findings[folder.name] = {
+                "files": names,
+                "rows": sum(pq.ParquetFile(folder / n).metadata.num_rows for n in names),
+                "sha256": {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in names},
+            }
+    manifest = {"kind": PARQUET_KIND, "schema_version": SCHEMA_VERSION, **extra, "meta": meta, "tables": tables,
+                **({"findings": findings} if findings else {})}
     (path / PARQUET_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -318,7 +345,7 @@ def export_parquet_case(db: Path | str, path: Path) -> None:
                 continue
             columns = typed.get(table)
             select = "*" if columns is None else ", ".join(
-                f"{c}::VARCHAR AS {c}" if t == "UHUGEINT" else c for c, t in columns)
+                f"{hash_text(c)} AS {c}" if t == "UHUGEINT" else c for c, t in columns)
             (path / table).mkdir()
             target = str(path / table / "part-0.parquet").replace("'", "''")
             con.execute(f"COPY (SELECT {select} FROM {table}) TO '{target}' (FORMAT parquet)")

@@ -15,7 +15,7 @@ first depends on the file alone; each rule of the second on one node's records a
    goes to quarantine takes its line along).
 
 What the tasks hand each other are rows of :data:`WIRE` (every table's columns side by side, a
-row of one table at a time, a record hash as its decimal text), so Spark moves them without
+row of one table at a time, a record hash as its hex text), so Spark moves them without
 knowing the case schema.
 """
 
@@ -28,14 +28,16 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from forensics.adapters import Options
 from forensics.ingestion.pipeline import ingest_alone
 from forensics.ingestion.readers import LogFile
 from forensics.ingestion.settle import RECORD_TABLES, settle_across
 from forensics.ingestion.validate import prepare
+from forensics.spark.wire import Wire, select_text
 from forensics.store import connect, scan, schema_columns
 
 if TYPE_CHECKING:
@@ -49,94 +51,13 @@ _TABLES = (*FILE_TABLES, "duplicates")
 
 
 @cache
-def _columns() -> dict[str, list[tuple[str, str]]]:
-    return {t: cols for t, cols in schema_columns().items() if t in _TABLES}
+def ingest_wire() -> Wire:
+    """The ingest's wire: the tables the file and node tasks hand on."""
+    return Wire.of_case_tables(_TABLES)
 
 
 def _select(table: str) -> str:
-    """A query of ``table``'s columns, a hash as its decimal text."""
-    return ", ".join(f"{c}::VARCHAR AS {c}" if t == "UHUGEINT" else c for c, t in _columns()[table])
-
-
-@cache
-def wire_names() -> dict[tuple[str, str], str]:
-    """Each table's column's name on the wire: its own, but where another table has a column of
-    that name and another type (``text``: a note's, a piece's), ``table__column``."""
-    typed = _arrow_types()
-    first: dict[str, pa.DataType] = {}
-    out: dict[tuple[str, str], str] = {}
-    for table in _TABLES:
-        for name, kind in typed[table].items():
-            if first.setdefault(name, kind) == kind:
-                out[table, name] = name
-            else:
-                out[table, name] = f"{table}__{name}"
-    return out
-
-
-@cache
-def _arrow_types() -> dict[str, dict[str, pa.DataType]]:
-    con = duckdb.connect()
-    try:
-        con.execute("SET TimeZone = 'UTC'")
-        for table, cols in _columns().items():
-            con.execute(f"CREATE TABLE {table} ({', '.join(f'{c} {t}' for c, t in cols)})")
-        return {t: {f.name: f.type for f in con.sql(f"SELECT {_select(t)} FROM {t}").to_arrow_table().schema}
-                for t in _TABLES}
-    finally:
-        con.close()
-
-
-@cache
-def wire_schema() -> pa.Schema:
-    """The rows the tasks hand on: which table (``tbl``), which file of the run (``idx``, in the
-    order found) and node (NULL for a row of no node's), and every table's columns."""
-    typed = _arrow_types()
-    fields = [pa.field("tbl", pa.string()), pa.field("idx", pa.int32()), pa.field("wire_node", pa.string())]
-    seen = set()
-    for (table, column), name in wire_names().items():
-        if name not in seen:
-            seen.add(name)
-            fields.append(pa.field(name, typed[table][column]))
-    return pa.schema(fields)
-
-
-def to_wire(table: str, rows: pa.Table | pa.RecordBatch, idx: int, node: str | None = None) -> pa.RecordBatch:
-    """Rows of ``table`` (its columns, a hash as text) as :func:`wire_schema` rows."""
-    schema = wire_schema()
-    n = rows.num_rows
-    names = wire_names()
-    mine = {names[table, c]: rows.column(c) for c in rows.schema.names}
-    arrays = []
-    for field in schema:
-        if field.name == "tbl":
-            arrays.append(pa.array([table] * n, pa.string()))
-        elif field.name == "idx":
-            arrays.append(pa.array([idx] * n, pa.int32()))
-        elif field.name == "wire_node":
-            arrays.append(rows.column("node") if node is None and "node" in rows.schema.names
-                          else pa.array([node] * n, pa.string()))
-        elif field.name in mine:
-            arrays.append(mine[field.name])
-        else:
-            arrays.append(pa.nulls(n, field.type))
-    return pa.RecordBatch.from_arrays([a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
-                                       for a in arrays], schema=schema)
-
-
-def from_wire(table: str, rows: pa.Table) -> pa.Table:
-    """:func:`wire_schema` rows of ``table`` as its own columns."""
-    names = wire_names()
-    cols = [c for c, _ in _columns()[table]]
-    return pa.table({c: rows.column(names[table, c]) for c in cols})
-
-
-def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> None:
-    """Rows of ``table`` as the wire carries them into the case's table (a hash back to an integer)."""
-    if not rows.num_rows:
-        return
-    select = ", ".join(f"{c}::{t} AS {c}" for c, t in _columns()[table])
-    scan(con, from_wire(table, rows), "wire_rows", f"INSERT INTO {table} BY NAME SELECT {select} FROM wire_rows")
+    return select_text(schema_columns()[table])
 
 
 #: A file task's batches: at most this many rows each.
@@ -153,11 +74,11 @@ def read_file(log: LogFile, idx: int, options: Options) -> Iterator[pa.RecordBat
         try:
             for table in FILE_TABLES:
                 select = _select(table).replace("file_id", f"{idx}::INTEGER AS file_id", 1) \
-                    if any(c == "file_id" for c, _ in _columns()[table]) else _select(table)
+                    if table != "refused_files" else _select(table)
                 reader = con.sql(f"SELECT {select} FROM {table}").fetch_arrow_reader(BATCH_ROWS)
                 for batch in reader:
                     if batch.num_rows:
-                        yield to_wire(table, batch, idx)
+                        yield ingest_wire().to_wire(table, batch, idx)
         finally:
             con.close()
 
@@ -167,32 +88,31 @@ def settle_node(rows: pa.Table, files: pa.Table) -> Iterator[pa.RecordBatch]:
     files) settled as the DuckDB path settles them, file by file in the order of ``file_id``:
     the node's records, duplicates and quarantined records, as wire rows. ``files``: every file
     of the case (its ``files`` rows)."""
-    node = None
+    if not rows.num_rows:
+        return
+    node = rows.column("wire_node")[0].as_py()
+    file_id = ingest_wire().names["files", "file_id"]
+    rows = rows.sort_by([(file_id, "ascending"), ("tbl", "ascending")])
+    ids = rows.column(file_id).to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     with tempfile.TemporaryDirectory(prefix="kvforensics-node-") as tmp:
         con = connect(Path(tmp) / "node.duckdb")
         try:
             prepare(con)  # (a conflict's contenders are validated again, for their canonical JSON)
             scan(con, files, "case_files", "INSERT INTO files SELECT * FROM case_files")
-            ids = rows.column(wire_names()["files", "file_id"])
-            tables = rows.column("tbl")
-            import pyarrow.compute as pc
-
-            for file_id in sorted(set(pc.unique(ids).to_pylist())):
-                of_file = rows.filter(pc.equal(ids, file_id))
+            for at, stop in zip(starts.tolist(), [*starts[1:].tolist(), len(ids)], strict=True):
+                of_file = rows.slice(at, stop - at)
+                tables = of_file.column("tbl")
                 con.execute("BEGIN")
                 for table in (*RECORD_TABLES.values(), "source_lines"):
-                    part = of_file.filter(pc.equal(of_file.column("tbl"), table))
-                    if part.num_rows and table != "source_lines" and node is None:
-                        node = part.column("wire_node")[0].as_py()
-                    _insert(con, table, part)
-                settle_across(con, file_id)
+                    ingest_wire().insert(con, table, of_file.filter(pc.equal(tables, table)))
+                settle_across(con, int(ids[at]))
                 con.execute("COMMIT")
-            del tables
             for table in NODE_TABLES:
                 reader = con.sql(f"SELECT {_select(table)} FROM {table}").fetch_arrow_reader(BATCH_ROWS)
                 for batch in reader:
                     if batch.num_rows:
-                        yield to_wire(table, batch, -1, node)
+                        yield ingest_wire().to_wire(table, batch, -1, node)
         finally:
             con.close()
 
@@ -211,25 +131,25 @@ class Numbered:
 
 def number_files(files: pa.Table, notes: pa.Table, refused: pa.Table) -> Numbered:
     """Number the files read (wire rows of ``files``, ``file_notes``, ``refused_files``)."""
-    rows = sorted(zip(files.column("idx").to_pylist(), files.column("sha256").to_pylist(), strict=True))
+    found = sorted(zip(files.column("idx").to_pylist(), files.column("sha256").to_pylist(), strict=True))
     ids: dict[int, int] = {}
     seen: set[str] = set()
-    for idx, sha in rows:
+    for idx, sha in found:
         if sha in seen:
             continue
         seen.add(sha)
         ids[idx] = len(ids) + 1
     own = _renumbered(files, "files", ids).sort_by("file_id")
     note_rows = _renumbered(notes, "file_notes", ids).sort_by([("file_id", "ascending"), ("key", "ascending")])
-    return Numbered(ids, own, note_rows, from_wire("refused_files", refused).sort_by("path"), dict(rows))
+    return Numbered(ids, own, note_rows, ingest_wire().from_wire("refused_files", refused).sort_by("path"), dict(found))
 
 
-def _renumbered(wire: pa.Table, table: str, ids: dict[int, int]) -> pa.Table:
+def _renumbered(rows: pa.Table, table: str, ids: dict[int, int]) -> pa.Table:
     """Wire rows of ``table`` of the files numbered in ``ids`` (by place), as its own columns with
     ``file_id`` their number."""
-    places = wire.column("idx").to_pylist()
+    places = rows.column("idx").to_pylist()
     keep = pa.array([i for i, idx in enumerate(places) if idx in ids], pa.int64())
-    own = from_wire(table, wire).take(keep)
+    own = ingest_wire().from_wire(table, rows).take(keep)
     numbers = pa.array([ids[places[i]] for i in keep.to_pylist()], pa.int32())
     return own.set_column(own.schema.get_field_index("file_id"), "file_id", numbers)
 
@@ -251,35 +171,34 @@ def read_files(spark: SparkSession, logs: Sequence[LogFile], options: Options, s
             for i in batch.column("place").to_pylist():
                 yield from read_file(listed[i], i, options)
 
-    wire = places.mapInArrow(read, spark_schema(wire_schema()))
-    wire.write.mode("overwrite").parquet(str(stage))
+    places.mapInArrow(read, spark_schema(ingest_wire().schema)).write.mode("overwrite").parquet(str(stage))
     return spark.read.parquet(str(stage))
 
 
-def settle_nodes(spark: SparkSession, wire: DataFrame, numbered: Numbered, stage: Path) -> DataFrame:
+def settle_nodes(spark: SparkSession, rows: DataFrame, numbered: Numbered, stage: Path) -> DataFrame:
     """The files' records settled node by node (:func:`settle_node`), their files numbered: the
     node tasks' wire rows, written to ``stage`` and read back."""
     from pyspark.sql import functions as F
 
     from forensics.spark.analysis import spark_schema
 
-    file_id = wire_names()["files", "file_id"]
+    file_id = ingest_wire().names["files", "file_id"]
     ids = spark.createDataFrame([(k, v) for k, v in sorted(numbered.ids.items())], "idx INT, new_id INT")
-    wire = wire.join(F.broadcast(ids), "idx").withColumn(file_id, F.col("new_id")).drop("new_id")
-    records = wire.filter(F.col("tbl").isin(*RECORD_TABLES.values()))
+    rows = rows.join(F.broadcast(ids), "idx").withColumn(file_id, F.col("new_id")).drop("new_id")
+    records = rows.filter(F.col("tbl").isin(*RECORD_TABLES.values()))
     # each file's text goes to every node it has records of: a record moved to quarantine takes its line
     touched = records.select(F.col(file_id).alias("f"), F.col("wire_node").alias("n")).distinct()
-    pieces = (wire.filter(F.col("tbl") == "source_lines").join(touched, F.col(file_id) == F.col("f"))
+    pieces = (rows.filter(F.col("tbl") == "source_lines").join(touched, F.col(file_id) == F.col("f"))
               .withColumn("wire_node", F.col("n")).drop("f", "n"))
     files = numbered.files
 
     def settle(rows: pa.Table) -> pa.Table:
-        return pa.Table.from_batches(list(settle_node(rows, files)), schema=wire_schema())
+        return pa.Table.from_batches(list(settle_node(rows, files)), schema=ingest_wire().schema)
 
-    settled = records.unionByName(pieces).groupBy("wire_node").applyInArrow(settle, spark_schema(wire_schema()))
+    settled = records.unionByName(pieces).groupBy("wire_node").applyInArrow(settle, spark_schema(ingest_wire().schema))
     settled.write.mode("overwrite").parquet(str(stage))
     return spark.read.parquet(str(stage))
 
 
-__all__ = ["FILE_TABLES", "NODE_TABLES", "Numbered", "from_wire", "number_files", "read_file", "read_files",
-           "settle_node", "settle_nodes", "to_wire", "wire_names", "wire_schema"]
+__all__ = ["FILE_TABLES", "NODE_TABLES", "Numbered", "number_files", "read_file", "read_files", "settle_node",
+           "settle_nodes", "ingest_wire"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,8 @@ from forensics.ingestion.pipeline import Counts, FileResult, IngestResult
 from forensics.ingestion.readers import Limits, LogFile, PassedOver, discover
 from forensics.ingestion.settle import RECORD_TABLES
 from forensics.spark.analysis import COLUMNS, analyse, spark_session
-from forensics.spark.ingest import number_files, read_files, settle_nodes, wire_names
+from forensics.spark.findings import run_findings
+from forensics.spark.ingest import ingest_wire, number_files, read_files, settle_nodes
 from forensics.store import connect, is_parquet_case, write_parquet_manifest
 from forensics.text import path_text, shown
 from forensics.version import __version__
@@ -57,6 +59,7 @@ class SparkInvestigation:
     ingest: IngestResult
     exposure: dict[str, int]
     case: Path
+    phases: dict[str, float]  # seconds each phase took: read, settle, write_records, analyse, write_analysis, findings
 
     def as_dict(self) -> dict[str, object]:
         """As JSON-ready data (``investigate --engine spark --json``)."""
@@ -110,7 +113,7 @@ def investigate(
         ingest = _ingest_result(con, out, logs, skipped, found)
     finally:
         con.close()
-    return SparkInvestigation(ingest, found.figures, out)
+    return SparkInvestigation(ingest, found.figures, out, found.phases)
 
 
 def _check_out(out: Path) -> None:
@@ -123,21 +126,25 @@ class _Found:
     figures: dict[str, int]
     ids: dict[int, int]
     sha256: dict[int, str]
+    phases: dict[str, float]
 
 
 def _run(spark: SparkSession, logs: list[LogFile], skipped: list[PassedOver], options: Options, work: Path,
          master: str, partitions: int) -> _Found:
     from pyspark.sql import functions as F
 
+    clock = _Clock()
     stage = work / "_stage"
     wire = read_files(spark, logs, options, stage / "files")
+    clock.lap("read")
     small = wire.filter(F.col("tbl").isin("files", "file_notes", "refused_files")).toArrow()
     numbered = number_files(*(small.filter(pa.compute.equal(small["tbl"], t))
                               for t in ("files", "file_notes", "refused_files")))
     for name in ("files", "file_notes", "refused_files"):
         _write_arrow(work / name, getattr(numbered, name))
     settled = settle_nodes(spark, wire, numbered, stage / "nodes")
-    file_id = wire_names()["files", "file_id"]
+    clock.lap("settle")
+    file_id = ingest_wire().names["files", "file_id"]
     ids = spark.createDataFrame(sorted(numbered.ids.items()), "idx INT, new_id INT")
     read_rows = wire.join(F.broadcast(ids), "idx").withColumn(file_id, F.col("new_id")).drop("new_id")
     for table in RECORD_TABLES.values():
@@ -145,23 +152,43 @@ def _run(spark: SparkSession, logs: list[LogFile], skipped: list[PassedOver], op
     _write_wire(settled, "duplicates", work)
     _write_wire(settled.unionByName(read_rows), "quarantine", work)
     _write_wire(read_rows, "source_lines", work)
+    clock.lap("write_records")
     parts = [_kind_rows(spark, work, kind, t) for kind, t in RECORD_TABLES.items()]
     records = parts[0]
     for p in parts[1:]:
         records = records.unionByName(p)
     result = analyse(records)
+    clock.lap("analyse")
     _write_frame(result.requests, work, "requests")
     _write_frame(result.exposures, work, "exposures")
     _write_frame(result.uninitialized_reads, work, "uninitialized_reads")
     _write_frame(result.page_reads, work, "page_reads")
     _write_arrow(work / "exposure_summary",
                  pa.table({name: pa.array([result.figures[name]], pa.int64()) for name in FIGURES}))
+    clock.lap("write_analysis")
     analysed = sum(pq.ParquetFile(f).metadata.num_rows for t in RECORD_TABLES.values()
                    for f in sorted((work / t).glob("*.parquet")))
-    write_parquet_manifest(work, meta={"analysed_records": str(analysed)},
-                           extra={"written_by": "spark", "toolkit_version": __version__, "master": master,
-                                  "partitions": partitions, "figures": result.figures})
-    return _Found(result.figures, numbered.ids, numbered.sha256)
+    meta = {"analysed_records": str(analysed)}
+    extra = {"written_by": "spark", "toolkit_version": __version__, "master": master, "partitions": partitions,
+             "figures": result.figures}
+    write_parquet_manifest(work, meta=meta, extra=extra)  # (the findings' driver part opens the case)
+    run_findings(spark, work, partitions)
+    write_parquet_manifest(work, meta=meta, extra=extra)
+    clock.lap("findings")
+    return _Found(result.figures, numbered.ids, numbered.sha256, clock.laps)
+
+
+class _Clock:
+    """Seconds each phase of a run took."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.at = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self.at, 3)
+        self.at = now
 
 
 def _kind_rows(spark: SparkSession, work: Path, kind: str, table: str) -> DataFrame:
@@ -177,10 +204,8 @@ def _write_wire(wire: DataFrame, table: str, work: Path) -> None:
     """The wire rows of ``table`` as its own columns, into its folder."""
     from pyspark.sql import functions as F
 
-    from forensics.spark.ingest import _columns
-
-    names = wire_names()
-    cols = [F.col(names[table, c]).alias(c) for c, _ in _columns()[table]]
+    names = ingest_wire().names
+    cols = [F.col(names[table, f.name]).alias(f.name) for f in ingest_wire().tables[table]]
     _write_frame(wire.filter(F.col("tbl") == table).select(*cols), work, table)
 
 

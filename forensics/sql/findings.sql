@@ -1,5 +1,14 @@
+-- Findings (forensics/findings.py): one query per finding, headed by its name, severity, title
+-- and partition. The partition says what each evidence row depends on, so that the Spark path
+-- (forensics/spark/findings.py) runs the query unchanged on a part of the case at a time:
+-- node (the records of one node, its exposures and uninitialized reads), request (the records
+-- of the requests a row names, the transfer records sharing their transfers' ids, every config,
+-- and those requests' rows of requests), transfer (the transfer records of one transfer id), or
+-- case (the whole case, for queries of small tables or that look across nodes and transfers).
+
 -- name: config.context_exceeds_pool
 -- severity: high
+-- partition: case
 -- title: the context window exceeds what the prefill KV pool admits on {count} node config(s)
 -- A prefill node whose context_length is more than its max_req_input_len admits: prompts in
 -- the window [at_risk_from, at_risk_to] pass the router and are rejected (or worse) on prefill.
@@ -12,6 +21,7 @@ ORDER BY node, boot, seq;
 
 -- name: handoff.rejected_but_transferred
 -- severity: critical
+-- partition: request
 -- title: {count} request(s) rejected on a prefill node still had a transfer, a decode start or a delivered response
 WITH rejected AS (
   SELECT r.request_id, any_value(r.node ORDER BY r.ts) AS prefill_node, min(r.ts) AS rejected_at,
@@ -31,6 +41,7 @@ ORDER BY rejected_at, request_id;
 
 -- name: integrity.engine_caught_corruption
 -- severity: critical
+-- partition: request
 -- title: {count} request(s) the engine itself caught receiving another handoff's metadata or KV (bootstrap_room or KV checksum mismatch)
 -- SGLang's own integrity checks on decode (0.5.9 on: bootstrap_room; 0.5.21 on, with
 -- --disaggregation-enable-kv-checksum: a checksum of the KV received). The request was aborted
@@ -43,6 +54,7 @@ ORDER BY e.ts, e.request_id;
 
 -- name: handoff.coverage_mismatch
 -- severity: high
+-- partition: request
 -- title: {count} transfer(s) carried fewer KV tokens than the prompt, and decode went on to read
 -- The tokens are the view's tokens_sent: the receiving side's, or the sender's record of the same
 -- transfer. Order is by seq on the node, or by time where the records have no seq (engine logs).
@@ -59,6 +71,7 @@ ORDER BY t.ts, t.transfer_id;
 
 -- name: response.delivered_after_reject
 -- severity: critical
+-- partition: request
 -- title: {count} request(s) were rejected and still answered with a 2xx response
 SELECT q.request_id, q.tenant_id, q.prompt_tokens, q.status, q.first_ts, q.last_ts,
        (SELECT string_agg(DISTINCT e.node, ',' ORDER BY e.node) FROM request_events e
@@ -68,6 +81,7 @@ ORDER BY q.first_ts, q.request_id;
 
 -- name: kv.late_write
 -- severity: high
+-- partition: node
 -- title: {count} write(s) landed on pages their writer had already freed
 WITH w AS (
   SELECT node, boot, seq, ts, request_id, pages, source, unnest(page_ranges) AS g FROM kv_ops WHERE op = 'write'
@@ -89,6 +103,7 @@ FROM late l ORDER BY l.ts, l.node, l.seq;
 
 -- name: kv.uninitialized_read
 -- severity: medium
+-- partition: node
 -- title: {count} request(s) read pages never written in the boot
 SELECT request_id, node, boot, count(*) AS ranges, sum(hi - lo + 1)::BIGINT AS pages, min(seq) AS first_seq,
        bool_or(inferred) AS inferred
@@ -96,11 +111,13 @@ FROM uninitialized_reads GROUP BY ALL ORDER BY node, boot, first_seq, request_id
 
 -- name: evidence.seq_gap
 -- severity: medium
+-- partition: node
 -- title: {count} gap(s) in nodes' seq: records are missing there, and so is their evidence
 SELECT * FROM seq_gaps ORDER BY node, boot, missing_from;
 
 -- name: evidence.clock_skew
 -- severity: low
+-- partition: case
 -- title: {count} sign(s) of clock skew: transfers completing before they started, or ts running backwards in seq order
 WITH pairs AS (
   SELECT s.src_node, c.dst_node, epoch_us(c.ts) - epoch_us(s.ts) AS d_us
@@ -126,6 +143,7 @@ ORDER BY signal, node_a, node_b;
 
 -- name: evidence.role_unknown
 -- severity: high
+-- partition: case
 -- title: {count} engine log file(s) say nothing of their server's role: read as unified servers
 -- A prefill or decode server's role comes from its server_args line or its time stats; a file
 -- with neither (a request-log file with no server log beside it) was read as a unified server,
@@ -137,6 +155,7 @@ ORDER BY f.path;
 
 -- name: evidence.unknown_tenant
 -- severity: medium
+-- partition: request
 -- title: {count} request(s) have no known tenant: tenant figures cannot tell them apart
 -- Engine logs do not carry tenants; ingest with --tenant-map or --tenant-from to name them.
 SELECT request_id, prompt_tokens, status, delivered, first_ts
@@ -145,6 +164,7 @@ ORDER BY first_ts, request_id;
 
 -- name: evidence.request_ids_differ
 -- severity: high
+-- partition: transfer
 -- title: {count} transfer(s) are logged under different request ids by their two sides: the sides are not tied
 -- The prefill and decode servers logged the same transfer (for SGLang, its bootstrap room) under
 -- different request ids, as servers that each assign their own rid do (no rid from the client or
@@ -160,6 +180,7 @@ ORDER BY transfer_id;
 
 -- name: evidence.access_status_differs
 -- severity: high
+-- partition: case
 -- title: {count} engine log file(s) answered clients with other HTTP statuses than their finish lines say
 -- An SGLang server's uvicorn access lines give the status each generate request's client got;
 -- its finish lines (and the tokenizer's context rejections, a 400 each) say how the requests
@@ -173,6 +194,7 @@ ORDER BY f.path;
 
 -- name: handoff.sent_but_not_received
 -- severity: high
+-- partition: transfer
 -- title: {count} transfer(s) completed on the sending side but failed on the receiving side: possible late writes
 -- The prefill side logged its transfer completed (it sent the KV) while the decode side gave
 -- up on it (its transfer failed, as a timeout does) and freed the pages it had reserved. If the
@@ -185,4 +207,4 @@ SELECT s.transfer_id, s.request_id, s.node AS src_node, s.ts AS sent_at, r.node 
 FROM transfers s
 JOIN transfers r ON r.transfer_id = s.transfer_id AND r.event = 'failed' AND r.node = r.dst_node
 WHERE s.event = 'completed' AND s.node = s.src_node
-ORDER BY s.ts, s.transfer_id;
+ORDER BY sent_at, transfer_id;

@@ -93,7 +93,14 @@ def both(spark: SparkSession, paths: list[Path], tmp: Path, **options: Any) -> t
     assert found.ingest.records == on_duckdb.ingest.records
     assert [(f.path, f.status, f.counts, f.sha256, f.notes, f.ignored, f.why) for f in found.ingest.files] == [
         (f.path, f.status, f.counts, f.sha256, f.notes, f.ignored, f.why) for f in on_duckdb.ingest.files]
+    assert findings_of(out) == findings_of(db)
     return on_duckdb, found, db, out
+
+
+def findings_of(case: Path) -> list[tuple[str, int, list[dict[str, Any]]]]:
+    """Each finding's id, count and rows in order (on Spark: computed there, stored in the case)."""
+    with forensics.Case(case) as opened:
+        return [(f.id, f.count, f.evidence.to_dicts()) for f in opened.findings()]
 
 
 def _kv(node: str, seq: int, op: str = "alloc", pages: str = "1-3", rid: str = "r", **extra: Any) -> dict[str, Any]:
@@ -163,6 +170,11 @@ def test_the_sample_incident_by_the_cli_is_the_duckdb_case_and_its_report(spark:
         seen, want = case.request("req-2026-000182"), same.request("req-2026-000182")
         assert seen.saw.height > 0 and seen.saw.equals(want.saw) and seen.seen_by.equals(want.seen_by)
         assert seen.lifecycle.equals(want.lifecycle) and seen.pages.equals(want.pages)
+    assert findings_of(out) == findings_of(db) and {f[0] for f in findings_of(out)} >= {
+        "handoff.rejected_but_transferred", "handoff.coverage_mismatch", "response.delivered_after_reject"}
+    with open(out / "manifest.json") as fh:
+        stored = json.load(fh)["findings"]
+    assert stored["handoff.rejected_but_transferred"]["rows"] == 13  # (rows Spark's tasks wrote)
     forensics_report = CliRunner().invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "duckdb.html"),
                                                 "--generated-at", "2026-12-01T00:00:00Z"])
     assert forensics_report.exit_code == 0
