@@ -102,9 +102,13 @@ def investigate(
                 raise SparkFailed(spark_failure(exc)) from exc
             raise
         shutil.rmtree(work / "_stage")
+        earlier = out.parent / f".{out.name}.earlier"  # (an earlier case stays whole until this one is in)
+        if earlier.exists():
+            shutil.rmtree(earlier)
         if out.exists():
-            shutil.rmtree(out)
+            os.replace(out, earlier)
         os.replace(work, out)
+        shutil.rmtree(earlier, ignore_errors=True)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

@@ -136,7 +136,11 @@ def test_hostile_files_end_alike_line_for_line(spark: SparkSession, tmp_path: Pa
     (logs / "e.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
         "".join(json.dumps(_kv("decode-2", i, "alloc", pages=str(i))) + "\n" for i in range(5)).encode()))
     (logs / "f.jsonl.gz").write_bytes(gzip.compress(b'{"kind": "kv"}\n' * 50)[:40])  # damaged: refused
+    partial = tmp_path / ".spark-case.partial"  # what a run killed mid-way left
+    (partial / "kv_records").mkdir(parents=True)
+    (partial / "kv_records" / "part-00000.parquet").write_bytes(b"half a file")
     on_duckdb, found, _, _ = both(spark, [logs], tmp_path)
+    assert not partial.exists()
     reasons = {f.path.rsplit("/", 1)[-1]: (f.status, f.counts) for f in found.ingest.files}
     assert reasons["a2.jsonl"][0] == "already_in_case" and reasons["f.jsonl.gz"][0] == "refused"
     c_ = found.ingest.records
@@ -155,6 +159,9 @@ def test_the_sample_incident_by_the_cli_is_the_duckdb_case_and_its_report(spark:
 
     sample = ROOT / "sample_logs" / "glm53-incident"
     out = tmp_path / "spark-case"
+    earlier = tmp_path / "earlier.duckdb"  # an earlier Parquet case there, of other logs: replaced whole
+    forensics.ingest([write_jsonl(tmp_path / "other.jsonl", [_config("other-0")])], earlier)
+    export_parquet_case(earlier, out)
     result = CliRunner().invoke(app, ["investigate", str(sample), "--engine", "spark", "--master", "local[2]",
                                       "--out-dir", str(out), "--out", str(tmp_path / "spark.html"),
                                       "--generated-at", "2026-12-01T00:00:00Z", "--json"])
@@ -204,6 +211,11 @@ def test_a_parquet_case_is_read_only_and_a_duckdb_case_exported_reads_the_same(t
 
     with pytest.raises(QueryError, match="disabled"):
         run_read_only(out, "SELECT * FROM read_csv('/etc/hostname')")
+    other = tmp_path / "not-a-case"
+    (other / "keep").mkdir(parents=True)
+    with pytest.raises(CaseError, match="not a Parquet case"):  # (refused before Spark starts)
+        on_spark.investigate([ROOT / "sample_logs" / "glm53-incident"], other)
+    assert (other / "keep").is_dir()
 
 
 def _namespaced(i: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
