@@ -16,6 +16,19 @@ def ts_of(boot: int, seq: int) -> str:
     return f"2026-08-27T1{boot}:{seq // 60:02d}:{seq % 60:02d}Z"
 
 
+def namespaced(i: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A log set's records with its nodes, requests and tenants named apart from other sets' (the
+    ``i``-th set), so that many sets make one case whose figures are the sum of theirs."""
+    out = []
+    for r in records:
+        r = dict(r, node=f"s{i}-{r['node']}")
+        for key in ("request_id", "tenant_id"):
+            if r.get(key) is not None:
+                r[key] = f"s{i}-{r[key]}"
+        out.append(r)
+    return out
+
+
 def scale_pages(records: Iterable[dict[str, Any]], factor: int) -> list[dict[str, Any]]:
     """The same log with every page split into ``factor`` pages (page_size divided by it)."""
     out = []

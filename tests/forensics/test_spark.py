@@ -15,7 +15,7 @@ import pytest
 from conftest import example_dirs, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from logsets import log_sets
+from logsets import log_sets, namespaced
 
 import forensics
 from forensics.exposure import reference
@@ -84,18 +84,6 @@ def test_each_spec_example_on_spark_gives_its_figures(spark: SparkSession, examp
     assert on_spark == expected == on_duckdb
 
 
-def _namespaced(i: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A log set's records with its nodes, requests and tenants named apart from other sets'."""
-    out = []
-    for r in records:
-        r = dict(r, node=f"s{i}-{r['node']}")
-        for key in ("request_id", "tenant_id"):
-            if r.get(key) is not None:
-                r[key] = f"s{i}-{r[key]}"
-        out.append(r)
-    return out
-
-
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(sets=st.lists(log_sets(), min_size=8, max_size=16))
@@ -104,7 +92,7 @@ def test_random_log_sets_on_spark_equal_duckdb_and_the_oracle(spark: SparkSessio
     """Many random log sets in one case (their names apart, so each set's figures add up): one
     Spark job covers them all."""
     tmp = tmp_path_factory.mktemp("spark-random")
-    records = [r for i, one in enumerate(sets) for r in _namespaced(i, one)]
+    records = [r for i, one in enumerate(sets) for r in namespaced(i, one)]
     db = tmp / "case.duckdb"
     forensics.investigate([write_jsonl(tmp / "logs.jsonl", records)], db)
     on_spark, on_duckdb = _spark_and_duckdb(spark, db, tmp / "spark")

@@ -23,7 +23,7 @@ import zstandard
 from conftest import write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from logsets import log_sets
+from logsets import log_sets, namespaced
 from typer.testing import CliRunner
 
 import forensics
@@ -218,17 +218,6 @@ def test_a_parquet_case_is_read_only_and_a_duckdb_case_exported_reads_the_same(t
     assert (other / "keep").is_dir()
 
 
-def _namespaced(i: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for r in records:
-        r = dict(r, node=f"s{i}-{r['node']}")
-        for key in ("request_id", "tenant_id"):
-            if r.get(key) is not None:
-                r[key] = f"s{i}-{r[key]}"
-        out.append(r)
-    return out
-
-
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(sets=st.lists(log_sets(), min_size=4, max_size=8), seed=st.integers(0, 2**32))
@@ -239,7 +228,7 @@ def test_random_log_sets_split_and_repeated_end_alike_and_match_the_oracle(
     conflicts on a node of their own (allocations and frees only, so the figures stay the oracle's)."""
     tmp = tmp_path_factory.mktemp("spark-ingest")
     rng = random.Random(seed)
-    records = [r for i, one in enumerate(sets) for r in _namespaced(i, one)]
+    records = [r for i, one in enumerate(sets) for r in namespaced(i, one)]
     lines = [json.dumps(r) for r in records]
     lines += [rng.choice(lines) for _ in range(len(lines) // 10 + 1)]  # repeats
     lines += ['{"kind": "kv", "ts": ' for _ in range(3)]  # broken
