@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from forensics.store import sql_blocks
+from forensics.store import STORED_FINDING, sql_blocks
 
 SEVERITIES = ("critical", "high", "medium", "low")
 
@@ -38,7 +38,7 @@ class FindingSpec:
 
 
 #: The name of the view of a finding's rows where a case holds them (a Parquet case from Spark).
-STORED = "finding:{id}"
+STORED = STORED_FINDING
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,8 @@ def rows(con: duckdb.DuckDBPyConnection, sql: str,
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
+#: The view of a finding's rows where a case holds them (a Parquet case from Spark; forensics.findings).
+STORED_FINDING = "finding:{id}"
 #: A Parquet case's manifest, in its folder: what it is, the tables it holds and their files.
 PARQUET_MANIFEST = "manifest.json"
 #: What a Parquet case's manifest says it is.
@@ -276,7 +278,7 @@ def open_parquet_case(path: Path) -> duckdb.DuckDBPyConnection:
         con.execute(statement)
     for finding, held in sorted(manifest.get("findings", {}).items()):  # (forensics.findings.STORED)
         files = [str(path / "findings" / finding / name) for name in held["files"]]
-        view = "finding:" + finding
+        view = STORED_FINDING.format(id=finding)
         con.execute(f'CREATE VIEW "{view}" AS SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)')
     return con
 
@@ -303,34 +305,27 @@ def _schema_views() -> list[str]:
 
 def write_parquet_manifest(path: Path, *, meta: dict[str, str], extra: dict[str, Any]) -> None:
     """The manifest of the Parquet case in ``path``, once its tables are in place: every Parquet file
-    of each table (sorted), its rows and SHA-256, the ``case_meta`` rows, and ``extra``."""
+    of each table and each finding (sorted), its rows and SHA-256, the ``case_meta`` rows, and ``extra``."""
+    tables = {t: _parquet_files(path / t) for t in CASE_TABLES if (path / t).is_dir()}
+    held = path / "findings"
+    findings = {f.name: _parquet_files(f) for f in sorted(held.iterdir()) if f.is_dir()} if held.is_dir() else {}
+    manifest = {"kind": PARQUET_KIND, "schema_version": SCHEMA_VERSION, **extra, "meta": meta, "tables": tables,
+                **({"findings": findings} if findings else {})}
+    (path / PARQUET_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _parquet_files(folder: Path) -> dict[str, Any]:
+    """A folder's Parquet files (sorted; not those still being written, named ``.*``), their rows and SHA-256."""
     import hashlib
 
     import pyarrow.parquet as pq
 
-    tables: dict[str, Any] = {}
-    for table in CASE_TABLES:
-        folder = path / table
-        if not folder.is_dir():
-            continue
-        names = sorted(p.name for p in folder.iterdir() if p.suffix == ".parquet")
-        tables[table] = {
-            "files": names,
-            "rows": sum(pq.ParquetFile(folder / n).metadata.num_rows for n in names),
-            "sha256": {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in names},
-        }
-    findings: dict[str, Any] = {}
-    if (path / "findings").is_dir():
-        for folder in sorted(p for p in (path / "findings").iterdir() if p.is_dir()):
-            names = sorted(p.name for p in folder.iterdir() if p.suffix == ".parquet" and not p.name.startswith("."))
-            findings[folder.name] = {
-                "files": names,
-                "rows": sum(pq.ParquetFile(folder / n).metadata.num_rows for n in names),
-                "sha256": {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in names},
-            }
-    manifest = {"kind": PARQUET_KIND, "schema_version": SCHEMA_VERSION, **extra, "meta": meta, "tables": tables,
-                **({"findings": findings} if findings else {})}
-    (path / PARQUET_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    names = sorted(p.name for p in folder.iterdir() if p.suffix == ".parquet" and not p.name.startswith("."))
+    return {
+        "files": names,
+        "rows": sum(pq.ParquetFile(folder / n).metadata.num_rows for n in names),
+        "sha256": {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in names},
+    }
 
 
 def export_parquet_case(db: Path | str, path: Path) -> None:

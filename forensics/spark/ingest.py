@@ -14,8 +14,8 @@ first depends on the file alone; each rule of the second on one node's records a
    order, settling each as the DuckDB path does (with the text of their files, for a record that
    goes to quarantine takes its line along).
 
-What the tasks hand each other are rows of :data:`WIRE` (every table's columns side by side, a
-row of one table at a time, a record hash as its hex text), so Spark moves them without
+What the tasks hand each other are rows of :func:`ingest_wire` (every table's columns side by side,
+a row of one table at a time, a record hash as its hex text), so Spark moves them without
 knowing the case schema.
 """
 
@@ -175,16 +175,23 @@ def read_files(spark: SparkSession, logs: Sequence[LogFile], options: Options, s
     return spark.read.parquet(str(stage))
 
 
+def numbered_rows(spark: SparkSession, rows: DataFrame, numbered: Numbered) -> DataFrame:
+    """The file tasks' wire rows of the files numbered, each with its file's number as ``file_id``."""
+    from pyspark.sql import functions as F
+
+    file_id = ingest_wire().names["files", "file_id"]
+    ids = spark.createDataFrame(sorted(numbered.ids.items()), "idx INT, new_id INT")
+    return rows.join(F.broadcast(ids), "idx").withColumn(file_id, F.col("new_id")).drop("new_id")
+
+
 def settle_nodes(spark: SparkSession, rows: DataFrame, numbered: Numbered, stage: Path) -> DataFrame:
-    """The files' records settled node by node (:func:`settle_node`), their files numbered: the
-    node tasks' wire rows, written to ``stage`` and read back."""
+    """The files' records settled node by node (:func:`settle_node`): the node tasks' wire rows,
+    written to ``stage`` and read back. ``rows``: the file tasks' rows, numbered (:func:`numbered_rows`)."""
     from pyspark.sql import functions as F
 
     from forensics.spark.analysis import spark_schema
 
     file_id = ingest_wire().names["files", "file_id"]
-    ids = spark.createDataFrame([(k, v) for k, v in sorted(numbered.ids.items())], "idx INT, new_id INT")
-    rows = rows.join(F.broadcast(ids), "idx").withColumn(file_id, F.col("new_id")).drop("new_id")
     records = rows.filter(F.col("tbl").isin(*RECORD_TABLES.values()))
     # each file's text goes to every node it has records of: a record moved to quarantine takes its line
     touched = records.select(F.col(file_id).alias("f"), F.col("wire_node").alias("n")).distinct()
@@ -200,5 +207,5 @@ def settle_nodes(spark: SparkSession, rows: DataFrame, numbered: Numbered, stage
     return spark.read.parquet(str(stage))
 
 
-__all__ = ["FILE_TABLES", "NODE_TABLES", "Numbered", "number_files", "read_file", "read_files", "settle_node",
-           "settle_nodes", "ingest_wire"]
+__all__ = ["FILE_TABLES", "NODE_TABLES", "Numbered", "ingest_wire", "number_files", "numbered_rows", "read_file",
+           "read_files", "settle_node", "settle_nodes"]

@@ -31,7 +31,7 @@ from forensics.ingestion.readers import Limits, LogFile, PassedOver, discover
 from forensics.ingestion.settle import RECORD_TABLES
 from forensics.spark.analysis import COLUMNS, analyse, spark_session
 from forensics.spark.findings import run_findings
-from forensics.spark.ingest import ingest_wire, number_files, read_files, settle_nodes
+from forensics.spark.ingest import ingest_wire, number_files, numbered_rows, read_files, settle_nodes
 from forensics.store import connect, is_parquet_case, write_parquet_manifest
 from forensics.text import path_text, shown
 from forensics.version import __version__
@@ -146,11 +146,9 @@ def _run(spark: SparkSession, logs: list[LogFile], skipped: list[PassedOver], op
                               for t in ("files", "file_notes", "refused_files")))
     for name in ("files", "file_notes", "refused_files"):
         _write_arrow(work / name, getattr(numbered, name))
-    settled = settle_nodes(spark, wire, numbered, stage / "nodes")
+    read_rows = numbered_rows(spark, wire, numbered)
+    settled = settle_nodes(spark, read_rows, numbered, stage / "nodes")
     clock.lap("settle")
-    file_id = ingest_wire().names["files", "file_id"]
-    ids = spark.createDataFrame(sorted(numbered.ids.items()), "idx INT, new_id INT")
-    read_rows = wire.join(F.broadcast(ids), "idx").withColumn(file_id, F.col("new_id")).drop("new_id")
     for table in RECORD_TABLES.values():
         _write_wire(settled, table, work)
     _write_wire(settled, "duplicates", work)
