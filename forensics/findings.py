@@ -33,8 +33,12 @@ class FindingSpec:
     id: str
     severity: str
     title: str
-    sql: str
-    partition: str = "case"  # node, request, transfer or case: what each evidence row depends on
+    sql: str  # the whole query (with its parts, where it has them)
+    partition: str = "case"  # node, request, transfer, case, or parts: what each evidence row depends on
+    #: a finding of partition ``parts``: each part's partition and query, and the query that sums
+    #: their rows (a table ``parts``)
+    parts: tuple[tuple[str, str], ...] = ()
+    merge: str = ""
 
 
 #: The name of the view of a finding's rows where a case holds them (a Parquet case from Spark).
@@ -87,8 +91,22 @@ def _plain(value: Any) -> Any:
 
 def specs() -> list[FindingSpec]:
     """The findings defined in ``sql/findings.sql``, in file order."""
-    return [FindingSpec(b.name, b.head["severity"], b.head["title"], b.sql, b.head["partition"])
-            for b in sql_blocks("findings.sql")]
+    blocks = sql_blocks("findings.sql")
+    out = []
+    for b in blocks:
+        if b.name.endswith(PART):
+            continue
+        parts = tuple((p.head["partition"], p.sql) for p in blocks if p.name == b.name + PART)
+        assert (b.head["partition"] == "parts") == bool(parts), f"{b.name}: partition parts, and its parts"
+        whole = b.sql if not parts else \
+            "WITH parts AS (" + "\nUNION ALL\n".join(f"({sql})" for _, sql in parts) + ")\n" + b.sql
+        out.append(FindingSpec(b.name, b.head["severity"], b.head["title"], whole, b.head["partition"],
+                               parts, b.sql if parts else ""))
+    return out
+
+
+#: The name of a finding's part in ``sql/findings.sql`` (after the finding's id).
+PART = "/part"
 
 
 def order_by(sql: str) -> str:

@@ -9,11 +9,15 @@ findings of that partition on them:
   records that share a transfer id with theirs (whichever request id those carry: the
   ``transfers`` view looks across a transfer's two sides), and every config;
 - ``transfer``: the transfer records of a bucket of transfer ids;
-- ``case``: the whole case, run by the driver in DuckDB over the Parquet case.
+- ``case``: the whole case, run by the driver in DuckDB over the Parquet case;
+- ``parts``: each of the finding's parts runs in the tasks of its own partition, and the driver
+  sums their rows with the finding's query (``evidence.clock_skew``: a part per transfer bucket,
+  a part per node; what reaches the driver is a row per link and bucket, and per node).
 
 A task writes each finding's rows into ``CASE/findings/ID/`` as a Parquet file named for its
-group (a task run again writes the same file again); the driver adds a file of no rows that
-holds the finding's columns. The Parquet case's manifest lists them, and
+group (a task run again writes the same file again), and a part's rows into ``CASE/.parts/ID/``,
+which the driver removes once it has summed them; the driver adds a file of no rows that holds
+each finding's columns. The Parquet case's manifest lists them, and
 :func:`forensics.findings.findings` reads them in the query's order.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +35,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forensics.findings import FindingSpec, specs
+from forensics.findings import PART, FindingSpec, specs
 from forensics.ingestion.settle import RECORD_TABLES
 from forensics.spark.wire import Wire
 from forensics.store import connect, open_parquet_case, scan
@@ -71,6 +76,12 @@ def run_group(rows: pa.Table, wire: Wire, partition: str, out: Path, group: str)
                     write_atomic(found, out / spec.id / f"{partition}-{group}.parquet")
                 done["finding"].append(spec.id)
                 done["rows"].append(found.num_rows)
+            for spec, k, sql in _parts_of(partition):
+                found = con.sql(sql).to_arrow_table()
+                if found.num_rows:
+                    write_atomic(found, out.parent / PARTS / spec.id / f"{k}-{partition}-{group}.parquet")
+                done["finding"].append(f"{spec.id}{PART}{k}")
+                done["rows"].append(found.num_rows)
         finally:
             con.close()
     return pa.table(done, schema=DONE)
@@ -82,6 +93,15 @@ DONE = pa.schema([("finding", pa.string()), ("rows", pa.int64())])
 
 def _of(partition: str) -> list[FindingSpec]:
     return [s for s in specs() if s.partition == partition]
+
+
+def _parts_of(partition: str) -> list[tuple[FindingSpec, int, str]]:
+    """The parts of findings that run in ``partition``'s tasks: finding, part number, query."""
+    return [(s, k, sql) for s in specs() for k, (p, sql) in enumerate(s.parts) if p == partition]
+
+
+#: Where a Parquet case being written holds its findings' parts' rows, until they are summed.
+PARTS = ".parts"
 
 
 def write_atomic(table: pa.Table, path: Path) -> None:
@@ -141,7 +161,7 @@ def run_findings(spark: SparkSession, case: Path, buckets: int) -> None:
     # transfer: a bucket of transfer ids' records
     parts["transfer"] = transfers.withColumn("fkey", bucket("transfer_id"))
     for partition, frame in parts.items():
-        if not _of(partition):
+        if not _of(partition) and not _parts_of(partition):
             continue
         schema = spark_schema(pa.schema([*wire.schema, pa.field("fkey", pa.string())]))
         frame.select(*schema.fieldNames()).groupBy("fkey").applyInArrow(
@@ -152,10 +172,27 @@ def run_findings(spark: SparkSession, case: Path, buckets: int) -> None:
             found = con.sql(spec.sql).to_arrow_table()
             if found.num_rows:
                 write_atomic(found, out / spec.id / "case.parquet")
+        for spec in _of("parts"):
+            found = _summed(spec, con, case / PARTS / spec.id)
+            if found.num_rows:
+                write_atomic(found, out / spec.id / "case.parquet")
+        shutil.rmtree(case / PARTS, ignore_errors=True)
         for spec in specs():  # a file of no rows with the finding's columns, so that none has no file
             write_atomic(_columns_of(spec, con), out / spec.id / "columns.parquet")
     finally:
         con.close()
+
+
+def _summed(spec: FindingSpec, con: duckdb.DuckDBPyConnection, folder: Path) -> pa.Table:
+    """A finding's rows from its parts' rows (the files in ``folder``), by its query."""
+    columns = con.sql("SELECT * FROM (" + "\nUNION ALL\n".join(f"({sql})" for _, sql in spec.parts)
+                      + ") LIMIT 0").to_arrow_table()
+    found = [pq.read_table(f).cast(columns.schema) for f in sorted(folder.glob("*.parquet"))]
+    con.register("parts", pa.concat_tables([columns, *found]))
+    try:
+        return con.sql(spec.merge).to_arrow_table()
+    finally:
+        con.unregister("parts")
 
 
 def _columns_of(spec: FindingSpec, con: duckdb.DuckDBPyConnection) -> pa.Table:

@@ -4,7 +4,9 @@
 -- node (the records of one node, its exposures and uninitialized reads), request (the records
 -- of the requests a row names, the transfer records sharing their transfers' ids, every config,
 -- and those requests' rows of requests), transfer (the transfer records of one transfer id), or
--- case (the whole case, for queries of small tables or that look across nodes and transfers).
+-- case (the whole case, for queries of small tables). A finding of partition parts sums the rows
+-- of its parts, the blocks named ID/part that follow it, each of a partition of its own: they are
+-- the rows of a table parts, which its query reads (on DuckDB, WITH parts AS (part UNION ALL ...)).
 
 -- name: config.context_exceeds_pool
 -- severity: high
@@ -117,29 +119,37 @@ SELECT * FROM seq_gaps ORDER BY node, boot, missing_from;
 
 -- name: evidence.clock_skew
 -- severity: low
--- partition: case
+-- partition: parts
 -- title: {count} sign(s) of clock skew: transfers completing before they started, or ts running backwards in seq order
-WITH pairs AS (
-  SELECT s.src_node, c.dst_node, epoch_us(c.ts) - epoch_us(s.ts) AS d_us
-  FROM transfers s JOIN transfers c
-    ON c.transfer_id = s.transfer_id AND s.event = 'started' AND s.node = s.src_node
-   AND c.event = 'completed' AND c.node = c.dst_node
-), by_link AS (
-  SELECT 'transfer' AS signal, src_node AS node_a, dst_node AS node_b, count(*) AS n,
-         min(d_us) / 1e6 AS min_seconds, max(d_us) / 1e6 AS max_seconds
-  FROM pairs GROUP BY ALL HAVING min(d_us) < 0
-), backwards AS (
-  SELECT 'ts_before_previous_seq' AS signal, node AS node_a, NULL AS node_b, count(*) AS n,
-         min(step_us) / 1e6 AS min_seconds, max(step_us) / 1e6 AS max_seconds
-  FROM (SELECT node, epoch_us(ts) - epoch_us(lag(ts) OVER (PARTITION BY node, boot ORDER BY seq)) AS step_us
-        FROM records WHERE seq IS NOT NULL)
-  WHERE step_us < 0 GROUP BY ALL
-)
+-- The signs each part below finds (the rows of `parts`: a part per transfer, a part per node)
+-- summed per link and per node.
 SELECT signal, node_a, node_b, n, min_seconds, max_seconds,
        CASE signal WHEN 'transfer' THEN 'node_b''s clock is behind node_a''s by at least ' || round(-min_seconds, 6) || ' s'
             ELSE 'node_a''s ts went back by up to ' || round(-min_seconds, 6) || ' s between consecutive seq' END AS bound
-FROM (SELECT * FROM by_link UNION ALL SELECT * FROM backwards)
+FROM (SELECT signal, node_a, node_b, sum(n)::BIGINT AS n, min(min_seconds) AS min_seconds,
+             max(max_seconds) AS max_seconds
+      FROM parts GROUP BY signal, node_a, node_b HAVING min(min_seconds) < 0)
 ORDER BY signal, node_a, node_b;
+
+-- name: evidence.clock_skew/part
+-- partition: transfer
+-- A transfer's sending side's start and its receiving side's completion: the time between them,
+-- per link (node_a sends, node_b receives).
+SELECT 'transfer' AS signal, s.src_node AS node_a, c.dst_node AS node_b, count(*) AS n,
+       min(epoch_us(c.ts) - epoch_us(s.ts)) / 1e6 AS min_seconds, max(epoch_us(c.ts) - epoch_us(s.ts)) / 1e6 AS max_seconds
+FROM transfers s JOIN transfers c
+  ON c.transfer_id = s.transfer_id AND s.event = 'started' AND s.node = s.src_node
+ AND c.event = 'completed' AND c.node = c.dst_node
+GROUP BY ALL;
+
+-- name: evidence.clock_skew/part
+-- partition: node
+-- A node's ts going back between consecutive seq of a boot.
+SELECT 'ts_before_previous_seq' AS signal, node AS node_a, NULL::VARCHAR AS node_b, count(*) AS n,
+       min(step_us) / 1e6 AS min_seconds, max(step_us) / 1e6 AS max_seconds
+FROM (SELECT node, epoch_us(ts) - epoch_us(lag(ts) OVER (PARTITION BY node, boot ORDER BY seq)) AS step_us
+      FROM records WHERE seq IS NOT NULL)
+WHERE step_us < 0 GROUP BY ALL;
 
 -- name: evidence.role_unknown
 -- severity: high

@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+from skew import clock_skew_oracle, skewed_logs
+
 import forensics
 from replay.simulate import Deployment, SimResult, simulate_to
 
@@ -117,19 +119,7 @@ def test_a_late_write_that_request_level_logs_cannot_show_is_an_evidence_gap(tmp
 
 
 def test_missing_records_and_shifted_clocks_are_evidence_findings(tmp_path: Path) -> None:
-    _sim(tmp_path / "logs", seed=3, over_long=0.0)
-    decode0 = tmp_path / "logs" / "decode-0.jsonl"
-    lines = decode0.read_text().splitlines(keepends=True)
-    dropped = [40, 41, 100, 250]  # seqs 40-41 (one gap of two), 100, 250
-    decode0.write_text("".join(x for i, x in enumerate(lines) if i not in dropped))
-    decode1 = tmp_path / "logs" / "decode-1.jsonl"
-    shifted = []
-    for line in decode1.read_text().splitlines():
-        r = json.loads(line)
-        minute = int(r["ts"][14:16])
-        r["ts"] = r["ts"][:14] + f"{minute - 1:02d}" + r["ts"][16:]  # one minute early (minutes >= 1 here)
-        shifted.append(json.dumps(r))
-    decode1.write_text("\n".join(shifted) + "\n")
+    skewed_logs(tmp_path / "logs", _sim)
     found = _found(tmp_path / "logs", tmp_path / "c.duckdb")
     gaps = found["evidence.seq_gap"].evidence
     assert gaps.select("node", "missing_from", "missing_to").rows() == [
@@ -139,6 +129,8 @@ def test_missing_records_and_shifted_clocks_are_evidence_findings(tmp_path: Path
     assert set(links["node_b"].to_list()) == {"decode-1"}
     assert links["min_seconds"].min() < -59
     assert all(re.search(r"behind .* by at least", b) for b in links["bound"].to_list())
+    assert "decode-0" in skew.filter(skew["signal"] == "ts_before_previous_seq")["node_a"].to_list()
+    assert skew.drop("bound").rows() == clock_skew_oracle(tmp_path / "c.duckdb")
 
 
 def test_case_sql_runs_selects_only_on_a_writable_case(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from conftest import write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from logsets import log_sets, namespaced
+from skew import clock_skew_oracle, skewed_logs
 from typer.testing import CliRunner
 
 import forensics
@@ -197,6 +198,22 @@ def test_the_sample_incident_by_the_cli_is_the_duckdb_case_and_its_report(spark:
 def test_engine_logs_are_adapted_on_spark_as_on_duckdb(spark: SparkSession, tmp_path: Path) -> None:
     """SGLang 0.5.20's own log lines (the shipped sample), through the adapters in the file tasks."""
     both(spark, [ROOT / "sample_logs" / "glm53-incident-sglang"], tmp_path)
+
+
+def test_clock_skew_is_summed_from_its_parts_in_the_tasks(spark: SparkSession, tmp_path: Path) -> None:
+    """evidence.clock_skew's parts run in the transfer-bucket and node tasks (two buckets: a link's
+    transfers in both), and the driver sums their rows: the DuckDB path's rows, and the oracle's."""
+    from replay.simulate import Deployment, simulate_to
+
+    small = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=262_144,
+                       page_size=64, prefill_nodes=2, decode_nodes=2)
+    skewed_logs(tmp_path / "logs", lambda out, **kw: simulate_to(out, deployment=small, requests=300, rate=3.0, **kw))
+    _, _, db, out = both(spark, [tmp_path / "logs"], tmp_path)
+    skew = {f[0]: f for f in findings_of(out)}["evidence.clock_skew"][2]
+    assert {r["signal"] for r in skew} == {"transfer", "ts_before_previous_seq"}
+    assert [tuple(r.values())[:6] for r in skew] == clock_skew_oracle(db)
+    assert len(list((out / "findings" / "evidence.clock_skew").glob("*.parquet"))) == 2  # (rows, columns)
+    assert not (out / ".parts").exists()
 
 
 def test_a_parquet_case_is_read_only_and_a_duckdb_case_exported_reads_the_same(tmp_path: Path) -> None:
