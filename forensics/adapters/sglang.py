@@ -6,14 +6,20 @@ interleaved; every other line is ignored. ``sglang-requests`` reads the request 
 to files (``--log-requests-target DIR``, ``HOST_RANK.log``), which holds request lines only.
 
 A file is read twice: a first pass learns what single lines need from the whole file (the
-node's role, each prompt's real length, precise finish times), the second translates.
+node's role, each prompt's real length, precise finish times), the second translates. Each
+line is read once: the first pass keeps, line by line, what the second needs of it (its time
+and what its format read, not its text), up to ``KEEP_LINES`` lines a file; past them, and for
+any line whose length is not the one the first pass saw, the second pass reads it again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from forensics.adapters import sglang_config, sglang_errors, sglang_mooncake, sglang_requests, sglang_timestats
@@ -40,44 +46,68 @@ _EVIDENCE = ("request level: who was served where and when, and the handoff's to
 
 
 def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iterator[Outcome]:
-    facts = _learn(lines, Facts(node=options.node_for(path)), options)
-    server = None
-    if facts.role_for(options) is None and not facts.roles_seen:
-        server = _server_beside(path)
-        if server is not None:  # a --log-requests-target file: its server's log says the rest
-            facts = _learn(server[1], Facts(node=options.node or node_of(server[0])), options)
-            facts = _learn(lines, facts, options)
-            notes.add("server", f"{{n}} request-log file(s) read with the server log beside them ({server[0].name})")
-    else:
-        for _, beside in _requests_beside(path, facts.node):  # its --log-requests-target folder
-            theirs = _learn(beside, Facts(node=facts.node), options)
-            facts.finished |= theirs.finished
-            for rid, at in theirs.finish_ts.items():
-                facts.finish_ts.setdefault(rid, at)
-            for rid, at in theirs.received_at.items():
-                facts.received_at.setdefault(rid, at)
-            for status, n in theirs.finish_status.items():
-                facts.finish_status[status] = facts.finish_status.get(status, 0) + n
-    refused = len(facts.pending_context)  # (the tokenizer's rejections: a 400 each, no finish line)
-    if untied := facts.tie_pending_context():
-        notes.add("context_unnamed", "{n} context-length rejections name no request this file received: "
-                  "recorded from the request log beside it where there is one (docs/adapters.md)", untied)
-    if server is None and (differs := _access_differs(facts, refused)) is not None:
-        notes.add("access", f"the HTTP statuses clients got differ from the finish lines' ({differs}): "
-                  "finding evidence.access_status_differs", 1)
-    facts.calibrate()
-    facts.era = era(facts.marks)
-    if facts.era is not None:
-        notes.add("era", f"{{n}} file(s) in the format of SGLang {facts.era}")
-    if facts.role_for(options) is None:
-        notes.add("role", "{n} file(s) say nothing of their server's role (no server_args, no time stats): "
-                  "read as a unified server, whose finishes are the client's answers; pass --role prefill "
-                  "or --role decode (finding evidence.role_unknown)")
+    kept: list[_Kept] = []
+    with _first_pass() as frozen:
+        facts = _learn(lines, Facts(node=options.node_for(path)), options, kept)
+        server = None
+        if facts.role_for(options) is None and not facts.roles_seen:
+            server = _server_beside(path)
+            if server is not None:  # a --log-requests-target file: its server's log says the rest
+                facts = _learn(server[1], Facts(node=options.node or node_of(server[0])), options)
+                kept.clear()
+                facts = _learn(lines, facts, options, kept)
+                notes.add("server", "{n} request-log file(s) read with the server log beside them "
+                          f"({server[0].name})")
+        else:
+            for _, beside in _requests_beside(path, facts.node):  # its --log-requests-target folder
+                theirs = _learn(beside, Facts(node=facts.node), options)
+                facts.finished |= theirs.finished
+                for rid, at in theirs.finish_ts.items():
+                    facts.finish_ts.setdefault(rid, at)
+                for rid, at in theirs.received_at.items():
+                    facts.received_at.setdefault(rid, at)
+                for status, n in theirs.finish_status.items():
+                    facts.finish_status[status] = facts.finish_status.get(status, 0) + n
+        refused = len(facts.pending_context)  # (the tokenizer's rejections: a 400 each, no finish line)
+        if untied := facts.tie_pending_context():
+            notes.add("context_unnamed", "{n} context-length rejections name no request this file received: "
+                      "recorded from the request log beside it where there is one (docs/adapters.md)", untied)
+        if server is None and (differs := _access_differs(facts, refused)) is not None:
+            notes.add("access", f"the HTTP statuses clients got differ from the finish lines' ({differs}): "
+                      "finding evidence.access_status_differs", 1)
+        facts.calibrate()
+        facts.era = era(facts.marks)
+        if facts.era is not None:
+            notes.add("era", f"{{n}} file(s) in the format of SGLang {facts.era}")
+        if facts.role_for(options) is None:
+            notes.add("role", "{n} file(s) say nothing of their server's role (no server_args, no time stats): "
+                      "read as a unified server, whose finishes are the client's answers; pass --role prefill "
+                      "or --role decode (finding evidence.role_unknown)")
+    try:
+        yield from _second_pass(lines, kept, facts, options, notes)
+    finally:
+        if frozen:
+            gc.unfreeze()
+
+
+def _second_pass(lines: Lines, kept: list[_Kept], facts: Facts, options: Options,
+                 notes: Notes) -> Iterator[Outcome]:
     facts.last_ts = None
     by_room = options.request_ids == "room"
-    for line_no, text in lines():
-        line = split(text, options.year)
-        out = _records(line, facts, options, notes)
+    bare: dict[tuple[Any, ...], LogLine] = {}
+    for i, (line_no, text) in enumerate(lines()):
+        hit = kept[i] if i < len(kept) else None
+        if hit is not None and hit[0] == len(text):
+            _, key, k, value = hit
+            if (line := bare.get(key)) is None:  # (the lines of a second and rank share one)
+                ts, precise, undated, dp, prefixed = key
+                line = bare[key] = LogLine(ts, precise, "", None, undated, dp, prefixed)
+            if k >= 0 and type(value) is tuple:
+                value = _FORMATS[k].KEPT._make(value)
+        else:  # (past what the first pass kept, or a file that changed under it)
+            line = split(text, options.year)
+            k, value = _read(line, text, options)
+        out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, notes)
         yield line_no, text, _by_room(out, facts, notes) if by_room and isinstance(out, list) else out
         if line.ts is not None:
             facts.last_ts = line.ts
@@ -101,21 +131,70 @@ def _by_room(records: list[dict[str, Any]], facts: Facts, notes: Notes) -> list[
     return out
 
 
-def _learn(lines: Lines, facts: Facts, options: Options) -> Facts:
-    """The first pass over a file's lines, into ``facts``."""
+#: Lines a file's first pass keeps for its second (each about 100 to 300 bytes).
+KEEP_LINES = 2_000_000
+#: A line kept: its length (to check that the second pass reads the same line), its time and
+#: prefix (a LogLine's ts, precise, undated, dp and prefixed), its format (the index in
+#: _FORMATS, -1 for none) and what the format read of it (its ``KEPT`` tuple as a plain one).
+#: Plain tuples of numbers, strings and times: the garbage collector stops tracking them, where
+#: a million tuples of classes made each of its full collections walk them all.
+_Kept = tuple[int, tuple[Any, ...], int, Any]
+
+
+@contextlib.contextmanager
+def _first_pass() -> Iterator[list[bool]]:
+    """Python's cyclic garbage collector kept off the first pass and what it keeps. The pass
+    makes no cycles; what it keeps (a few objects a line, a million lines) is otherwise walked by
+    the collector three times over as it ages (measured: 12 % of the adapter's time on a
+    million lines), and by every full collection after. So the collector is paused for the pass
+    (no other code runs meanwhile: it yields nothing), and what exists at its end is frozen
+    (``gc.freeze``: still freed by reference counting, not walked) until the file is translated;
+    the flag yielded says whether it was frozen (not where something else had frozen objects)."""
+    was = gc.isenabled()
+    gc.disable()
+    frozen: list[bool] = []
+    try:
+        yield frozen
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            frozen.append(True)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _learn(lines: Lines, facts: Facts, options: Options, kept: list[_Kept] | None = None) -> Facts:
+    """The first pass over a file's lines, into ``facts`` (and, given ``kept``, what the second
+    pass needs of each line, into it)."""
     facts.last_ts = None
     for _, text in lines():
         line = split(text, options.year)
-        if ' HTTP/' in text and (access := _ACCESS.search(text)) is not None:
-            status = int(access["status"])
-            facts.access[status] = facts.access.get(status, 0) + 1
-        else:
-            for fmt in _FORMATS:
-                if fmt.learn(line, facts, options):
-                    break
+        k, value = _read(line, text, options)
+        if k < 0 and value is not None:  # an access line: the HTTP status a client got
+            facts.access[value] = facts.access.get(value, 0) + 1
+            value = None
+        elif k >= 0 and not isinstance(value, Untranslatable):
+            value = _FORMATS[k].learn(value, line, facts, options)
         if line.ts is not None:
             facts.last_ts = line.ts
+        if kept is not None and len(kept) < KEEP_LINES:
+            if k >= 0 and type(value) is _FORMATS[k].KEPT:
+                value = tuple(value)
+            kept.append((len(text), (line.ts, line.precise, line.undated, line.dp, line.prefixed), k, value))
     return facts
+
+
+def _read(line: LogLine, text: str, options: Options) -> tuple[int, Any]:
+    """The format of a line (its index in _FORMATS) and what it read of it (an Untranslatable
+    for a malformed line of that format); for uvicorn's access line of a generate request, -1
+    and its HTTP status; (-1, None) for a line of no format the adapter reads."""
+    if ' HTTP/' in text and (access := _ACCESS.search(text)) is not None:
+        return -1, int(access["status"])
+    for k, fmt in enumerate(_FORMATS):
+        value = fmt.read(line, options)
+        if value is not None:
+            return k, value
+    return -1, None
 
 
 #: uvicorn's access line of a generate request (``INFO:     ADDR - "POST /generate HTTP/1.1" 200 OK``)
@@ -181,17 +260,15 @@ def _sglang_logs(folder: Path, adapters: tuple[str, ...], besides: Path,
     return found
 
 
-def _records(
-    line: LogLine, facts: Facts, options: Options, notes: Notes
-) -> list[dict[str, Any]] | Untranslatable | None:
-    for fmt in _FORMATS:
-        try:
-            records = fmt.translate(line, facts, options, notes)
-        except Untranslatable as exc:
-            return exc
-        if records is not None:
-            return records or None
-    return None
+def _records(fmt: ModuleType, value: Any, line: LogLine, facts: Facts, options: Options,
+             notes: Notes) -> list[dict[str, Any]] | Untranslatable | None:
+    if isinstance(value, Untranslatable):
+        return value
+    try:
+        records = fmt.translate(value, line, facts, options, notes)
+    except Untranslatable as exc:
+        return exc
+    return records or None
 
 
 def _requests_sniff(head: Sequence[str]) -> bool:

@@ -19,7 +19,7 @@ its version: ``engine_version`` is the range of releases whose formats the file 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from forensics.adapters.base import Notes, Options, Untranslatable
 from forensics.adapters.sglang_log import Facts, LogLine, py_value, rfc3339
@@ -30,16 +30,47 @@ _POOL_WARNING = re.compile(r"KV pool holds (?P<tokens>\d+) tokens, fewer than --
 _ROLES = {"prefill": "prefill", "decode": "decode", "null": "unified"}
 
 
-def learn(line: LogLine, facts: Facts, options: Options) -> bool:
-    """First pass: the model, page size, context and role from a start-up line; whether it was one."""
-    if "server_args=" in line.msg and (m := _SERVER_ARGS.search(line.msg)) is not None:
-        facts.marks.add("server_args.repr" if m.group(1).startswith("ServerArgs(") else "server_args.dict")
+class ConfigLine(NamedTuple):
+    """A start-up line read: ``server_args`` (``args``: the arguments, None where they do not
+    read; ``form``: ``repr`` or ``dict``), ``pool`` or ``pool_warning`` (its tokens and context)."""
+
+    what: str
+    args: dict[str, Any] | None = None
+    form: str = ""
+    tokens: int = 0
+    context: int = 0
+
+
+#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
+KEPT = ConfigLine
+
+
+def read(line: LogLine, options: Options) -> ConfigLine | None:
+    """The start-up line's facts, None for a line of another kind."""
+    msg = line.msg
+    if "server_args=" in msg and (m := _SERVER_ARGS.search(msg)) is not None:
+        form = "repr" if m.group(1).startswith("ServerArgs(") else "dict"
         try:
             args = py_value(m.group(1))
         except (SyntaxError, ValueError):
-            return True
-        if not isinstance(args, dict):
-            return True
+            args = None
+        return ConfigLine("server_args", args if isinstance(args, dict) else None, form)
+    if "max_total_num_tokens=" in msg and (m := _POOL.search(msg)) is not None:
+        return ConfigLine("pool", tokens=int(m["tokens"]), context=int(m["context"]))
+    if "KV pool holds" in msg and (m := _POOL_WARNING.search(msg)) is not None:
+        return ConfigLine("pool_warning", tokens=int(m["tokens"]), context=int(m["context"]))
+    return None
+
+
+def learn(c: ConfigLine, line: LogLine, facts: Facts, options: Options) -> ConfigLine:
+    """First pass: the model, page size, context and role from a start-up line."""
+    if c.what == "pool":
+        facts.pool_seen = True
+    elif c.what == "pool_warning":
+        facts.marks.add("pool_warning")
+    else:
+        facts.marks.add(f"server_args.{c.form}")
+        args = c.args or {}
         if isinstance(args.get("page_size"), int):
             facts.page_size = args["page_size"]
         if isinstance(args.get("context_length"), int):
@@ -50,27 +81,14 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         role = _ROLES.get(str(args.get("disaggregation_mode")))
         if role is not None:
             facts.role = role
-        return True
-    if "max_total_num_tokens=" in line.msg and _POOL.search(line.msg) is not None:
-        facts.pool_seen = True
-        return True
-    if "KV pool holds" in line.msg and _POOL_WARNING.search(line.msg) is not None:
-        facts.marks.add("pool_warning")
-        return True
-    return False
+        return ConfigLine("server_args")  # (the arguments are not needed again)
+    return c
 
 
-def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
-    """The records of a server_args, pool or pool-warning line; None for a line of another kind."""
-    if "server_args=" in line.msg and _SERVER_ARGS.search(line.msg) is not None:
-        return []
-    m = _POOL.search(line.msg) if "max_total_num_tokens=" in line.msg else None
-    if m is None:
-        m = _POOL_WARNING.search(line.msg) if "KV pool holds" in line.msg else None
-        if m is None:
-            return None
-        if facts.pool_seen:
-            return []  # the pool line says it, and more
+def translate(c: ConfigLine, line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]]:
+    """The records of a server_args, pool or pool-warning line."""
+    if c.what == "server_args" or (c.what == "pool_warning" and facts.pool_seen):
+        return []  # (a warning: the pool line says it, and more)
     role = facts.role_for(options)
     if role not in ("prefill", "decode"):
         notes.add("config", "{n} pool lines of a server whose role is unknown or unified: no config "
@@ -78,10 +96,9 @@ def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> li
         return []
     if facts.page_size is None:
         raise Untranslatable("the pool line's page size is unknown: no server_args line in this file")
-    tokens = int(m["tokens"])
     return [{
         "kind": "config", "ts": rfc3339(line.when()), "node": facts.node_of_line(line), "role": role,
         "engine": "sglang", "engine_version": facts.era or "unknown", "model": facts.model or "unknown",
-        "context_length": int(m["context"]), "page_size": facts.page_size,
-        "pool_pages": tokens // facts.page_size + 1,
+        "context_length": c.context, "page_size": facts.page_size,
+        "pool_pages": c.tokens // facts.page_size + 1,
     }]

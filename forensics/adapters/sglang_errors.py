@@ -26,7 +26,7 @@ request, and the records themselves where the request log is not in the file: ``
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from forensics.adapters.base import Notes, Options
 from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
@@ -37,71 +37,72 @@ _ROOM = re.compile(r"Context corruption detected: Request (?P<rid>\S+) \(bootstr
 _CHECKSUM = re.compile(r"KV checksum mismatch (?:on a peer rank )?req=(?P<rid>\S+) bootstrap_room=")
 
 
-def _match(msg: str) -> tuple[str, re.Match[str]] | None:
+class ErrorLine(NamedTuple):
+    """An error line read: what it says (``length``, ``capacity``, ``context``, or the integrity
+    check's finish reason), the request it names, the prompt's tokens and the limit (the
+    context length for ``context``)."""
+
+    what: str
+    rid: str | None  # (a length error names it after its message, where it does)
+    tokens: int = 0
+    limit: int = 0
+
+
+#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
+KEPT = ErrorLine
+
+
+def read(line: LogLine, options: Options) -> ErrorLine | None:
+    """The error on this line, None for a line of another kind."""
+    msg = line.msg
     if "exceeds" in msg:
         if (m := LENGTH_ERROR.search(msg)) is not None:
-            return "length", m
+            named = _RID.search(msg)
+            return ErrorLine("length", None if named is None else named["rid"], int(m.group(1)), int(m.group(2)))
         if (m := CAPACITY_ERROR.search(msg)) is not None:
-            return "capacity", m
+            return ErrorLine("capacity", m.group(1), int(m.group(2)), int(m.group(3)))
     elif "is longer than the model" in msg:
         if (m := CONTEXT_ERROR.search(msg)) is not None:
-            return "context", m
+            return ErrorLine("context", None, int(m.group(1)), int(m.group(2)))
     elif "Context corruption detected" in msg:
         if (m := _ROOM.search(msg)) is not None:
-            return "bootstrap_room_mismatch", m
+            return ErrorLine("bootstrap_room_mismatch", m["rid"])
     elif "KV checksum mismatch" in msg:
         if (m := _CHECKSUM.search(msg)) is not None:
-            return "kv_checksum_mismatch", m
+            return ErrorLine("kv_checksum_mismatch", m["rid"])
     return None
 
 
-def learn(line: LogLine, facts: Facts, options: Options) -> bool:
-    """First pass: the prompt length, limit and DP rank an error line reveals; whether it was one."""
-    hit = _match(line.msg)
-    if hit is None:
-        return False
-    what, m = hit
-    if what == "length":
-        named = _RID.search(line.msg)
-        if named is not None:
-            facts.learn_prompt(named["rid"], int(m.group(1)), 3)
-            facts.limit[named["rid"]] = int(m.group(2))
-            facts.learn_dp(named["rid"], line)
-    elif what == "capacity":
-        facts.learn_prompt(m.group(1), int(m.group(2)), 3)
-        facts.limit.setdefault(m.group(1), int(m.group(3)))
-        facts.learn_dp(m.group(1), line)
-    elif what == "context":  # tied to its request when the pass is over (Facts.tie_pending_context)
-        facts.pending_context.append((line.ts, int(m.group(1)), int(m.group(2))))
+def learn(e: ErrorLine, line: LogLine, facts: Facts, options: Options) -> ErrorLine:
+    """First pass: the prompt length, limit and DP rank an error line reveals."""
+    if e.what == "length":
+        if e.rid is not None:
+            facts.learn_prompt(e.rid, e.tokens, 3)
+            facts.limit[e.rid] = e.limit
+            facts.learn_dp(e.rid, line)
+    elif e.what == "capacity":
+        assert e.rid is not None
+        facts.learn_prompt(e.rid, e.tokens, 3)
+        facts.limit.setdefault(e.rid, e.limit)
+        facts.learn_dp(e.rid, line)
+    elif e.what == "context":  # tied to its request when the pass is over (Facts.tie_pending_context)
+        facts.pending_context.append((line.ts, e.tokens, e.limit))
     else:
-        facts.marks.add(f"integrity.{what}")
-        facts.learn_dp(m["rid"], line)
-        facts.failed.add(m["rid"])
-    return True
+        assert e.rid is not None
+        facts.marks.add(f"integrity.{e.what}")
+        facts.learn_dp(e.rid, line)
+        facts.failed.add(e.rid)
+    return e
 
 
-def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
-    """The records of an error line (only where no finish line says the same); None for another kind."""
-    hit = _match(line.msg)
-    if hit is None:
-        return None
-    what, m = hit
-    if what == "context":
+def translate(e: ErrorLine, line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]]:
+    """The records of an error line (only where no finish line says the same)."""
+    if e.what == "context":
         return []  # recorded with the request it is tied to, on its receive line
-    base = {"kind": "request", "ts": rfc3339(line.when())}
-    if what == "length":
-        found = _RID.search(line.msg)
-        if found is None:
-            return []
-        rid, limit = found["rid"], int(m.group(2))
-    elif what == "capacity":
-        rid, limit = m.group(1), int(m.group(3))
-    else:
-        rid, limit = m["rid"], 0
-    if rid in facts.finished:
-        return []  # its finish line records it, with the same message
-    node = facts.node_of_line(line, rid)
-    if what in ("length", "capacity"):
-        return [{**base, "request_id": rid, "node": node, "event": "rejected", "reason": "input_too_long",
-                 "limit_tokens": limit}]
-    return [{**base, "request_id": rid, "node": node, "event": "finished", "status": 500, "finish_reason": what}]
+    ts = rfc3339(line.when())
+    if e.rid is None or e.rid in facts.finished:
+        return []  # names no request; or its finish line records it, with the same message
+    base = {"kind": "request", "ts": ts, "request_id": e.rid, "node": facts.node_of_line(line, e.rid)}
+    if e.what in ("length", "capacity"):
+        return [{**base, "event": "rejected", "reason": "input_too_long", "limit_tokens": e.limit}]
+    return [{**base, "event": "finished", "status": 500, "finish_reason": e.what}]

@@ -21,7 +21,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from forensics.adapters.base import Options, Untranslatable
 
@@ -36,10 +36,9 @@ _OPAQUE = re.compile(r"<[^<>'\"]*>")
 _TRUNCATED = re.compile(r"(['\"\]]) \.\.\. (['\"\[])")
 
 
-@dataclass(frozen=True)
-class LogLine:
+class LogLine(NamedTuple):
     """A line split into its time (UTC; ``None`` where it has none or no year) and message;
-    ``doc`` is the object of a bare JSON line."""
+    ``doc`` is the object of a bare JSON line. (A tuple: a file's every line makes one.)"""
 
     ts: dt.datetime | None
     precise: bool  # the time has a fraction of a second
@@ -67,10 +66,48 @@ def split(text: str, year: int | None) -> LogLine:
         return _json_line(t, None, False)
     if not t.startswith("["):
         return LogLine(None, False, t)
-    m = _PREFIX.match(t)
-    if m is None:
+    close = t.find("]", 0, _HEAD_MAX)
+    if close < 0:  # (no prefix, or one too long to keep: read as the pattern reads it)
+        m = _PREFIX.match(t)
+        if m is None:
+            return LogLine(None, False, t)
+        head, at = _read_head(m, year), m.end()
+    else:
+        head = _head(t[: close + 1], year)
+        at = close + 2 if t.startswith(" ", close + 1) else close + 1
+    if head is _NO_HEAD:
         return LogLine(None, False, t)
-    msg = t[m.end():]
+    ts, precise, undated, dp = head
+    msg = t[at:]
+    if msg.startswith("{"):
+        return _json_line(msg, ts, precise)
+    return LogLine(ts, ts is not None and precise, msg, None, undated, dp, ts is not None)
+
+
+#: A prefix is read once per distinct text (``[2026-11-02 08:00:02 TP0]``: a second and a rank);
+#: the heads kept, by year, and the longest kept.
+_HEADS: dict[tuple[str, int | None], tuple[dt.datetime | None, bool, bool, int | None]] = {}
+_HEAD_MAX = 96
+_NO_HEAD = (None, False, False, None)
+
+
+def _head(head: str, year: int | None) -> tuple[dt.datetime | None, bool, bool, int | None]:
+    """A prefix ``[...]`` (up to the line's first ``]``, where the pattern's tags end)'s time,
+    whether it has a fraction, whether it has no year, its DP rank; ``_NO_HEAD`` where it is
+    not one."""
+    key = (head, year)
+    hit = _HEADS.get(key)
+    if hit is None:
+        m = _PREFIX.fullmatch(head)
+        if m is None:
+            return _NO_HEAD
+        if len(_HEADS) >= 65_536:
+            _HEADS.clear()
+        hit = _HEADS[key] = _read_head(m, year)
+    return hit
+
+
+def _read_head(m: re.Match[str], year: int | None) -> tuple[dt.datetime | None, bool, bool, int | None]:
     tags = m["tags"] or ""
     dp = _DP.search(tags) if "DP" in tags else None
     dp_rank = int(dp.group(1)) if dp else None
@@ -87,9 +124,7 @@ def split(text: str, year: int | None) -> LogLine:
         ts = _second(f"{date}T{m['time']}")
         if ts is not None and frac:
             ts += dt.timedelta(microseconds=int(frac.ljust(6, "0")[:6]))
-    if msg.startswith("{"):
-        return _json_line(msg, ts, bool(frac))
-    return LogLine(ts, ts is not None and bool(frac), msg, undated=undated, dp=dp_rank, prefixed=ts is not None)
+    return ts, bool(frac), undated, dp_rank
 
 
 @functools.lru_cache(maxsize=4096)
@@ -127,8 +162,20 @@ def iso_time(value: Any) -> dt.datetime | None:
 
 
 def rfc3339(ts: dt.datetime) -> str:
-    """``2026-09-14T08:01:02.500000Z``: UTC, to the microsecond."""
-    return ts.astimezone(dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+    """``2026-09-14T08:01:02.500000Z``: UTC, to the microsecond. (A line or two of records each:
+    the second's text is made once.)"""
+    if ts.tzinfo is not dt.UTC:
+        return ts.astimezone(dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+    key = (ts.year, ts.month, ts.day, ts.hour, ts.minute, ts.second)
+    second = _SECONDS.get(key)
+    if second is None:
+        if len(_SECONDS) >= 65_536:
+            _SECONDS.clear()
+        second = _SECONDS[key] = ts.replace(microsecond=0).isoformat()[:-6]
+    return f"{second}.{ts.microsecond:06d}Z"
+
+
+_SECONDS: dict[tuple[int, ...], str] = {}
 
 
 def py_value(text: str) -> Any:
@@ -214,7 +261,6 @@ class Facts:
     steps: dict[str, tuple[tuple[float, float, float, float, float], dt.datetime]] = field(default_factory=dict)
     offset: dt.datetime | None = None  # wall-clock time of perf_counter 0 (calibrate())
     last_decode_line: dt.datetime | None = None  # (translation) time of the last decode request line
-    parsed: dict[str, Any] = field(default_factory=dict)  # request lines parsed by the first pass
     #: decode time stats with ``entry_time`` (0.5.12 on): rid -> (admitted, landed, decode
     #: started, finished) on the wall clock, as step_times gives them from ``start``
     entry_times: dict[str, tuple[dt.datetime, dt.datetime, dt.datetime, dt.datetime]] = field(default_factory=dict)

@@ -20,7 +20,7 @@ receiving (decode) side, the other side ``unknown``.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from forensics.adapters.base import Notes, Options
 from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
@@ -32,30 +32,38 @@ _LINE = re.compile(
 )
 
 
-def _search(msg: str) -> re.Match[str] | None:
-    return _LINE.search(msg) if " failed for request rank=" in msg else None
+class Failure(NamedTuple):
+    """A transfer-failure line read: the side that logged it, the request and its room."""
+
+    side: str  # Prefill or Decode
+    rid: str
+    room: str
 
 
-def learn(line: LogLine, facts: Facts, options: Options) -> bool:
-    """First pass: note the request a transfer-failure line names as failed; whether the line was one."""
-    m = _search(line.msg)
-    if m is None:
-        return False
-    facts.failed.add(m["rid"])
-    facts.learn_dp(m["rid"], line)
-    facts.learn_room(m["rid"], m["room"])
-    return True
+#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
+KEPT = Failure
 
 
-def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
-    """The transfer records of a KV-transfer failure line; None for a line of another kind."""
-    m = _search(line.msg)
-    if m is None:
-        return None
-    prefill = m["side"] == "Prefill"
-    node = facts.node_of_line(line, m["rid"])
+def read(line: LogLine, options: Options) -> Failure | None:
+    """The failure on this line, None for a line of another kind."""
+    m = _LINE.search(line.msg) if " failed for request rank=" in line.msg else None
+    return None if m is None else Failure(m["side"], m["rid"], m["room"])
+
+
+def learn(m: Failure, line: LogLine, facts: Facts, options: Options) -> Failure:
+    """First pass: note the request a transfer-failure line names as failed."""
+    facts.failed.add(m.rid)
+    facts.learn_dp(m.rid, line)
+    facts.learn_room(m.rid, m.room)
+    return m
+
+
+def translate(m: Failure, line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]]:
+    """The transfer records of a KV-transfer failure line."""
+    prefill = m.side == "Prefill"
+    node = facts.node_of_line(line, m.rid)
     return [{
-        "kind": "transfer", "ts": rfc3339(line.when()), "transfer_id": transfer_id(m["rid"], m["room"]),
-        "request_id": m["rid"], "event": "failed",
+        "kind": "transfer", "ts": rfc3339(line.when()), "transfer_id": transfer_id(m.rid, m.room),
+        "request_id": m.rid, "event": "failed",
         "src_node": node if prefill else UNKNOWN_NODE, "dst_node": UNKNOWN_NODE if prefill else node, "node": node,
     }]

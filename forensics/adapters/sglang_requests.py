@@ -28,8 +28,7 @@ from __future__ import annotations
 import ast
 import datetime as dt
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from forensics.adapters.base import Notes, Options, Untranslatable
 from forensics.adapters.sglang_log import Facts, LogLine, dig, py_value, rfc3339, status_code
@@ -48,15 +47,13 @@ INTEGRITY = {"Metadata corruption detected - bootstrap_room mismatch": "bootstra
              "KV checksum mismatch": "kv_checksum_mismatch"}
 
 
-@dataclass(frozen=True)
-class RequestLine:
+class RequestLine(NamedTuple):
     """A request-log line read: its event, request id, the logged request and, for a finish, its output."""
 
     event: str  # received or finished
     rid: str
     obj: dict[str, Any]
     meta: dict[str, Any]  # out.meta_info of a finish
-    fast: bool = False  # read by _fast (cheap to read again: not kept between the passes)
 
     @property
     def finish_reason(self) -> dict[str, Any]:
@@ -70,6 +67,10 @@ class RequestLine:
     def aborted(self) -> bool:
         """Whether the request finished aborted."""
         return self.finish_reason.get("type") == "abort"
+
+
+#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
+KEPT = RequestLine
 
 
 def parse(line: LogLine, *, whole: bool = False) -> RequestLine | None:
@@ -126,6 +127,7 @@ _FAST_MESSAGE = re.compile(r"'message': (?P<q>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.
 _FAST_STATUS = re.compile(r"'status_code': (?:(?P<n>\d+)|<HTTPStatus\.\w+: (?P<e>\d+)>)")
 
 
+_FAST_TEXT = re.compile(r"text(?:=['\"]|': )")
 _FAST_ROOM = re.compile(r", bootstrap_room=(-?\d+|None)(?=[,)])")
 
 
@@ -135,7 +137,7 @@ def _fast(msg: str) -> RequestLine | None:
     0 and 1 leave out ``text``, ``input_ids`` and the output), the rid comes before any string,
     and each field read is where the patterns expect it. None sends the line to the full parse."""
     m = _FAST_RID.match(msg)
-    if m is None or "text='" in msg or 'text="' in msg or "'text': " in msg:
+    if m is None or _has_text(msg):
         return None
     obj: dict[str, Any] = {"rid": m["rid"]}
     if ", sampling_params=" in msg:
@@ -147,14 +149,14 @@ def _fast(msg: str) -> RequestLine | None:
         if max_new is not None:
             obj["sampling_params"] = {"max_new_tokens": int(max_new.group(1))}
     at = msg.rfind(", out={") if m["what"] != "Receive" else len(msg)
-    if ", bootstrap_room=" in msg:  # (once, in the request part, or the full parse decides)
-        rooms = _FAST_ROOM.findall(msg, m.end(), at if at >= 0 else len(msg))
-        if len(rooms) != 1 or msg.count(", bootstrap_room=") != 1:
+    if (i := msg.find(", bootstrap_room=")) >= 0:  # (once, in the request part, or the full parse decides)
+        room = _FAST_ROOM.match(msg, i, at if at >= 0 else len(msg)) if i >= m.end() else None
+        if room is None or msg.find(", bootstrap_room=", i + 1) >= 0:
             return None
-        if rooms[0] != "None":
-            obj["bootstrap_room"] = int(rooms[0])
+        if room.group(1) != "None":
+            obj["bootstrap_room"] = int(room.group(1))
     if m["what"] == "Receive":
-        return RequestLine("received", m["rid"], obj, {}, True)
+        return RequestLine("received", m["rid"], obj, {})
     meta_at = msg.rfind("'meta_info': {", at if at >= 0 else 0)
     if at < 0 or meta_at < 0:
         return None
@@ -176,11 +178,22 @@ def _fast(msg: str) -> RequestLine | None:
             message, status = _FAST_MESSAGE.search(reason["rest"]), _FAST_STATUS.search(reason["rest"])
             if message is None:
                 return None
-            fr["message"] = ast.literal_eval(message["q"])
+            quoted = message["q"]
+            fr["message"] = quoted[1:-1] if "\\" not in quoted else ast.literal_eval(quoted)
             if status is not None:
                 fr["status_code"] = int(status["n"] or status["e"])
         meta["finish_reason"] = fr
-    return RequestLine("finished", m["rid"], obj, meta, True)
+    return RequestLine("finished", m["rid"], obj, meta)
+
+
+def _has_text(msg: str) -> bool:
+    """Whether the line may log user text: ``text='``, ``text="`` or ``'text': `` in it."""
+    t = _FAST_TEXT.search(msg)
+    while t is not None:
+        if t.group(0)[4] == "=" or (t.start() > 0 and msg[t.start() - 1] == "'"):
+            return True
+        t = _FAST_TEXT.search(msg, t.end())
+    return False
 
 
 def _skeleton(msg: str, at: int) -> str | None:
@@ -216,21 +229,22 @@ def _skeleton(msg: str, at: int) -> str | None:
     return None
 
 
-#: Request lines whose parse the first pass keeps for the second (text reprs are slow to
-#: parse); past this many per file the second pass parses again, so memory stays bounded.
-KEEP_PARSED = 500_000
+#: The empty object and output of a request line kept for the second pass (never written to).
+_NONE: dict[str, Any] = {}
 
 
-def learn(line: LogLine, facts: Facts, options: Options) -> bool:
-    """First pass: the prompt length, tenant and output budget each request line reveals."""
+def read(line: LogLine, options: Options) -> RequestLine | Untranslatable | None:
+    """The request event on this line (None for a line of another kind; the reason for a
+    malformed one), read whole where ``--tenant-from`` needs the logged request."""
     try:
-        r = parse(line, whole=options.tenant_from is not None)
-    except Untranslatable:
-        return True
-    if r is None:
-        return False
-    if len(facts.parsed) < KEEP_PARSED and not r.fast:
-        facts.parsed[line.msg] = RequestLine(r.event, r.rid, {}, _kept(r.meta))
+        return parse(line, whole=options.tenant_from is not None)
+    except Untranslatable as exc:
+        return exc
+
+
+def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> RequestLine:
+    """First pass: the prompt length, tenant and output budget each request line reveals;
+    what of it the second pass reads."""
     form = "json" if line.doc is not None else "text"
     facts.marks.add(f"request.{form}.{'prefixed' if line.prefixed else 'bare'}")
     room = dig(r.obj, "bootstrap_room")
@@ -247,7 +261,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         max_new = dig(r.obj, "sampling_params.max_new_tokens")
         if isinstance(max_new, int) and not isinstance(max_new, bool):
             facts.max_new[r.rid] = max_new
-        return True
+        return RequestLine(r.event, r.rid, _NONE, _NONE)
     facts.finished.add(r.rid)
     facts.open_receives.pop(r.rid, None)
     status = finish_status(r)
@@ -270,14 +284,11 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
         facts.learn_prompt(r.rid, r.meta["prompt_tokens"], 2)
     if r.aborted and re.search(r"(transfer|bootstrap|handshake) failed", message):
         facts.failed.add(r.rid)
-    return True
+    return RequestLine(r.event, r.rid, _NONE, _kept(r.meta))
 
 
-def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
-    """The request records of a request-log line; None for a line of another kind."""
-    r = facts.parsed.get(line.msg) or parse(line)
-    if r is None:
-        return None
+def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]]:
+    """The request records of a request-log line."""
     if line.ts is None and not line.prefixed and not line.undated and facts.last_ts is not None:
         # 0.5.8 to 0.5.11 print the request log bare: the line was written after the one before it
         when = facts.last_ts

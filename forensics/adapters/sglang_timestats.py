@@ -38,8 +38,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from forensics.adapters.base import Notes, Options
 from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
@@ -51,8 +50,7 @@ UNKNOWN_NODE = "unknown"
 _MIB = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class TimeStats:
+class TimeStats(NamedTuple):
     """A time-stats line read: its head fields and its numbers (durations in seconds)."""
 
     old_head: bool  # ``Req Time Stats(`` (0.5.5-0.5.11)
@@ -77,7 +75,11 @@ class TimeStats:
         return d["prealloc"], d["transfer"], d["queue"], d["forward"]
 
 
-def parse(line: LogLine) -> TimeStats | None:
+#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
+KEPT = TimeStats
+
+
+def read(line: LogLine, options: Options) -> TimeStats | None:
     """The time-stats line's fields, None for a line of another kind."""
     if "Time Stats(" not in line.msg and "TimeStats(" not in line.msg:
         return None
@@ -116,11 +118,8 @@ def _int(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
 
 
-def learn(line: LogLine, facts: Facts, options: Options) -> bool:
-    """First pass: a time-stats line's role, prompt length, DP rank and steps; whether the line was one."""
-    t = parse(line)
-    if t is None:
-        return False
+def learn(t: TimeStats, line: LogLine, facts: Facts, options: Options) -> TimeStats:
+    """First pass: a time-stats line's role, prompt length, DP rank and steps."""
     facts.roles_seen.add(t.kind)
     facts.marks.add("time_stats.old_head" if t.old_head else "time_stats.new_head")
     if t.attempts is not None:
@@ -146,7 +145,7 @@ def learn(line: LogLine, facts: Facts, options: Options) -> bool:
             facts.steps[t.rid] = ((t.start, *steps), line.ts)
     elif t.kind == "prefill" and t.input_len > 1:
         facts.learn_prompt(t.rid, t.input_len, 1)
-    return True
+    return t
 
 
 def transfer_id(rid: str, room: str | None) -> str:
@@ -154,11 +153,8 @@ def transfer_id(rid: str, room: str | None) -> str:
     return f"room-{room}" if room not in (None, "None") else f"rid-{rid}"
 
 
-def translate(line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]] | None:
-    """The request and transfer records of a time-stats line; None for a line of another kind."""
-    t = parse(line)
-    if t is None:
-        return None
+def translate(t: TimeStats, line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]]:
+    """The request and transfer records of a time-stats line."""
     rid, kind = t.rid, t.kind
     if kind not in ("prefill", "decode"):
         return []  # a unified server: no handoff to record

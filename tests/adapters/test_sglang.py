@@ -246,7 +246,7 @@ def test_both_time_stats_formats_count_back_from_the_finish() -> None:
     """Older releases write ``prealloc_duration=...``, newer ones ``prealloc_queue_duration(...) = ...;``."""
     from forensics.adapters import Notes
     from forensics.adapters.sglang_log import Facts
-    from forensics.adapters.sglang_timestats import translate
+    from forensics.adapters.sglang_timestats import read, translate
 
     facts = Facts(node="decode-1")
     finish = dt.datetime(2026, 9, 14, 8, 1, 2, 500000, tzinfo=dt.UTC)
@@ -258,7 +258,10 @@ def test_both_time_stats_formats_count_back_from_the_finish() -> None:
            "type=decode): prealloc_queue_duration(0.40ms) = alloc_wait(0.10ms) + bootstrap(0.20ms) + other(0.10ms); "
            "transfer_duration=18.00ms; queue_duration=0.25ms, forward_duration=200.00ms, start=81235.400")
     for text in (old, new):
-        landed, started = translate(split(text, None), facts, Options(), Notes())  # type: ignore[misc]
+        line = split(text, None)
+        stats = read(line, Options())
+        assert stats is not None
+        landed, started = translate(stats, line, facts, Options(), Notes())
         assert (landed["event"], landed["transfer_id"], landed["dst_node"]) == ("completed", "room-77", "decode-1")
         assert started["ts"] == "2026-09-14T08:01:02.300000Z"  # finish - forward
         assert landed["ts"] == "2026-09-14T08:01:02.299750Z"  # - queue

@@ -84,6 +84,39 @@ def test_every_line_a_release_printed_is_read_and_none_is_quarantined(release: s
         assert recorded + len(quiet) == len([t for t in text.splitlines() if t.strip()])
 
 
+def _outcomes(path: Path, lines: Any) -> list[Any]:
+    adapter = next(a for a in SGLANG if a.sniff(path.read_text().splitlines()[:64]))
+    assert adapter.translate is not None
+    return [(n, raw, repr(out)) for n, raw, out in adapter.translate(lines, path, Options(), Notes())]
+
+
+def test_the_lines_kept_between_the_passes_translate_as_lines_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second pass translates what the first kept of each line; past KEEP_LINES, and where
+    a line is not the one the first pass saw, it reads the line again: the same records, line for
+    line, on every fixture file of every release."""
+    from forensics.adapters import sglang
+
+    files = sorted(ROOT.rglob("*.log"))
+    assert len(files) > 30
+    for path in files:
+        text = path.read_text().splitlines()
+        lines = lambda text=text: ((n, t) for n, t in enumerate(text, 1) if t.strip())  # noqa: E731
+        kept = _outcomes(path, lines)
+        with monkeypatch.context() as m:
+            m.setattr(sglang, "KEEP_LINES", 5)
+            assert _outcomes(path, lines) == kept, path
+        # a file written to between the passes: its second line differs in length the second time
+        calls: list[int] = []
+
+        def changing(text: list[str] = text, calls: list[int] = calls) -> Any:
+            calls.append(1)
+            return ((n, t + (" x" if len(calls) > 1 and n == 2 else "")) for n, t in enumerate(text, 1)
+                    if t.strip())
+
+        changed = _outcomes(path, changing)
+        assert [c for c in changed if c[0] != 2] == [c for c in kept if c[0] != 2], path
+
+
 @pytest.mark.parametrize(("release", "form"), SETS, ids=[f"{r}-{f}" for r, f in SETS])
 def test_each_request_becomes_what_the_release_did_with_it(release: str, form: str, tmp_path: Path) -> None:
     source = _source(release)
@@ -225,10 +258,16 @@ def _agree(line: str) -> bool | None:
     assert whole is not None
     return ((fast.event, fast.rid) == (whole.event, whole.rid)
             and dig_max(fast.obj) == dig_max(whole.obj)
-            and all(fast.meta.get(k) == whole.meta.get(k) for k in ("prompt_tokens", "completion_tokens", "dp_rank"))
+            and fast.obj.get("bootstrap_room") == _room(whole.obj.get("bootstrap_room"))
+            and all(fast.meta.get(k) == whole.meta.get(k)
+                    for k in ("prompt_tokens", "completion_tokens", "dp_rank", "response_sent_to_client_ts"))
             and fast.finish_reason.get("type") == whole.finish_reason.get("type")
             and fast.finish_reason.get("message") == whole.finish_reason.get("message")
             and fast.finish_reason.get("status_code") == status_code(whole.finish_reason.get("status_code")))
+
+
+def _room(room: Any) -> Any:
+    return None if room == "None" else room  # (the full parse keeps a None repr as the name None)
 
 
 def dig_max(obj: dict[str, Any]) -> Any:
@@ -391,3 +430,34 @@ def test_a_text_finish_takes_the_time_its_response_was_sent(release: str, tmp_pa
     assert bool(sent) == has
     for rid, at in sent.items():
         assert abs(finished[rid].timestamp() - at) < 1e-6, rid
+
+
+def test_the_collector_is_given_back_as_it_was_however_the_translation_ends() -> None:
+    """The first pass pauses Python's garbage collector and freezes what it kept; the collector
+    is running and nothing is left frozen once the file is translated, or the translation is
+    abandoned half way; where the caller had frozen objects of its own, they stay frozen."""
+    import gc
+
+    path = ROOT / "0.5.23" / "text" / "prefill-0.log"
+    text = path.read_text().splitlines()
+    lines = lambda: ((n, t) for n, t in enumerate(text, 1) if t.strip())  # noqa: E731
+    adapter = next(a for a in SGLANG if a.name == "sglang-server")
+    assert adapter.translate is not None and gc.isenabled() and gc.get_freeze_count() == 0
+    outcomes = adapter.translate(lines, path, Options(), Notes())
+    next(outcomes)
+    assert gc.isenabled() and gc.get_freeze_count() > 0  # (between the passes' lines: frozen, collecting)
+    assert sum(1 for _ in outcomes) == len(text) - 1
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    abandoned = adapter.translate(lines, path, Options(), Notes())
+    next(abandoned)
+    abandoned.close()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    keep = [[1]]
+    gc.freeze()
+    try:
+        theirs = gc.get_freeze_count()
+        assert sum(1 for _ in adapter.translate(lines, path, Options(), Notes())) == len(text)
+        assert gc.get_freeze_count() == theirs and gc.isenabled()
+    finally:
+        gc.unfreeze()
+    assert keep
