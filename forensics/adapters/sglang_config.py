@@ -41,10 +41,6 @@ class ConfigLine(NamedTuple):
     context: int = 0
 
 
-#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
-KEPT = ConfigLine
-
-
 def read(line: LogLine, options: Options) -> ConfigLine | None:
     """The start-up line's facts, None for a line of another kind."""
     msg = line.msg

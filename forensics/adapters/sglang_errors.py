@@ -48,10 +48,6 @@ class ErrorLine(NamedTuple):
     limit: int = 0
 
 
-#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
-KEPT = ErrorLine
-
-
 def read(line: LogLine, options: Options) -> ErrorLine | None:
     """The error on this line, None for a line of another kind."""
     msg = line.msg

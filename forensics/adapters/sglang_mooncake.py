@@ -40,10 +40,6 @@ class Failure(NamedTuple):
     room: str
 
 
-#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
-KEPT = Failure
-
-
 def read(line: LogLine, options: Options) -> Failure | None:
     """The failure on this line, None for a line of another kind."""
     m = _LINE.search(line.msg) if " failed for request rank=" in line.msg else None

@@ -69,10 +69,6 @@ class RequestLine(NamedTuple):
         return self.finish_reason.get("type") == "abort"
 
 
-#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
-KEPT = RequestLine
-
-
 def parse(line: LogLine, *, whole: bool = False) -> RequestLine | None:
     """The request event on this line, None if it is none; a malformed one is Untranslatable.
     A text line that holds no user text (log levels 0 and 1) is read by :func:`_fast`, unless

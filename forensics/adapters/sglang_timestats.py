@@ -75,10 +75,6 @@ class TimeStats(NamedTuple):
         return d["prealloc"], d["transfer"], d["queue"], d["forward"]
 
 
-#: What this format's ``learn`` returns for the second pass (kept between the passes as a plain tuple).
-KEPT = TimeStats
-
-
 def read(line: LogLine, options: Options) -> TimeStats | None:
     """The time-stats line's fields, None for a line of another kind."""
     if "Time Stats(" not in line.msg and "TimeStats(" not in line.msg:
