@@ -13,6 +13,7 @@ from it, in the same order.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 from dataclasses import dataclass
@@ -39,6 +40,11 @@ class FindingSpec:
     #: their rows (a table ``parts``)
     parts: tuple[tuple[str, str], ...] = ()
     merge: str = ""
+
+    @property
+    def parts_sql(self) -> str:
+        """The rows of its parts as one query (the table ``parts`` its merge reads)."""
+        return "\nUNION ALL\n".join(f"({sql})" for _, sql in self.parts)
 
 
 #: The name of the view of a finding's rows where a case holds them (a Parquet case from Spark).
@@ -98,10 +104,9 @@ def specs() -> list[FindingSpec]:
             continue
         parts = tuple((p.head["partition"], p.sql) for p in blocks if p.name == b.name + PART)
         assert (b.head["partition"] == "parts") == bool(parts), f"{b.name}: partition parts, and its parts"
-        whole = b.sql if not parts else \
-            "WITH parts AS (" + "\nUNION ALL\n".join(f"({sql})" for _, sql in parts) + ")\n" + b.sql
-        out.append(FindingSpec(b.name, b.head["severity"], b.head["title"], whole, b.head["partition"],
-                               parts, b.sql if parts else ""))
+        spec = FindingSpec(b.name, b.head["severity"], b.head["title"], b.sql, b.head["partition"],
+                           parts, b.sql if parts else "")
+        out.append(dataclasses.replace(spec, sql=f"WITH parts AS ({spec.parts_sql})\n{b.sql}") if parts else spec)
     return out
 
 

@@ -185,8 +185,7 @@ def run_findings(spark: SparkSession, case: Path, buckets: int) -> None:
 
 def _summed(spec: FindingSpec, con: duckdb.DuckDBPyConnection, folder: Path) -> pa.Table:
     """A finding's rows from its parts' rows (the files in ``folder``), by its query."""
-    columns = con.sql("SELECT * FROM (" + "\nUNION ALL\n".join(f"({sql})" for _, sql in spec.parts)
-                      + ") LIMIT 0").to_arrow_table()
+    columns = con.sql(f"SELECT * FROM ({spec.parts_sql}) LIMIT 0").to_arrow_table()  # (an empty plan: no scan)
     found = [pq.read_table(f).cast(columns.schema) for f in sorted(folder.glob("*.parquet"))]
     con.register("parts", pa.concat_tables([columns, *found]))
     try:

@@ -24,7 +24,7 @@ import duckdb
 import pytest
 
 import forensics
-from forensics.adapters import Notes, Options, Untranslatable
+from forensics.adapters import Lines, Notes, Options, Untranslatable
 from forensics.adapters.sglang import ADAPTERS as SGLANG
 from forensics.adapters.sglang_eras import RELEASES, releases_of
 
@@ -45,6 +45,11 @@ QUIET = [re.compile(p) for p in (
     r"Finish: obj=.*'finish_reason': \{'type': 'length'",  # a prefill's answer to the router
     r'"event": "request.finished".*"finish_reason": \{"type": "length"',
 )]
+
+
+def numbered(text: list[str]) -> Lines:
+    """A file's lines as the readers give them to an adapter: numbered from 1, blank ones left out."""
+    return lambda: ((n, t) for n, t in enumerate(text, 1) if t.strip())
 
 
 def _source(release: str) -> dict[str, Any]:
@@ -69,7 +74,7 @@ def test_every_line_a_release_printed_is_read_and_none_is_quarantined(release: s
     for path in sorted((ROOT / release / form).rglob("*.log")):
         text = path.read_text()
         adapter = next(a for a in SGLANG if a.sniff(text.splitlines()[:64]))
-        lines = lambda text=text: ((n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip())  # noqa: E731
+        lines = numbered(text.splitlines())
         quiet, recorded = [], 0
         assert adapter.translate is not None
         for _, raw, outcome in adapter.translate(lines, path, Options(), Notes()):
@@ -100,7 +105,7 @@ def test_the_lines_kept_between_the_passes_translate_as_lines_read_again(monkeyp
     assert len(files) > 30
     for path in files:
         text = path.read_text().splitlines()
-        lines = lambda text=text: ((n, t) for n, t in enumerate(text, 1) if t.strip())  # noqa: E731
+        lines = numbered(text)
         kept = _outcomes(path, lines)
         with monkeypatch.context() as m:
             m.setattr(sglang, "KEEP_LINES", 5)
@@ -236,7 +241,7 @@ def test_the_format_era_of_each_release_contains_it() -> None:
         for path in (ROOT / release).rglob("*.log"):
             adapter = next(a for a in SGLANG if a.sniff(path.read_text().splitlines()[:64]))
             notes = Notes()
-            lines = lambda p=path: ((n, t) for n, t in enumerate(p.read_text().splitlines(), 1) if t.strip())  # noqa: E731
+            lines = numbered(path.read_text().splitlines())
             assert adapter.translate is not None
             for _ in adapter.translate(lines, path, Options(), notes):
                 pass
@@ -440,7 +445,7 @@ def test_the_collector_is_given_back_as_it_was_however_the_translation_ends() ->
 
     path = ROOT / "0.5.23" / "text" / "prefill-0.log"
     text = path.read_text().splitlines()
-    lines = lambda: ((n, t) for n, t in enumerate(text, 1) if t.strip())  # noqa: E731
+    lines = numbered(text)
     adapter = next(a for a in SGLANG if a.name == "sglang-server")
     assert adapter.translate is not None and gc.isenabled() and gc.get_freeze_count() == 0
     outcomes = adapter.translate(lines, path, Options(), Notes())
