@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: the release tests run on each seed's sets (by name)
+TESTS = ("every_line", "each_request", "format_era", "replay_of_each", "capacity_check", "counted_back")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "KVFORENSICS_SGLANG_RELEASES": str(out)}
             test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                    str(HERE.parent / "tests" / "adapters" / "test_sglang_releases.py"),
-                                   "-k", "every_line or each_request or format_era or replay_of_each"],
+                                   "-k", " or ".join(TESTS)],
                                   env=env, capture_output=True, text=True, cwd=HERE.parent)
             releases = sorted(p.name for p in out.iterdir())
             summary = test.stdout.strip().splitlines()[-1] if test.stdout.strip() else test.stderr[-400:]

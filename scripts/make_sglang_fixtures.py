@@ -16,14 +16,17 @@ the batch statistics, and uvicorn's own formatters.
 What the script chooses: the values (rids, token counts, times, hosts), and the keys of a
 finished request's ``meta_info`` (assembled in the tokenizer manager, too entangled to run).
 Each release's folder gets ``SOURCE.json``: the release, the wheel's SHA-256, and for each line
-type the source file and line it came from.
+type the source file and line it came from. The queues' capacity check, which no consistent
+run of this setup reaches, is printed outside the run into ``lines/`` (``capacity_lines``).
 
 The run (``SCENARIO``): a prefill server at TP2 and a decode server at TP2 with DP attention
 (DP2: each DP rank its own KV pool), Mooncake, context 1,048,576 tokens, KV pool 681,280:
 two requests served, one prompt longer than the pool (``validate_input_length``'s abort: up
 to 0.5.21 the prefill still bootstraps and sends its one-token stub, from 0.5.22 it is
 retired before the handoff), one longer than the context (the tokenizer's rejection on both
-servers), and one whose KV transfer fails.
+servers), one whose KV transfer fails, two an integrity check of the release catches, and one
+whose bootstrap never completes (decode cannot reach the prefill's bootstrap server: its
+handshake fails; the prefill times out in ``KVPoll.Bootstrapping``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import datetime as dt
 import json
 import logging
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +65,7 @@ SCENARIO = [
     ("req-room", 2048, 16, "room_mismatch", 0, 12.0),  # releases that check it (0.5.11 on)
     ("req-sum", 2048, 16, "checksum_mismatch", 1, 14.0),  # releases with --disaggregation-enable-kv-checksum
     ("req-a3", 900, 8, "served", 0, 16.0),
+    ("req-boot", 3000, 16, "bootstrap_failed", 1, 16.5),  # last: the prefill gives up 300 s later
 ]
 
 
@@ -73,7 +78,8 @@ def run(release: Release, out: Path) -> None:
     """The scenario through one release: writes the fixture folder ``out/<version>``."""
     start_clock(SETUP)
     folder = out / release.version
-    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)  # (the request-log targets append: a run starts clean)
+    folder.mkdir(parents=True)
     sources: dict[str, str] = {}
     forms = ["text", "json"] if release.has("sglang.srt.utils.request_logger") else ["text"]
     if "SGLANG_LOG_MS" in release.source(common_module(release)):
@@ -87,6 +93,7 @@ def run(release: Release, out: Path) -> None:
             (folder / form).mkdir(parents=True, exist_ok=True)
             (folder / form / f"{role}-0.log").write_text(server.out.getvalue(), encoding="utf-8")
             sources.update(server.sources)
+    lines = capacity_lines(release, folder / "lines", sources)
     (folder / "SOURCE.json").write_text(json.dumps({
         "release": release.version, "wheel": release.wheel.name, "sha256": release.sha256,
         "made_by": "scripts/make_sglang_fixtures.py", "context_length": CONTEXT,
@@ -96,7 +103,43 @@ def run(release: Release, out: Path) -> None:
         "scenario": [dict(zip(("rid", "prompt_tokens", "output_tokens", "outcome", "decode_dp_rank", "at_s"), s,
                               strict=True)) for s in SCENARIO],
         "sources": dict(sorted(sources.items())),
+        "lines": lines,
     }, indent=2) + "\n", encoding="utf-8")
+
+
+#: The capacity check's lines (lines/<server>.log): rid, prompt tokens and the pool, per role
+CAPACITY = {"prefill": ("req-cap-p", 700_000, POOL), "decode": ("req-cap-d", 1_200_000, DECODE_POOL)}
+
+
+def capacity_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dict[str, Any]]:
+    """The disaggregation queues' capacity check (``Request R exceeds the maximum number of
+    tokens: N > M``), printed by the release's f-string and logger on every scheduler of the
+    request, into ``out/<server>.log``: lines outside the scripted run, because no consistent
+    run of this setup reaches the check (``validate_input_length`` refuses such a prompt first,
+    or the tokenizer does); each is described in SOURCE.json's ``lines``."""
+    out.mkdir(parents=True)
+    described = []
+    for role in ("prefill", "decode"):
+        rid, tokens, pool = CAPACITY[role]
+        server = Server(release, SPECS[role], SETUP, "text", None)
+        mod = f"sglang.srt.disaggregation.{role}"
+        marker = "exceeds the maximum number of tokens"
+        # the limit each release compares with is the pool: max_total_num_tokens, the decode's
+        # capacity, or 0.5.23's max_input_len (max_bootstrap_input_len: the pool when KV is not sharded)
+        limit = pool
+        text = release.message(mod, marker)(rid=rid, origin_input_ids=range(tokens), input_len=tokens,
+                                            max_total_num_tokens=pool, capacity=pool, max_input_len=pool)
+        server.note(f"{role}_capacity_check", mod, marker)
+        CLOCK.at(1.0)
+        for prefix in server.schedulers(0):
+            server.configure(prefix)
+            logging.getLogger(mod).error(text)
+        name = f"{SPECS[role].node}.log"
+        (out / name).write_text(server.out.getvalue(), encoding="utf-8")
+        sources.update(server.sources)
+        described.append({"file": f"lines/{name}", "role": role, "kind": "capacity_check", "rid": rid,
+                          "tokens": tokens, "limit_tokens": limit})
+    return described
 
 
 class Scenario(Printer):
@@ -110,7 +153,7 @@ class Scenario(Printer):
         self.startup()
         for rid, prompt, output, outcome, dp_rank, at in SCENARIO:
             self._request(rid, prompt, output, outcome, dp_rank, at)
-        CLOCK.at(17.0)
+        CLOCK.at(max(at for *_, at in SCENARIO) + 1.0 + (300.2 if s.role == "prefill" else 0.0))
         s.configure(s.schedulers(0)[0])
         self._batch_line()
 
@@ -150,6 +193,11 @@ class Scenario(Printer):
                 ts.transfer_total_mb = len(req.origin_input_ids) * 0.0625
                 ts.transfer_speed_gb_s = 18.4
             req.output_ids = [1]
+            if outcome == "bootstrap_failed":
+                self._bootstrap_failed(req, room, schedulers, at + 0.01)
+                self._finish(obj, rid, prompt, 0, self._abort_json(self._last_error, 500),
+                             CLOCK.now - CLOCK.epoch + 0.01)
+                return
             if outcome == "transfer_failed":
                 CLOCK.at(t + 0.2)
                 self._transfer_failed(req, room, schedulers, "prefill")
@@ -170,6 +218,10 @@ class Scenario(Printer):
             CLOCK.at(t + 0.3)
             self._transfer_failed(req, room, schedulers, "decode", reason="Prefill bootstrap failed")
             self._finish(obj, rid, prompt, 0, self._abort_json(self._last_error, 500), t + 0.31)
+            return
+        if outcome == "bootstrap_failed":
+            self._bootstrap_failed(req, room, schedulers, t + 0.05)
+            self._finish(obj, rid, prompt, 0, self._abort_json(self._last_error, 500), t + 0.06)
             return
         if outcome == "transfer_failed":
             CLOCK.at(t + 0.25)

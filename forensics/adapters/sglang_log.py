@@ -362,11 +362,20 @@ class Facts:
             self.offset = dt.datetime.fromtimestamp((lower + upper) / 2, tz=dt.UTC)
 
     def step_times(self, rid: str) -> tuple[dt.datetime, dt.datetime, dt.datetime, dt.datetime] | None:
-        """Calibrated (admitted, landed, decode started, finished) of a decode request."""
+        """(admitted, landed, decode started, finished) of a decode request from its steps:
+        counted back from its finish where the file has it to the microsecond, else from its
+        ``start`` put on the wall clock (:meth:`calibrate`, good to about a millisecond only
+        with many requests: a precise finish is never mixed with a calibrated start)."""
         hit = self.steps.get(rid)
-        if hit is None or self.offset is None:
+        if hit is None:
             return None
         (start, prealloc, transfer, queue, forward), _ = hit
+        if (finish := self.finish_ts.get(rid)) is not None:
+            started = finish - dt.timedelta(seconds=forward)
+            landed = started - dt.timedelta(seconds=queue)
+            return landed - dt.timedelta(seconds=transfer), landed, started, finish
+        if self.offset is None:
+            return None
         base = self.offset + dt.timedelta(seconds=start)
         at = [base + dt.timedelta(seconds=prealloc)]
         for step in (transfer, queue, forward):

@@ -267,6 +267,8 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
         facts.dp_of.setdefault(r.rid, dp)
     if line.precise and line.ts is not None:
         facts.finish_ts[r.rid] = line.ts
+    elif (sent := _sent_at(r, line, _line_time(line, facts))) is not None:
+        facts.finish_ts[r.rid] = sent  # (the time stats of a decode request are counted back from it)
     message = str(r.finish_reason.get("message", ""))
     m = LENGTH_ERROR.search(message)
     c = CAPACITY_ERROR.search(message)
@@ -283,21 +285,35 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
     return RequestLine(r.event, r.rid, _NONE, _kept(r.meta))
 
 
-def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]]:
-    """The request records of a request-log line."""
-    if line.ts is None and not line.prefixed and not line.undated and facts.last_ts is not None:
-        # 0.5.8 to 0.5.11 print the request log bare: the line was written after the one before it
-        when = facts.last_ts
-        notes.add("bare_time", "{n} request-log lines have no time of their own (SGLang 0.5.8 to 0.5.11 print "
-                  "them bare): each takes the time of the line before it, to the second")
-    else:
-        when = line.when()
+def _bare(line: LogLine, facts: Facts) -> bool:
+    """Whether the line has no time of its own: 0.5.8 to 0.5.11 print the request log bare."""
+    return line.ts is None and not line.prefixed and not line.undated and facts.last_ts is not None
+
+
+def _line_time(line: LogLine, facts: Facts) -> dt.datetime:
+    """The line's time: a bare line was written after the one before it."""
+    return facts.last_ts if _bare(line, facts) and facts.last_ts is not None else line.when()
+
+
+def _sent_at(r: RequestLine, line: LogLine, when: dt.datetime) -> dt.datetime | None:
+    """A text finish line's ``response_sent_to_client_ts`` where it falls inside the second the
+    line was logged in (``when``): the finish to the microsecond. None elsewhere."""
     sent = r.meta.get(SENT) if r.event == "finished" and not line.precise else None
     if isinstance(sent, (int, float)) and not isinstance(sent, bool) \
             and when <= (at := dt.datetime.fromtimestamp(sent, tz=dt.UTC)) < when + dt.timedelta(seconds=1):
-        when = at  # the time the response was sent, inside the second the line was logged in
-    else:
-        sent = None
+        return at
+    return None
+
+
+def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]]:
+    """The request records of a request-log line."""
+    if _bare(line, facts):
+        notes.add("bare_time", "{n} request-log lines have no time of their own (SGLang 0.5.8 to 0.5.11 print "
+                  "them bare): each takes the time of the line before it, to the second")
+    when = _line_time(line, facts)
+    sent = _sent_at(r, line, when)
+    if sent is not None:
+        when = sent
     role = facts.role_for(options) or "unified"
     # a whole-second time made precise from the decode time stats: their entry_time (0.5.12 on)
     # or their start put on the wall clock

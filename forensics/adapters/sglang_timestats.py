@@ -179,7 +179,7 @@ def translate(t: TimeStats, line: LogLine, facts: Facts, options: Options, notes
         return [*done_records, sent]
     if rid in facts.failed:
         return []  # nothing landed: the transfer failure is on its own line
-    times = facts.entry_times.get(rid) or (facts.step_times(rid) if rid not in facts.finish_ts else None)
+    times = facts.entry_times.get(rid) or facts.step_times(rid)
     if times is not None:
         _, landed, started, _ = times
     else:

@@ -25,6 +25,7 @@ import inspect
 import io
 import json
 import logging
+import re
 import sys
 import time
 import types
@@ -408,22 +409,31 @@ class Printer:
             abort(req, error)
         return req.to_finish.to_json()
 
+    def _conn(self) -> str:
+        """The module holding the release's ``KVTransferError`` (the transfer backends' shared
+        connection code, or Mooncake's own in early releases)."""
+        return next(m for m in ("sglang.srt.disaggregation.common.conn", "sglang.srt.disaggregation.mooncake.conn",
+                                "sglang.srt.disaggregation.common.utils") if self.r.has(m)
+                    and "class KVTransferError" in self.r.source(m))
+
     def _transfer_failed(self, req: Any, room: int, schedulers: list[str], side: str,
-                         reason: str = "Failed to get kvcache from prefill instance, it might be dead") -> None:
+                         reason: str = "Failed to get kvcache from prefill instance, it might be dead",
+                         stage: str = "transfer") -> None:
+        """The queue's failure line on each scheduler of the request (``stage``: ``transfer``,
+        or ``bootstrap`` on prefill and ``handshake`` on decode), the exception the release
+        raises for ``reason`` appended, at the level the release logs it."""
         r = self.r
-        conn = next(m for m in ("sglang.srt.disaggregation.common.conn", "sglang.srt.disaggregation.mooncake.conn",
-                                "sglang.srt.disaggregation.common.utils") if r.has(m)
-                    and "class KVTransferError" in r.source(m))
-        kv_error = r.module(conn, ["KVTransferError"]).KVTransferError
+        kv_error = r.module(self._conn(), ["KVTransferError"]).KVTransferError
         mod = f"sglang.srt.disaggregation.{side}"
         # where the release marks errors propagated from another rank, only the first logs at
         # warning/error (the rest at debug, not printed); before, every rank logs its own
         muted = "is_from_another_rank" in r.source(mod)
-        marker = "Prefill transfer failed" if side == "prefill" else "Decode transfer failed"
+        marker = f"{side.capitalize()} {stage} failed"
         head = r.message(mod, marker)
         tail = r.message(mod, " with exception ")
-        self.s.note(f"{side}_transfer_failed", mod, marker)
-        log = logging.getLogger(f"sglang.srt.disaggregation.{side}")
+        self.s.note(f"{side}_{stage}_failed", mod, marker)
+        log = logging.getLogger(mod)
+        level = _level_after(r, mod, marker)
         for n, prefix in enumerate(schedulers):
             self.s.configure(prefix)
             err = kv_error(room, reason, True) if muted and n else kv_error(room, reason)
@@ -434,7 +444,33 @@ class Printer:
             if muted and n:
                 log.debug(message)
             else:
-                (log.warning if side == "prefill" else log.error)(message)
+                getattr(log, level)(message)
+
+    def _bootstrap_failed(self, req: Any, room: int, schedulers: list[str], at: float) -> None:
+        """The bootstrap never completes: decode cannot fetch the prefill's parallel info from
+        its bootstrap server (the receiver's failure: decode's handshake fails at once) and the
+        prefill, never sent the KV indices, times out in ``KVPoll.Bootstrapping`` after the
+        release's default 300 s (the sender's failure, and its warning, printed once per process)."""
+        r, s = self.r, self.s
+        conn = self._conn()
+        if s.role == "decode":
+            mod = next(m for m in (conn, "sglang.srt.disaggregation.mooncake.conn") if r.has(m)
+                       and "Could not fetch prefill parallel info" in r.source(m))
+            reason = r.message(mod, "Could not fetch prefill parallel info")(
+                bootstrap_addr=f"{self._obj_of(req).bootstrap_host}:{s.setup.bootstrap_port}")
+            s.note("fetch_failure", mod, "Could not fetch prefill parallel info")
+            CLOCK.at(at)
+            self._transfer_failed(req, room, schedulers, "decode", reason, stage="handshake")
+            return
+        elapsed = 300.2
+        reason = r.message(conn, "in KVPoll.Bootstrapping")(bootstrap_room=room, elapsed=elapsed)
+        s.note("bootstrap_timeout", conn, "in KVPoll.Bootstrapping")
+        CLOCK.at(at + elapsed)
+        warning = r.message(conn, "Some requests timed out when bootstrapping")()
+        for prefix in schedulers:  # (warning_once: each scheduler process prints it once)
+            s.configure(prefix)
+            logging.getLogger(conn).warning(warning)
+        self._transfer_failed(req, room, schedulers, "prefill", reason, stage="bootstrap")
 
     def _context_rejection(self, obj: Any, prompt: int, at: float) -> None:
         """A prompt longer than the context: logged on arrival, then refused by the tokenizer
@@ -487,6 +523,16 @@ def retires(r: Release) -> bool:
     (``PrefillBootstrapQueue.add`` calling ``retire_unadmitted_request``), rather than
     bootstrapping it and sending its one-token stub."""
     return "retire_unadmitted_request" in r.source("sglang.srt.disaggregation.prefill")
+
+
+def _level_after(r: Release, module: str, marker: str) -> str:
+    """The level (``warning`` or ``error``) of the first logging call after the message holding
+    ``marker`` that is not a debug call (the muted branch)."""
+    lines = r.source(module).splitlines()[r.line_of(module, marker):]
+    for text in lines:
+        if (m := re.search(r"logger\.(warning|error)\(", text)) is not None:
+            return m.group(1)
+    raise LookupError(f"no warning or error call after {marker!r} in {r.path_of(module)}")
 
 
 def _tp_of(prefix: str) -> int:

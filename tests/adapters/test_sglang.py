@@ -311,39 +311,3 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_20_logs_
     assert (f"the replay names {logged['exposed_responses']} delivered responses that attended to other "
             f"requests' content</b>, from {logged['victim_requests']} other requests") in text
 
-
-def test_capacity_checks_and_bootstrap_and_handshake_failures_become_their_records() -> None:
-    """Three line types no fixture's scripted run prints (tests/adapters/releases has none): the
-    disaggregation queues' capacity check and the bootstrap and handshake failures. Their text is
-    made here by the expressions of SGLang 0.5.23's source (disaggregation/prefill.py:469 and
-    1354, decode.py:982 and 1158: f-strings over the rid, the lengths and ``{req.rid=}``), so this
-    holds the adapter to our transcription of those lines, not to lines the release printed."""
-    rid, room, tp_rank, tokens, limit = "req-cap", 9004117880, 0, 700_000, 681_278
-
-    class Req:  # (what the f-strings read)
-        def __init__(self) -> None:
-            self.rid, self.bootstrap_room = rid, room
-
-    req = Req()
-    capacity = f"Request {req.rid} exceeds the maximum number of tokens: {tokens} > {limit}"
-    bootstrap = f"Prefill bootstrap failed for request rank={tp_rank} {req.rid=} {req.bootstrap_room=}"
-
-    class DecodeReq:
-        def __init__(self) -> None:
-            self.req = req
-
-    decode_req = DecodeReq()
-    handshake = (f"Decode handshake failed for request rank={tp_rank} {decode_req.req.rid=} "
-                 f"{decode_req.req.bootstrap_room=}")
-    adapter = next(a for a in SGLANG_ADAPTERS if a.name == "sglang-server")
-    assert adapter.translate is not None
-    for role, lines in (("prefill", [capacity, bootstrap]), ("decode", [capacity, handshake])):
-        text = [f"[2026-11-02 08:00:0{i} TP0] {t}" for i, t in enumerate(lines, 1)]
-        out = [r for _, _, o in adapter.translate(lambda text=text: enumerate(text, 1), Path(f"{role}-0.log"),
-                                                  Options(role=role), Notes()) for r in (o or [])]
-        assert [(r["kind"], r["event"], r["request_id"]) for r in out] == [
-            ("request", "rejected", rid), ("transfer", "failed", rid)], role
-        assert (out[0]["reason"], out[0]["limit_tokens"], out[0]["ts"]) == (
-            "input_too_long", limit, "2026-11-02T08:00:01.000000Z")
-        sender, receiver = ("prefill-0", "unknown") if role == "prefill" else ("unknown", "decode-0")
-        assert (out[1]["transfer_id"], out[1]["src_node"], out[1]["dst_node"]) == (f"room-{room}", sender, receiver)

@@ -5,7 +5,8 @@ the wheel's logging code on a scripted prefill/decode run; SOURCE.json names the
 wheel's SHA-256 and the source line behind each line type). Releases covered: 0.5.5, 0.5.7,
 0.5.8, 0.5.11, 0.5.12, 0.5.18, 0.5.19, 0.5.21, 0.5.22 and 0.5.23, text request logs for all,
 JSON for those that have it (0.5.7 on: on stdout to 0.5.7, in --log-requests-target files from
-0.5.8), and the text form with SGLANG_LOG_MS=1 (milliseconds in each time; 0.5.7 on).
+0.5.8), and the text form with SGLANG_LOG_MS=1 (milliseconds in each time; 0.5.7 on); and in
+lines/ the queues' capacity check, which the scripted run never reaches, printed outside it.
 
 What each request should become is worked out here from the scenario in SOURCE.json and what
 the release does (whether it retires a length-rejected prompt, which integrity checks it has),
@@ -42,6 +43,7 @@ QUIET = [re.compile(p) for p in (
     r"Input length \(\d+ tokens\) exceeds the maximum allowed length",  # its finish line records it
     r"\] \[http_server\] Error: The input",  # recorded with the receive line of the request it is tied to
     r"Context corruption detected|KV checksum mismatch req=",  # the finish line records the abort
+    r"\] Some requests timed out when bootstrapping",  # a hint, once a process; the failure line says which
     r"Finish: obj=.*'finish_reason': \{'type': 'length'",  # a prefill's answer to the router
     r'"event": "request.finished".*"finish_reason": \{"type": "length"',
 )]
@@ -101,7 +103,7 @@ def test_the_lines_kept_between_the_passes_translate_as_lines_read_again(monkeyp
     line, on every fixture file of every release."""
     from forensics.adapters import sglang
 
-    files = sorted(ROOT.rglob("*.log"))
+    files = sorted(p for release, form in SETS for p in (ROOT / release / form).rglob("*.log"))
     assert len(files) > 30
     for path in files:
         text = path.read_text().splitlines()
@@ -185,9 +187,15 @@ def test_each_request_becomes_what_the_release_did_with_it(release: str, form: s
                 (rejected,) = on(rid, node, "rejected")
                 assert (rejected["reason"], rejected["limit_tokens"]) == ("input_too_long", source["context_length"])
             assert not requests[rid]["delivered"] and sent(rid, "prefill-0") == []
-        elif outcome == "transfer_failed":
-            assert len(sent(rid, "prefill-0", "failed")) == 1 and len(sent(rid, decode, "failed")) == 1
+        elif outcome in ("transfer_failed", "bootstrap_failed"):
+            # the transfer fails (or its bootstrap: decode's handshake, the prefill's wait timing
+            # out), each side a failed record of the same room, the two sides named by it
+            (ours,), (theirs,) = sent(rid, "prefill-0", "failed"), sent(rid, decode, "failed")
+            assert ours["transfer_id"] == theirs["transfer_id"] and ours["transfer_id"].startswith("room-"), rid
+            for side in (ours, theirs):
+                assert (side["src_node"], side["dst_node"]) == ("prefill-0", decode), rid
             assert [f["status"] for f in on(rid, decode, "finished")] == [500]
+            assert sent(rid, "prefill-0") == [] and on(rid, decode, "decode_started") == []
             assert not requests[rid]["delivered"]
         else:  # an integrity check of the release caught it
             reason = {"room_mismatch": "bootstrap_room_mismatch", "checksum_mismatch": "kv_checksum_mismatch"}[outcome]
@@ -204,6 +212,56 @@ def test_each_request_becomes_what_the_release_did_with_it(release: str, form: s
     assert caught_ids == {by_outcome[o] for o, has in checks.items() if has}
     assert "evidence.role_unknown" not in found_ids
     con.close()
+
+
+@pytest.mark.parametrize("release", sorted({r for r, _ in SETS}, key=RELEASES.index))
+def test_the_capacity_check_each_release_prints_becomes_a_rejection(release: str) -> None:
+    """The disaggregation queues' capacity check, printed by the release's f-string and logger
+    on each scheduler of the request (lines/: outside the scripted run, which never reaches the
+    check), becomes one ``rejected`` record with the pool as its limit, on the DP rank's node."""
+    lines = _source(release)["lines"]
+    assert {d["role"] for d in lines} == {"prefill", "decode"}
+    adapter = next(a for a in SGLANG if a.name == "sglang-server")
+    assert adapter.translate is not None
+    for d in lines:
+        path = ROOT / release / d["file"]
+        text = path.read_text().splitlines()
+        assert len(text) >= 1 and all(f" {d['tokens']} > {d['limit_tokens']}" in t for t in text)
+        out = [{k: v for k, v in r.items() if k not in ("line_no",)}
+               for _, _, o in adapter.translate(numbered(text), path, Options(role=d["role"]), Notes())
+               for r in (o or [])]
+        assert len(out) == len(text)  # (each scheduler's line: the same record, a duplicate at ingest)
+        node = "prefill-0" if d["role"] == "prefill" else "decode-0.dp0"
+        assert {(r["kind"], r["event"], r["request_id"], r["reason"], r["limit_tokens"], r["node"], r["ts"])
+                for r in out} == {("request", "rejected", d["rid"], "input_too_long", d["limit_tokens"], node,
+                                   "2026-11-02T08:00:01.000000Z")}
+
+
+def test_decode_steps_are_counted_back_from_a_finish_known_to_the_microsecond(tmp_path: Path) -> None:
+    """Up to 0.5.11 a decode's time stats give the steps from ``start`` (the scheduler's
+    ``perf_counter``), which the adapter can only put on the wall clock to within what the
+    file's seconds allow; a text finish line's ``response_sent_to_client_ts`` (0.5.6 on) gives
+    the finish to the microsecond, and the steps are counted back from it, never a calibrated
+    start mixed with a precise finish (the independent check found a decode that started 7 ms
+    after its response was sent: scripts/check_sglang_releases.py --seeds 2, 0.5.7)."""
+    checked = 0
+    for release in ("0.5.7", "0.5.8", "0.5.11"):
+        log = (ROOT / release / "text" / "decode-0.log").read_text()
+        forward = {m["rid"]: float(m["ms"]) for m in re.finditer(
+            r"Req Time Stats\(rid=(?P<rid>[^,]+), .*?forward_duration=(?P<ms>[\d.]+)ms", log)}
+        case = tmp_path / f"{release}.duckdb"
+        forensics.investigate([ROOT / release / "text" / "decode-0.log"], case)
+        con = duckdb.connect(str(case), read_only=True)
+        rows = _rows(con, "SELECT s.request_id, s.ts AS started, f.ts AS finished FROM request_events s "
+                          "JOIN request_events f USING (request_id) "
+                          "WHERE s.event = 'decode_started' AND f.event = 'finished'")
+        con.close()
+        assert {r["request_id"] for r in rows} == set(forward), release
+        for r in rows:
+            assert (r["finished"] - r["started"]).total_seconds() * 1000 == pytest.approx(
+                forward[r["request_id"]], abs=0.001), (release, r)
+            checked += 1
+    assert checked >= 15
 
 
 def test_a_request_log_file_with_no_server_log_beside_it_is_said_and_found(tmp_path: Path) -> None:
@@ -237,8 +295,8 @@ def test_bare_request_lines_of_0_5_8_to_0_5_11_take_the_time_of_the_line_before(
 
 
 def test_the_format_era_of_each_release_contains_it() -> None:
-    for release in (d.name for d in ROOT.iterdir() if d.is_dir()):
-        for path in (ROOT / release).rglob("*.log"):
+    for release, form in SETS:  # (the run's server logs; lines/ holds lines outside it)
+        for path in (ROOT / release / form).rglob("*.log"):
             adapter = next(a for a in SGLANG if a.sniff(path.read_text().splitlines()[:64]))
             notes = Notes()
             lines = numbered(path.read_text().splitlines())
@@ -418,7 +476,7 @@ def test_what_clients_got_is_held_to_the_finish_lines(tmp_path: Path) -> None:
     with forensics.Case(tmp_path / "case.duckdb") as case:
         (differs,) = [f for f in case.findings() if f.id == "evidence.access_status_differs"]
     (text,) = differs.evidence["text"].to_list()
-    assert "access lines 2 x 200, 1 x 400, 4 x 500, 1 x 502; finish lines 3 x 200, 1 x 400, 4 x 500" in text
+    assert "access lines 2 x 200, 1 x 400, 5 x 500, 1 x 502; finish lines 3 x 200, 1 x 400, 5 x 500" in text
 
 
 @pytest.mark.parametrize("release", [r for r, f in SETS if f == "text"])
