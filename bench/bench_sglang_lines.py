@@ -76,7 +76,7 @@ def adapter_only(path: Path) -> int:
     def lines():  # type: ignore[no-untyped-def]
         with path.open() as fh:
             for n, t in enumerate(fh, 1):
-                if t.strip():
+                if not t.isspace():  # (as forensics.ingestion.readers.text_lines: blank lines left out)
                     yield n, t.rstrip("\n")
 
     count = 0

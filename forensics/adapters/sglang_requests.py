@@ -114,12 +114,15 @@ _FAST_RID = re.compile(
     r"(?P<what>Receive|Finish): obj=GenerateReqInput\((?P<pre>[^'\"(){}\[\]]*?)\brid='(?P<rid>[^'\\]+)'")
 _FAST_SAMPLING = re.compile(r", sampling_params=\{(?P<sp>[^{}'\"]*(?:'[a-z_]+': [^{}'\",]*(?:, )?)*)\}")
 _FAST_MAX_NEW = re.compile(r"'max_new_tokens': (\d+)")
-_FAST_INT = {k: re.compile(rf"'{k}': (\d+)") for k in ("prompt_tokens", "completion_tokens", "dp_rank")}
+#: meta_info's counts, each key's first in one scan
+_FAST_INT = re.compile(r"'(prompt_tokens|completion_tokens|dp_rank)': (\d+)")
+ONE_SECOND = dt.timedelta(seconds=1)
 #: meta_info's wall-clock time the response was sent to the client (0.5.6 on), epoch seconds
 SENT = "response_sent_to_client_ts"
 _FAST_SENT = re.compile(r"'response_sent_to_client_ts': (\d+(?:\.\d+)?(?:e[+-]?\d+)?)")
 _FAST_REASON = re.compile(r"'finish_reason': (?:None|\{'type': '(?P<type>\w+)'(?P<rest>.*))")
 _FAST_MESSAGE = re.compile(r"'message': (?P<q>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+_FAST_PLAIN_MESSAGE = re.compile(r"'message': '([^'\\]*)'")  # (the usual message: no quote, no escape)
 _FAST_STATUS = re.compile(r"'status_code': (?:(?P<n>\d+)|<HTTPStatus\.\w+: (?P<e>\d+)>)")
 
 
@@ -158,10 +161,9 @@ def _fast(msg: str) -> RequestLine | None:
         return None
     meta_text = msg[meta_at:]
     meta: dict[str, Any] = {}
-    for key, pattern in _FAST_INT.items():
-        found = pattern.search(meta_text)
-        if found is not None:
-            meta[key] = int(found.group(1))
+    for found in _FAST_INT.finditer(meta_text):
+        if found.group(1) not in meta:
+            meta[found.group(1)] = int(found.group(2))
     sent = _FAST_SENT.search(meta_text)
     if sent is not None:
         meta[SENT] = float(sent.group(1))
@@ -171,11 +173,16 @@ def _fast(msg: str) -> RequestLine | None:
     if reason["type"] is not None:
         fr: dict[str, Any] = {"type": reason["type"]}
         if reason["type"] == "abort":
-            message, status = _FAST_MESSAGE.search(reason["rest"]), _FAST_STATUS.search(reason["rest"])
-            if message is None:
-                return None
-            quoted = message["q"]
-            fr["message"] = quoted[1:-1] if "\\" not in quoted else ast.literal_eval(quoted)
+            rest = reason["rest"]
+            plain, status = _FAST_PLAIN_MESSAGE.match(rest, rest.find("'message': ")), _FAST_STATUS.search(rest)
+            if plain is not None:
+                fr["message"] = plain.group(1)
+            else:
+                message = _FAST_MESSAGE.search(rest)
+                if message is None:
+                    return None
+                quoted = message["q"]
+                fr["message"] = quoted[1:-1] if "\\" not in quoted else ast.literal_eval(quoted)
             if status is not None:
                 fr["status_code"] = int(status["n"] or status["e"])
         meta["finish_reason"] = fr
@@ -232,17 +239,23 @@ _NONE: dict[str, Any] = {}
 def read(line: LogLine, options: Options) -> RequestLine | Untranslatable | None:
     """The request event on this line (None for a line of another kind; the reason for a
     malformed one), read whole where ``--tenant-from`` needs the logged request."""
+    if line.doc is None and not line.msg.startswith(("Receive: ", "Finish: ", "{")):
+        return None  # (what parse would say, at once: a line of another kind)
     try:
         return parse(line, whole=options.tenant_from is not None)
     except Untranslatable as exc:
         return exc
 
 
+#: The era marks of a request line, by (JSON, prefixed)
+_MARKS = {(doc, prefixed): f"request.{'json' if doc else 'text'}.{'prefixed' if prefixed else 'bare'}"
+          for doc in (False, True) for prefixed in (False, True)}
+
+
 def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> RequestLine:
     """First pass: the prompt length, tenant and output budget each request line reveals;
     what of it the second pass reads."""
-    form = "json" if line.doc is not None else "text"
-    facts.marks.add(f"request.{form}.{'prefixed' if line.prefixed else 'bare'}")
+    facts.marks.add(_MARKS[line.doc is not None, line.prefixed])
     room = dig(r.obj, "bootstrap_room")
     if isinstance(room, int) and not isinstance(room, bool):
         facts.learn_room(r.rid, room)
@@ -300,7 +313,7 @@ def _sent_at(r: RequestLine, line: LogLine, when: dt.datetime) -> dt.datetime | 
     line was logged in (``when``): the finish to the microsecond. None elsewhere."""
     sent = r.meta.get(SENT) if r.event == "finished" and not line.precise else None
     if isinstance(sent, (int, float)) and not isinstance(sent, bool) \
-            and when <= (at := dt.datetime.fromtimestamp(sent, tz=dt.UTC)) < when + dt.timedelta(seconds=1):
+            and when <= (at := dt.datetime.fromtimestamp(sent, dt.UTC)) < when + ONE_SECOND:
         return at
     return None
 
@@ -323,7 +336,7 @@ def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, not
         if r.event == "received":  # preallocation: at or after the second the request arrived in
             if calibrated[0] >= when:
                 when = calibrated[0]
-        elif when <= calibrated[3] < when + dt.timedelta(seconds=1):  # logged at the finish
+        elif when <= calibrated[3] < when + ONE_SECOND:  # logged at the finish
             when = calibrated[3]
     if role == "decode" and not line.precise:
         # the lines are in the order things happened: no time made precise may undo it

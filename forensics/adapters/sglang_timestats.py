@@ -82,32 +82,59 @@ def read(line: LogLine, options: Options) -> TimeStats | None:
     return _parse(line.msg)
 
 
+#: The head's fields as every release from 0.5.5 lays them out, read in one match (any other
+#: layout is read field by field)
+_HEAD = re.compile(r"rid=(?P<rid>[^\s,=]+), bootstrap_room=(?P<bootstrap_room>[^\s,=]+), "
+                   r"input[ _]len=(?P<input_len>\d+), (?:cached_input_len=\d+, )?output[ _]len=\d+, "
+                   r"(?:attempts=(?P<attempts>\d+), )?type=(?P<type>[^\s,=]+)")
+
+
 @functools.lru_cache(maxsize=64)  # (every TP rank prints the same line: read it once)
 def _parse(msg: str) -> TimeStats | None:
     m = _LINE.search(msg)
     if m is None:
         return None
-    head = {k.strip().replace(" ", "_"): v.strip() for k, v in _FIELD.findall(m["fields"])}
-    if "rid" not in head or "type" not in head or not head.get("input_len", "").isdigit():
-        return None
+    fields = m["fields"]
+    laid_out = _HEAD.fullmatch(fields)
+    if laid_out is not None:
+        rid, room, input_len, attempts, kind = laid_out.group("rid", "bootstrap_room", "input_len", "attempts", "type")
+    else:
+        head = {k.strip().replace(" ", "_"): v.strip() for k, v in _FIELD.findall(fields)}
+        if "rid" not in head or "type" not in head or not head.get("input_len", "").isdigit():
+            return None
+        rid, room, input_len, attempts, kind = (head["rid"], head.get("bootstrap_room"), head["input_len"],
+                                                head.get("attempts"), head["type"])
     durations: dict[str, float] = {}
     numbers: dict[str, float] = {}
     for name, value, unit in _STAT.findall(m["stats"] or ""):
-        if unit == "ms" and name.endswith("_duration"):
-            durations.setdefault(name[: -len("_duration")].replace("_queue", ""), float(value) / 1000)
-        elif unit == "ms":  # the parts of a step: bootstrap(4.00ms) + alloc_wait(1.00ms)
-            durations.setdefault(f"part.{name}", float(value) / 1000)
-        else:
-            numbers.setdefault(name, float(value))
-    room = head.get("bootstrap_room")
+        key = _STAT_KEYS.get((name, unit)) or _stat_key(name, unit)
+        into = numbers if key[0] == "n" else durations
+        if key[1] not in into:
+            into[key[1]] = float(value) / 1000 if key[0] == "d" else float(value)
     return TimeStats(
-        old_head=m["head"] == "Req Time Stats", rid=head["rid"], room=None if room in (None, "None") else room,
-        kind=head["type"], input_len=int(head["input_len"]), attempts=_int(head.get("attempts")), durations=durations,
-        start=numbers.get("start", numbers.get("start_time")), entry=numbers.get("entry_time"),
-        transfer_mib=numbers.get("transfer_total"),
-        transfer_gbs=numbers.get("transfer_speed"),
-        retries=int(numbers["#retries"]) if "#retries" in numbers else None,
+        m["head"] == "Req Time Stats", rid, None if room in (None, "None") else room, kind, int(input_len),
+        _int(attempts), durations, numbers.get("start", numbers.get("start_time")), numbers.get("entry_time"),
+        numbers.get("transfer_total"), numbers.get("transfer_speed"),
+        int(numbers["#retries"]) if "#retries" in numbers else None,
     )
+
+
+#: Where a step's number goes, by its name and unit: ``("d", step)`` a duration in seconds
+#: (``forward_duration=6.00ms`` -> ``forward``; a step's parts, ``bootstrap(4.00ms)``, as
+#: ``part.bootstrap``), ``("n", name)`` any other number as printed
+_STAT_KEYS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def _stat_key(name: str, unit: str) -> tuple[str, str]:
+    if unit == "ms" and name.endswith("_duration"):
+        key = ("d", name[: -len("_duration")].replace("_queue", ""))
+    elif unit == "ms":
+        key = ("d", f"part.{name}")
+    else:
+        key = ("n", name)
+    if len(_STAT_KEYS) < 4096:
+        _STAT_KEYS[name, unit] = key
+    return key
 
 
 def _int(text: str | None) -> int | None:
@@ -166,7 +193,7 @@ def translate(t: TimeStats, line: LogLine, facts: Facts, options: Options, notes
             at = _epoch(t.entry)
             wait = d.get("bootstrap", 0.0) + d.get("alloc_wait", 0.0) if "bootstrap" in d else 0.0
             started = at + _s(wait + d.get("queue", 0.0))
-            done = min(started + _s(d.get("forward", 0.0)), end + dt.timedelta(seconds=1))
+            done = min(started + _s(d.get("forward", 0.0)), end + _ONE_SECOND)
             started = min(started, done)
         done_records = [{"kind": "request", "ts": rfc3339(started), **base, "event": "prefill_started"},
                         {"kind": "request", "ts": rfc3339(done), **base, "event": "prefill_done"}]
@@ -193,8 +220,11 @@ def translate(t: TimeStats, line: LogLine, facts: Facts, options: Options, notes
 
 
 def _epoch(seconds: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
 
 def _s(seconds: float) -> dt.timedelta:
-    return dt.timedelta(microseconds=round(seconds * 1_000_000))
+    return dt.timedelta(0, 0, round(seconds * 1_000_000))  # (positional: keyword calls cost more)
+
+
+_ONE_SECOND = dt.timedelta(seconds=1)

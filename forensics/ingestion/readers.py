@@ -260,7 +260,7 @@ def text_lines(log: LogFile, long_lines: dict[int, int] | None = None) -> adapte
                 line = raw.decode("utf-8", "backslashreplace").rstrip("\r\n")
                 if length is not None and long_lines is not None:
                     long_lines[line_no] = length
-                if line.strip():
+                if line and not line.isspace():  # (a blank line, without copying the others)
                     yield line_no, line
 
     return lines
