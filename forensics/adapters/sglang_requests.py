@@ -280,7 +280,7 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
         facts.dp_of.setdefault(r.rid, dp)
     if line.precise and line.ts is not None:
         facts.finish_ts[r.rid] = line.ts
-    elif (sent := _sent_at(r, line, _line_time(line, facts))) is not None:
+    elif (when := _line_time(line, facts)) is not None and (sent := _sent_at(r, line, when)) is not None:
         facts.finish_ts[r.rid] = sent  # (the time stats of a decode request are counted back from it)
     message = str(r.finish_reason.get("message", ""))
     m = LENGTH_ERROR.search(message)
@@ -303,9 +303,10 @@ def _bare(line: LogLine, facts: Facts) -> bool:
     return line.ts is None and not line.prefixed and not line.undated and facts.last_ts is not None
 
 
-def _line_time(line: LogLine, facts: Facts) -> dt.datetime:
-    """The line's time: a bare line was written after the one before it."""
-    return facts.last_ts if _bare(line, facts) and facts.last_ts is not None else line.when()
+def _line_time(line: LogLine, facts: Facts) -> dt.datetime | None:
+    """The line's time (a bare line was written after the one before it); None where it has
+    none (``line.when()`` says why)."""
+    return facts.last_ts if _bare(line, facts) else line.ts
 
 
 def _sent_at(r: RequestLine, line: LogLine, when: dt.datetime) -> dt.datetime | None:
@@ -323,7 +324,7 @@ def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, not
     if _bare(line, facts):
         notes.add("bare_time", "{n} request-log lines have no time of their own (SGLang 0.5.8 to 0.5.11 print "
                   "them bare): each takes the time of the line before it, to the second")
-    when = _line_time(line, facts)
+    when = _line_time(line, facts) or line.when()
     sent = _sent_at(r, line, when)
     if sent is not None:
         when = sent

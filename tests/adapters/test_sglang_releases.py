@@ -264,6 +264,20 @@ def test_decode_steps_are_counted_back_from_a_finish_known_to_the_microsecond(tm
     assert checked >= 15
 
 
+def test_a_finish_line_with_no_year_is_kept_with_its_reason_not_a_crash() -> None:
+    """The first pass reads a finish's response_sent_to_client_ts against the line's time; a
+    line whose time has no year (``[11-02 ...]`` without --year) has none, and is quarantined
+    by the second pass with the reason, as any other line of that kind."""
+    text = (ROOT / "0.5.7" / "text" / "decode-0.log").read_text().splitlines()
+    at = next(i for i, t in enumerate(text) if "Finish: obj=" in t)
+    text[at] = "[11-02" + text[at][len("[2026-11-02"):]
+    adapter = next(a for a in SGLANG if a.name == "sglang-server")
+    assert adapter.translate is not None
+    out = {n: o for n, _, o in adapter.translate(numbered(text), Path("decode-0.log"), Options(), Notes())}
+    assert isinstance(out[at + 1], Untranslatable) and "no year" in str(out[at + 1])
+    assert len(out) == len(text)
+
+
 def test_a_request_log_file_with_no_server_log_beside_it_is_said_and_found(tmp_path: Path) -> None:
     alone = tmp_path / "requests"
     alone.mkdir()
