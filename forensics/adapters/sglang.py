@@ -10,6 +10,9 @@ node's role, each prompt's real length, precise finish times), the second transl
 line is read once: the first pass keeps, line by line, what the second needs of it (its time
 and what its format read, not its text), up to ``KEEP_LINES`` lines a file; past them, and for
 any line whose length is not the one the first pass saw, the second pass reads it again.
+Past a file's first lines the reading of each line (its prefix and what its format reads) is
+shared with a worker process (:mod:`forensics.adapters.sglang_worker`): the same readings, in
+the file's order.
 """
 
 from __future__ import annotations
@@ -18,12 +21,19 @@ import array
 import contextlib
 import gc
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from forensics.adapters import sglang_config, sglang_errors, sglang_mooncake, sglang_requests, sglang_timestats
+from forensics.adapters import (
+    sglang_config,
+    sglang_errors,
+    sglang_mooncake,
+    sglang_requests,
+    sglang_timestats,
+    sglang_worker,
+)
 from forensics.adapters.base import (
     Adapter,
     Lines,
@@ -95,17 +105,23 @@ def _second_pass(lines: Lines, kept: _Kept, facts: Facts, options: Options,
                  notes: Notes) -> Iterator[Outcome]:
     facts.last_ts = None
     by_room = options.request_ids == "room"
-    held = len(kept.lengths)
-    for i, (line_no, text) in enumerate(lines()):
-        if i < held and kept.lengths[i] == len(text):
-            line, k, value = kept.lines[i], kept.formats[i], kept.values[i]
-        else:  # (past what the first pass kept, or a file that changed under it)
-            line = split(text, options.year)
-            k, value = _read(line, text, options)
+
+    def outcome(line_no: int, text: str, line: LogLine, k: int, value: Any) -> Outcome:
         out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, notes)
-        yield line_no, text, _by_room(out, facts, notes) if by_room and isinstance(out, list) else out
         if line.ts is not None:
             facts.last_ts = line.ts
+        return line_no, text, _by_room(out, facts, notes) if by_room and isinstance(out, list) else out
+
+    it = iter(lines())
+    # the lines the first pass kept (``it`` last: zip takes no line past them, and stops at the end of a
+    # file shorter than the first pass saw)
+    for length, line, k, value, (line_no, text) in zip(kept.lengths, kept.lines, kept.formats, kept.values, it,
+                                                        strict=False):
+        if length != len(text):  # (a file that changed under the first pass)
+            line, k, value = read_line(text, options)
+        yield outcome(line_no, text, line, k, value)
+    for line_no, text, (line, k, value) in sglang_worker.read_ahead(it, options, _reader(options)):
+        yield outcome(line_no, text, line, k, value)  # (past what the first pass kept)
 
 
 def _by_room(records: list[dict[str, Any]], facts: Facts, notes: Notes) -> list[dict[str, Any]]:
@@ -144,9 +160,15 @@ class _Kept:
         self.shared: dict[tuple[Any, ...], LogLine] = {}
 
     def add(self, text: str, line: LogLine, k: int, value: Any) -> None:
-        key = (line.ts, line.precise, line.undated, line.dp, line.prefixed)
-        if (bare := self.shared.get(key)) is None:
-            bare = self.shared[key] = LogLine(line.ts, line.precise, "", None, line.undated, line.dp, line.prefixed)
+        if line.msg == "" and line.doc is None:  # (already bare: a line the worker read, shared by its batch)
+            bare = line
+        else:
+            key = (line.ts, line.precise, line.undated, line.dp, line.prefixed)
+            shared = self.shared.get(key)
+            if shared is None:
+                shared = self.shared[key] = LogLine(line.ts, line.precise, "", None, line.undated, line.dp,
+                                                    line.prefixed)
+            bare = shared
         self.lengths.append(len(text))
         self.lines.append(bare)
         self.formats.append(k)
@@ -185,9 +207,7 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
     """The first pass over a file's lines, into ``facts`` (and, given ``kept``, what the second
     pass needs of each line, into it)."""
     facts.last_ts = None
-    for _, text in lines():
-        line = split(text, options.year)
-        k, value = _read(line, text, options)
+    for _, text, (line, k, value) in sglang_worker.read_ahead(iter(lines()), options, _reader(options)):
         if k < 0 and value is not None:  # an access line: the HTTP status a client got
             facts.access[value] = facts.access.get(value, 0) + 1
             value = None
@@ -200,17 +220,36 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
     return facts
 
 
+def read_line(text: str, options: Options) -> sglang_worker.Read:
+    """A line as the passes read it: its prefix split off, and its format's index and value (:func:`_read`)."""
+    line = split(text, options.year)
+    return (line, *_read(line, text, options))
+
+
+def _reader(options: Options) -> Callable[[str], sglang_worker.Read]:
+    return lambda text: read_line(text, options)
+
+
 def _read(line: LogLine, text: str, options: Options) -> tuple[int, Any]:
     """The format of a line (its index in _FORMATS) and what it read of it (an Untranslatable
     for a malformed line of that format); for uvicorn's access line of a generate request, -1
     and its HTTP status; (-1, None) for a line of no format the adapter reads."""
+    first = 0
+    if line.doc is not None or line.msg.startswith(_REQUEST_STARTS):  # (a request line: no other format reads it)
+        if (value := sglang_requests.read(line, options)) is not None:
+            return 0, value
+        first = 1
     if ' HTTP/' in text and (access := _ACCESS.search(text)) is not None:
         return -1, int(access["status"])
-    for k, fmt in enumerate(_FORMATS):
-        value = fmt.read(line, options)
+    for k in range(first, len(_FORMATS)):
+        value = _FORMATS[k].read(line, options)
         if value is not None:
             return k, value
     return -1, None
+
+
+#: How the messages the request log's reader reads begin (it reads no other)
+_REQUEST_STARTS = sglang_requests.READ_STARTS
 
 
 #: uvicorn's access line of a generate request (``INFO:     ADDR - "POST /generate HTTP/1.1" 200 OK``)

@@ -126,7 +126,6 @@ _FAST_PLAIN_MESSAGE = re.compile(r"'message': '([^'\\]*)'")  # (the usual messag
 _FAST_STATUS = re.compile(r"'status_code': (?:(?P<n>\d+)|<HTTPStatus\.\w+: (?P<e>\d+)>)")
 
 
-_FAST_TEXT = re.compile(r"text(?:=['\"]|': )")
 _FAST_ROOM = re.compile(r", bootstrap_room=(-?\d+|None)(?=[,)])")
 
 
@@ -191,12 +190,7 @@ def _fast(msg: str) -> RequestLine | None:
 
 def _has_text(msg: str) -> bool:
     """Whether the line may log user text: ``text='``, ``text="`` or ``'text': `` in it."""
-    t = _FAST_TEXT.search(msg)
-    while t is not None:
-        if t.group(0)[4] == "=" or (t.start() > 0 and msg[t.start() - 1] == "'"):
-            return True
-        t = _FAST_TEXT.search(msg, t.end())
-    return False
+    return "text='" in msg or 'text="' in msg or "'text': " in msg
 
 
 def _skeleton(msg: str, at: int) -> str | None:
@@ -236,10 +230,14 @@ def _skeleton(msg: str, at: int) -> str | None:
 _NONE: dict[str, Any] = {}
 
 
+#: How a message that may be a request line begins (or the line is a JSON object)
+READ_STARTS = ("Receive: ", "Finish: ", "{")
+
+
 def read(line: LogLine, options: Options) -> RequestLine | Untranslatable | None:
     """The request event on this line (None for a line of another kind; the reason for a
     malformed one), read whole where ``--tenant-from`` needs the logged request."""
-    if line.doc is None and not line.msg.startswith(("Receive: ", "Finish: ", "{")):
+    if line.doc is None and not line.msg.startswith(READ_STARTS):
         return None  # (what parse would say, at once: a line of another kind)
     try:
         return parse(line, whole=options.tenant_from is not None)
@@ -256,7 +254,7 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
     """First pass: the prompt length, tenant and output budget each request line reveals;
     what of it the second pass reads."""
     facts.marks.add(_MARKS[line.doc is not None, line.prefixed])
-    room = dig(r.obj, "bootstrap_room")
+    room = r.obj.get("bootstrap_room")  # (dig's answer for a path of one key)
     if isinstance(room, int) and not isinstance(room, bool):
         facts.learn_room(r.rid, room)
     if r.event == "received":
@@ -267,13 +265,16 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
             tenant = dig(r.obj, options.tenant_from)
             if isinstance(tenant, (str, int)) and not isinstance(tenant, bool):
                 facts.tenant[r.rid] = str(tenant)
-        max_new = dig(r.obj, "sampling_params.max_new_tokens")
+        sampling = r.obj.get("sampling_params")  # (as dig reads sampling_params.max_new_tokens)
+        max_new = sampling.get("max_new_tokens") if isinstance(sampling, dict) else None
         if isinstance(max_new, int) and not isinstance(max_new, bool):
             facts.max_new[r.rid] = max_new
         return RequestLine(r.event, r.rid, _NONE, _NONE)
     facts.finished.add(r.rid)
     facts.open_receives.pop(r.rid, None)
-    status = finish_status(r)
+    fr = r.finish_reason
+    aborted = fr.get("type") == "abort"
+    status = (status_code(fr.get("status_code")) or 500) if aborted else 200  # (finish_status)
     facts.finish_status[status] = facts.finish_status.get(status, 0) + 1
     dp = r.meta.get("dp_rank")
     if isinstance(dp, int) and not isinstance(dp, bool):
@@ -282,9 +283,9 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
         facts.finish_ts[r.rid] = line.ts
     elif (when := _line_time(line, facts)) is not None and (sent := _sent_at(r, line, when)) is not None:
         facts.finish_ts[r.rid] = sent  # (the time stats of a decode request are counted back from it)
-    message = str(r.finish_reason.get("message", ""))
-    m = LENGTH_ERROR.search(message)
-    c = CAPACITY_ERROR.search(message)
+    message = str(fr.get("message", ""))
+    m = LENGTH_ERROR.search(message) if message else None
+    c = CAPACITY_ERROR.search(message) if message and m is None else None
     if m:
         facts.learn_prompt(r.rid, int(m.group(1)), 3)
         facts.limit[r.rid] = int(m.group(2))
@@ -293,7 +294,7 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
         facts.limit[r.rid] = int(c.group(3))
     elif isinstance(r.meta.get("prompt_tokens"), int):  # (only the length abort swaps the prompt)
         facts.learn_prompt(r.rid, r.meta["prompt_tokens"], 2)
-    if r.aborted and re.search(r"(transfer|bootstrap|handshake) failed", message):
+    if aborted and re.search(r"(transfer|bootstrap|handshake) failed", message):
         facts.failed.add(r.rid)
     return RequestLine(r.event, r.rid, _NONE, _kept(r.meta))
 

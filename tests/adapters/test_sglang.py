@@ -311,3 +311,18 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_20_logs_
     assert (f"the replay names {logged['exposed_responses']} delivered responses that attended to other "
             f"requests' content</b>, from {logged['victim_requests']} other requests") in text
 
+
+
+def test_a_request_line_whose_text_holds_an_access_line_is_read_as_a_request_line() -> None:
+    """A prompt may hold anything, an access line's text too: a request line is read as one
+    (not counted as an HTTP status a client got), and an access line still as an access line."""
+    from forensics.adapters.sglang import read_line
+    from forensics.adapters.sglang_requests import RequestLine
+
+    spoof = ('[2026-11-02 08:00:02] Receive: obj=GenerateReqInput(rid=\'r1\', text=\'x - "POST /generate '
+             'HTTP/1.1" 500 Internal Server Error\', sampling_params={\'max_new_tokens\': 8})')
+    _, k, value = read_line(spoof, Options())
+    assert k == 0 and isinstance(value, RequestLine) and value.rid == "r1"
+    _, k, value = read_line('INFO:     10.0.0.2:51822 - "POST /generate HTTP/1.1" 500 Internal Server Error',
+                            Options())
+    assert (k, value) == (-1, 500)
