@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import functools
 import gc
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -227,29 +228,22 @@ def read_line(text: str, options: Options) -> sglang_worker.Read:
 
 
 def _reader(options: Options) -> Callable[[str], sglang_worker.Read]:
-    return lambda text: read_line(text, options)
+    return functools.partial(read_line, options=options)
 
 
 def _read(line: LogLine, text: str, options: Options) -> tuple[int, Any]:
     """The format of a line (its index in _FORMATS) and what it read of it (an Untranslatable
     for a malformed line of that format); for uvicorn's access line of a generate request, -1
     and its HTTP status; (-1, None) for a line of no format the adapter reads."""
-    first = 0
-    if line.doc is not None or line.msg.startswith(_REQUEST_STARTS):  # (a request line: no other format reads it)
-        if (value := sglang_requests.read(line, options)) is not None:
-            return 0, value
-        first = 1
+    if (value := sglang_requests.read(line, options)) is not None:  # (a request line: no other format reads it)
+        return 0, value
     if ' HTTP/' in text and (access := _ACCESS.search(text)) is not None:
         return -1, int(access["status"])
-    for k in range(first, len(_FORMATS)):
+    for k in range(1, len(_FORMATS)):
         value = _FORMATS[k].read(line, options)
         if value is not None:
             return k, value
     return -1, None
-
-
-#: How the messages the request log's reader reads begin (it reads no other)
-_REQUEST_STARTS = sglang_requests.READ_STARTS
 
 
 #: uvicorn's access line of a generate request (``INFO:     ADDR - "POST /generate HTTP/1.1" 200 OK``)

@@ -230,14 +230,10 @@ def _skeleton(msg: str, at: int) -> str | None:
 _NONE: dict[str, Any] = {}
 
 
-#: How a message that may be a request line begins (or the line is a JSON object)
-READ_STARTS = ("Receive: ", "Finish: ", "{")
-
-
 def read(line: LogLine, options: Options) -> RequestLine | Untranslatable | None:
     """The request event on this line (None for a line of another kind; the reason for a
     malformed one), read whole where ``--tenant-from`` needs the logged request."""
-    if line.doc is None and not line.msg.startswith(READ_STARTS):
+    if line.doc is None and not line.msg.startswith(("Receive: ", "Finish: ", "{")):
         return None  # (what parse would say, at once: a line of another kind)
     try:
         return parse(line, whole=options.tenant_from is not None)

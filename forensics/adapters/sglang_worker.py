@@ -7,7 +7,7 @@ line before it. The reading is about half the pass. Past the first :data:`LOCAL_
 a file, where the machine has a core to spare, :func:`read_ahead` hands the lines to a worker
 process, :data:`BATCH_LINES` at a time and up to :data:`DEPTH` batches ahead, and takes back,
 in order, what the same functions made of them. The worker runs this module's :func:`main`
-(``python -c 'from forensics.adapters.sglang_worker import main; main()'``): a process of its
+(``python -c`` :data:`_BOOT`): a process of its
 own, which imports nothing of the caller's (a notebook, a script without a ``__main__`` guard).
 
 What comes back is what the first pass needs of a line: its time, flags and ranks, and what its
@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import itertools
+import json
 import marshal
 import os
 import select
@@ -35,7 +36,6 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import IO, Any
 
 from forensics.adapters.base import Options, Untranslatable
@@ -51,6 +51,8 @@ LOCAL_LINES = 20_000
 #: Lines a batch holds, and batches handed to the worker ahead of their use.
 BATCH_LINES = 500
 DEPTH = 6
+#: Batches this process reads ahead of the worker's oldest, at most (while it waits for it).
+AHEAD = 8
 
 #: What a line reads as: the line, its format's index (-1: none) and what the format read.
 Read = tuple[LogLine, int, Any]
@@ -90,11 +92,11 @@ def read_ahead(it: Iterator[tuple[int, str]], options: Options,
     if first is None:
         return
     worker = _Worker.start(options) if workers() else None
-    batches = _batches(first, it)
     if worker is None:
-        for numbers, texts in batches:
-            yield from zip(numbers, texts, map(read, texts), strict=True)
+        for line_no, text in itertools.chain((first,), it):
+            yield line_no, text, read(text)
         return
+    batches = _batches(first, it)
     #: the batches read from the file and not yet yielded, in its order: (line numbers, texts,
     #: their readings, or None for a batch with the worker)
     pending: deque[tuple[list[int], list[str], list[Read] | None]] = deque()
@@ -136,10 +138,6 @@ def read_ahead(it: Iterator[tuple[int, str]], options: Options,
         worker.close()
 
 
-#: Batches this process reads ahead of the worker's oldest, at most (while it waits for it).
-AHEAD = 8
-
-
 def _batches(first: tuple[int, str], it: Iterator[tuple[int, str]]) -> Iterator[tuple[list[int], list[str]]]:
     numbers, texts = [first[0]], [first[1]]
     for line_no, text in it:
@@ -177,14 +175,10 @@ class _Worker:
     @classmethod
     def start(cls, options: Options) -> _Worker | None:
         """The worker started, told the options a line is read with; None where it cannot start."""
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])  # (where this package is imported from)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", "from forensics.adapters.sglang_worker import main; main()"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=None if os.environ.get("KVFORENSICS_DEBUG") else subprocess.DEVNULL, env=env)
+                [sys.executable, "-c", _BOOT, json.dumps(sys.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=None if os.environ.get("KVFORENSICS_DEBUG") else subprocess.DEVNULL)
         except OSError:
             return None
         worker = cls(proc)
@@ -265,6 +259,11 @@ class _Worker:
             self.proc.kill()
             self.proc.wait()
 
+
+#: The worker's program: this process's module path (as multiprocessing's spawn passes it: the
+#: same forensics however it was found here), then :func:`main`.
+_BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+         "from forensics.adapters.sglang_worker import main; main()")
 
 #: The size asked of each pipe to and from the worker (Linux allows up to 1 MiB unprivileged).
 PIPE_BYTES = 1 << 20

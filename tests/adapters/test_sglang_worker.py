@@ -10,6 +10,7 @@ import marshal
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,10 @@ def _outcomes(path: Path, options: Options | None = None) -> list[tuple[int, str
     text = path.read_text().splitlines()
     adapter = next(a for a in SGLANG if a.sniff(text[:64]))
     assert adapter.translate is not None
-    lines = lambda: ((n, t) for n, t in enumerate(text, 1) if t.strip())  # noqa: E731
+
+    def lines() -> Iterator[tuple[int, str]]:  # (as the readers give them: numbered, blank ones left out)
+        return ((n, t) for n, t in enumerate(text, 1) if t.strip())
+
     return [(n, raw, repr(out)) for n, raw, out in adapter.translate(lines, path, options, Notes())]
 
 
