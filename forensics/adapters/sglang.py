@@ -12,15 +12,18 @@ and what its format read, not its text), up to ``KEEP_LINES`` lines a file; past
 any line whose length is not the one the first pass saw, the second pass reads it again.
 Past a file's first lines the reading of each line (its prefix and what its format reads) is
 shared with a worker process (:mod:`forensics.adapters.sglang_worker`): the same readings, in
-the file's order.
+the file's order. On Linux the second pass gives the end of a long file's kept lines to a forked
+copy of this process (:func:`_theirs`): the same outcomes and notes, in the file's order.
 """
 
 from __future__ import annotations
 
 import array
 import contextlib
+import datetime as dt
 import functools
 import gc
+import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -115,14 +118,104 @@ def _second_pass(lines: Lines, kept: _Kept, facts: Facts, options: Options,
 
     it = iter(lines())
     # the lines the first pass kept (``it`` last: zip takes no line past them, and stops at the end of a
-    # file shorter than the first pass saw)
-    for length, line, k, value, (line_no, text) in zip(kept.lengths, kept.lines, kept.formats, kept.values, it,
-                                                        strict=False):
-        if length != len(text):  # (a file that changed under the first pass)
-            line, k, value = read_line(text, options)
-        yield outcome(line_no, text, line, k, value)
+    # file shorter than the first pass saw), the end of them translated in a forked copy of this process
+    # where there is a core for it
+    with _theirs(kept, facts, options) as forked:
+        yield from _kept_lines(it, kept, forked, facts, options, notes, outcome)
     for line_no, text, (line, k, value) in sglang_worker.read_ahead(it, options, _reader(options)):
         yield outcome(line_no, text, line, k, value)  # (past what the first pass kept)
+
+
+def _kept_lines(it: Iterator[tuple[int, str]], kept: _Kept, forked: sglang_worker.Forked | None, facts: Facts,
+                options: Options, notes: Notes, outcome: Callable[[int, str, LogLine, int, Any], Outcome],
+                ) -> Iterator[Outcome]:
+    """The second pass over the lines the first kept: each translated here, or taken as the
+    forked child translated it (the end of the file, where there is a child)."""
+    theirs = itertools.repeat(None) if forked is None else \
+        itertools.chain(itertools.repeat(None, len(kept.lines) - forked.n), forked, itertools.repeat(None))
+    for length, line, k, value, their, (line_no, text) in zip(kept.lengths, kept.lines, kept.formats, kept.values,
+                                                               theirs, it, strict=False):
+        if length != len(text):  # (a file that changed under the first pass)
+            line, k, value = read_line(text, options)
+            their = None
+        if their is not None:
+            out, decoded_at, added = their
+            if decoded_at is not None:  # (a decode request line's time: never before the one before it)
+                year, month, day, hour, minute, second, us = decoded_at
+                at = dt.datetime(year, month, day, hour, minute, second, us, dt.UTC)
+                if facts.last_decode_line is not None and at < facts.last_decode_line:
+                    their = None  # (this process carries a later time than the child did: translated here)
+                else:
+                    facts.last_decode_line = at
+        if their is None:
+            yield outcome(line_no, text, line, k, value)
+            continue
+        for key, note, n in added:
+            notes.add(key, note, n)
+        if line.ts is not None:
+            facts.last_ts = line.ts
+        yield line_no, text, Untranslatable(out) if isinstance(out, str) else out
+
+
+#: Kept lines a file needs for the second pass to share them with a forked copy of this process,
+#: and the share of them it gives it (the file's end; this process still reads every line's text,
+#: and takes the records made there).
+FORK_LINES = 40_000
+FORK_SHARE = 0.4
+
+
+def _theirs(kept: _Kept, facts: Facts, options: Options) -> contextlib.AbstractContextManager[
+        sglang_worker.Forked | None]:
+    """A forked copy of this process translating the end of the kept lines: for each of those,
+    its outcome in :mod:`marshal` form, its decode time and the notes it added, or None for a
+    line to translate here (any the child did not give). None where there is no child."""
+    n = len(kept.lines)
+    if n < FORK_LINES or not sglang_worker.forks():
+        return contextlib.nullcontext()
+    split = n - int(n * FORK_SHARE)
+    # the child starts where this process will be at the split: the time of the last line before it
+    last_ts = next((line.ts for line in reversed(kept.lines[:split]) if line.ts is not None), None)
+    by_room, decode = options.request_ids == "room", facts.role_for(options) == "decode"
+    recorded = _Recorded()
+
+    def work(i: int) -> tuple[Any, tuple[int, ...] | None, tuple[tuple[str, str, int], ...]] | None:
+        j = split + i
+        if i == 0:
+            facts.last_ts, facts.last_decode_line = last_ts, None  # (the child's carry starts afresh)
+        line, k, value = kept.lines[j], kept.formats[j], kept.values[j]
+        recorded.added.clear()
+        out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, recorded)
+        if by_room and isinstance(out, list):
+            out = _by_room(out, facts, recorded)
+        if line.ts is not None:
+            facts.last_ts = line.ts
+        # a decode request line's time is carried from the line before it: the carry after it, for the
+        # parent to check against its own (sglang_requests.translate)
+        at = facts.last_decode_line if decode and k == 0 and not line.precise else None
+        decoded_at = None
+        if at is not None:
+            if at.tzinfo is not dt.UTC or at.fold:
+                return None  # (a time not in UTC: this line translated in the parent)
+            decoded_at = (at.year, at.month, at.day, at.hour, at.minute, at.second, at.microsecond)
+        wire: Any = out
+        if isinstance(out, Untranslatable):
+            if type(out) is not Untranslatable or len(out.args) != 1 or not isinstance(out.args[0], str):
+                return None  # (an outcome that does not travel)
+            wire = out.args[0]
+        return wire, decoded_at, tuple(recorded.added)
+
+    return sglang_worker.forked(n - split, work)
+
+
+class _Recorded(Notes):
+    """The notes a forked child's line adds, kept for its parent to add as it takes the line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.added: list[tuple[str, str, int]] = []
+
+    def add(self, key: str, text: str, n: int = 1) -> None:
+        self.added.append((key, text, n))
 
 
 def _by_room(records: list[dict[str, Any]], facts: Facts, notes: Notes) -> list[dict[str, Any]]:

@@ -176,20 +176,14 @@ def iso_time(value: Any) -> dt.datetime | None:
 
 
 def rfc3339(ts: dt.datetime) -> str:
-    """``2026-09-14T08:01:02.500000Z``: UTC, to the microsecond. (A line or two of records each:
-    the second's text is made once.)"""
+    """``2026-09-14T08:01:02.500000Z``: UTC, to the microsecond. (One format of its fields: 0.7 us;
+    the cache of each second's text it replaces cost 3.6 us a record where seconds seldom repeat
+    and saved 0.2 us where they do; isoformat of an aware time takes 1.5 us.)"""
     if ts.tzinfo is not dt.UTC:
-        return ts.astimezone(dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
-    key = (ts.year, ts.month, ts.day, ts.hour, ts.minute, ts.second)
-    second = _SECONDS.get(key)
-    if second is None:
-        if len(_SECONDS) >= 65_536:
-            _SECONDS.clear()
-        second = _SECONDS[key] = ts.replace(microsecond=0).isoformat()[:-6]
-    return f"{second}.{ts.microsecond:06d}Z"
-
-
-_SECONDS: dict[tuple[int, ...], str] = {}
+        ts = ts.astimezone(dt.UTC)
+    # (%-formatting: 0.77 us, an f-string with the same seven fields 1.3 to 1.5 us)
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (  # noqa: UP031
+        ts.year, ts.month, ts.day, ts.hour, ts.minute, ts.second, ts.microsecond)
 
 
 def py_value(text: str) -> Any:
@@ -299,8 +293,8 @@ class Facts:
 
     def learn_room(self, rid: str, room: Any) -> None:
         """Note the bootstrap room a line gives ``rid`` (``None`` for a request without one)."""
-        if room not in (None, "None", ""):
-            self.rooms.setdefault(rid, str(room))
+        if rid not in self.rooms and room not in (None, "None", ""):  # (the first room a rid is given)
+            self.rooms[rid] = str(room)
 
     def tie_pending_context(self) -> int:
         """Tie the context-length rejections (this file's, or its server log's) to the requests

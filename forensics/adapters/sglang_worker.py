@@ -19,21 +19,29 @@ comes back unread and is read here. So is every line in flight when the worker f
 disappears: the answers are the same with or without it, line for line (tests hold them
 to that on every release fixture).
 
-``KVFORENSICS_WORKERS=0`` reads every line in this process.
+The second pass (translating each line with what the whole file taught) is shared too, on
+Linux: :func:`forked` computes the end of a file's kept lines in a forked copy of this process,
+which has the facts and the kept readings without their being sent, while this process
+translates the start (:func:`forensics.adapters.sglang._second_pass`).
+
+``KVFORENSICS_WORKERS=0`` reads and translates every line in this process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gc
 import itertools
 import json
 import marshal
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -77,6 +85,141 @@ def workers() -> int:
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     return 1 if cores > 1 else 0
+
+
+def forks() -> bool:
+    """Whether the second pass may share its lines with a forked copy of this process: a
+    worker is allowed (:func:`workers`) and the system is Linux (a fork without an exec is not
+    safe everywhere: macOS's system libraries refuse it)."""
+    return workers() > 0 and sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+#: Items a forked child gives back per message.
+FORK_BATCH = 1_000
+
+
+def forked(n: int, work: Callable[[int], Any]) -> Forked:
+    """``work(0)`` to ``work(n - 1)``, computed from now on in a forked copy of this process and
+    given in order as they are taken; None for an item it did not give (``work`` returned None
+    or raised, its value cannot travel as :mod:`marshal` data, or the child died: the caller
+    computes that one itself, and every item after the child's end). ``work`` must not depend
+    on anything this process changes after the call: the child sees this process as it is now.
+    The child computes ahead without waiting to be read (what it has made waits in its memory),
+    and runs nothing but ``work`` and the pipe: no buffered output of this process is flushed
+    twice, no exit handler runs (``os._exit``). Where the fork fails, every item is None. Close
+    what it returns (it is a context manager): the child is ended and waited for."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return Forked(None, 0, n)
+    try:
+        with warnings.catch_warnings():  # (3.12 on: a fork with threads running; the child runs only work)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return Forked(None, 0, n)
+    if pid == 0:  # (the child: it never returns)
+        _child(r, w, n, work)
+    os.close(w)
+    return Forked(os.fdopen(r, "rb"), pid, n)
+
+
+class Forked:
+    """A forked child's items, in order (:func:`forked`)."""
+
+    def __init__(self, stream: IO[bytes] | None, pid: int, n: int) -> None:
+        self.n = n  # (its items)
+        self._stream, self._pid, self._left = stream, pid, n
+        self._items: Iterator[Any] = iter(())
+
+    def __iter__(self) -> Forked:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._items, _END)
+        if item is _END:
+            if self._left <= 0:
+                raise StopIteration
+            self._items = iter(self._batch())
+            item = next(self._items)
+        return item
+
+    def _batch(self) -> list[Any]:
+        """The child's next message, or None for every item left where there is none."""
+        blob = _message(self._stream) if self._stream is not None else None
+        try:
+            items = marshal.loads(blob) if blob is not None else None
+        except (EOFError, ValueError, TypeError):
+            items = None
+        if not isinstance(items, list) or not 0 < len(items) <= self._left:
+            items = [None] * self._left
+            self.close()
+        self._left -= len(items)
+        return items
+
+    def close(self) -> None:
+        """The child ended (killed where it still runs) and waited for; the pipe closed."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+            with contextlib.suppress(OSError):
+                os.kill(self._pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(self._pid, 0)
+
+    def __enter__(self) -> Forked:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_END = object()
+
+
+def _child(r: int, w: int, n: int, work: Callable[[int], Any]) -> None:
+    """The forked child: every item computed, each batch written as far as the pipe takes it
+    and the rest once all are made."""
+    try:
+        os.close(r)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # (Ctrl-C ends it with its parent)
+        gc.disable()  # (work makes no cycles)
+        os.set_blocking(w, False)
+        with contextlib.suppress(OSError, AttributeError, ImportError):
+            import fcntl
+
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        unsent = bytearray()
+        done = False
+        for start in range(0, n, FORK_BATCH):
+            items: list[Any] = []
+            for i in range(start, min(n, start + FORK_BATCH)):
+                try:
+                    items.append(work(i))
+                except Exception:  # (the caller computes it again, and meets the same error)
+                    items.append(None)
+                    done = True
+                    break
+            try:
+                blob = marshal.dumps(items)
+            except ValueError:
+                blob = marshal.dumps([x if _writable(x) else None for x in items])
+            unsent += _HEADER.pack(len(blob))
+            unsent += blob
+            with contextlib.suppress(BlockingIOError):
+                while unsent:
+                    del unsent[: os.write(w, unsent)]
+            if done:
+                break
+        os.set_blocking(w, True)
+        while unsent:
+            del unsent[: os.write(w, unsent)]
+    except BaseException:  # (the parent gone, or anything else: its items are computed there)
+        pass
+    finally:
+        os._exit(0)
 
 
 def read_ahead(it: Iterator[tuple[int, str]], options: Options,

@@ -326,3 +326,32 @@ def test_a_request_line_whose_text_holds_an_access_line_is_read_as_a_request_lin
     _, k, value = read_line('INFO:     10.0.0.2:51822 - "POST /generate HTTP/1.1" 500 Internal Server Error',
                             Options())
     assert (k, value) == (-1, 500)
+
+
+def test_record_times_are_rfc3339_utc_to_the_microsecond_from_any_zone() -> None:
+    """rfc3339 against the standard library's isoformat, over random times and zones."""
+    from forensics.adapters.sglang_log import rfc3339
+
+    rng = random.Random(7)
+    start = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
+    for _ in range(5_000):
+        ts = start + dt.timedelta(microseconds=rng.randrange(200 * 365 * 86_400 * 10**6))
+        want = ts.isoformat(timespec="microseconds").removesuffix("+00:00") + "Z"
+        zone = dt.timezone(dt.timedelta(minutes=rng.randrange(-720, 841)))
+        assert rfc3339(ts) == rfc3339(ts.astimezone(zone)) == want
+
+
+def test_user_text_is_looked_for_as_its_three_forms_say() -> None:
+    """The one-scan test for user text against its definition: ``text='``, ``text="`` or
+    ``'text': `` in the line, over random strings of the pieces that make them and near misses."""
+    from forensics.adapters.sglang_requests import _has_text
+
+    rng = random.Random(3)
+    pieces = ["text", "'", '"', "=", ": ", " ", "x", "te", "xt", "'text'", "text=", ",", "con"]
+    found = 0
+    for _ in range(50_000):
+        s = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 12)))
+        want = "text='" in s or 'text="' in s or "'text': " in s
+        assert _has_text(s) == want, s
+        found += want
+    assert 1_000 < found < 49_000

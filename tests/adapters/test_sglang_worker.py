@@ -1,7 +1,9 @@
-"""The SGLang adapter's lines read in a worker process (forensics.adapters.sglang_worker): the
-same outcomes, line for line, as reading every line in this process, on every release fixture
+"""The SGLang adapter's lines read in a worker process, and the end of its second pass translated
+in a forked copy of this process (forensics.adapters.sglang_worker): the same outcomes and notes,
+line for line, as every line read and translated in this process, on every release fixture
 (tests/adapters/releases/: lines printed by SGLang 0.5.5 to 0.5.23's own code), with the worker
-started after a few lines and fed batches of a few; and when the worker dies mid-way, cannot
+started after a few lines and fed batches of a few, and the fork taking shares of the file from
+a twentieth to all but its first line; and when the worker or the child dies mid-way, cannot
 start, or is turned off."""
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from forensics.adapters import Notes, Options, Untranslatable, sglang_worker
+from forensics.adapters import Notes, Options, Untranslatable, sglang, sglang_worker
 from forensics.adapters.sglang import ADAPTERS as SGLANG
 from forensics.adapters.sglang import read_line
 
@@ -24,7 +26,8 @@ ROOT = Path(__file__).parent / "releases"
 FILES = sorted(p for form in ("text", "json", "text-ms") for p in ROOT.glob(f"*/{form}/**/*.log"))
 
 
-def _outcomes(path: Path, options: Options | None = None) -> list[tuple[int, str, str]]:
+def _outcomes(path: Path, options: Options | None = None,
+              notes: Notes | None = None) -> list[tuple[int, str, str]]:
     options = options or Options()
     text = path.read_text().splitlines()
     adapter = next(a for a in SGLANG if a.sniff(text[:64]))
@@ -33,7 +36,7 @@ def _outcomes(path: Path, options: Options | None = None) -> list[tuple[int, str
     def lines() -> Iterator[tuple[int, str]]:  # (as the readers give them: numbered, blank ones left out)
         return ((n, t) for n, t in enumerate(text, 1) if t.strip())
 
-    return [(n, raw, repr(out)) for n, raw, out in adapter.translate(lines, path, options, Notes())]
+    return [(n, raw, repr(out)) for n, raw, out in adapter.translate(lines, path, options, notes or Notes())]
 
 
 @pytest.fixture
@@ -163,3 +166,113 @@ def test_a_time_not_in_utc_or_a_value_of_another_type_is_read_here() -> None:
     heads, wires = sglang_worker.encoded([(other_zone, -1, None), (utc, 0, object()), (utc, -1, 200)])
     assert wires[:2] == [None, None] and wires[2] is not None
     assert sglang_worker.decoded((heads, wires))[2][1:] == (-1, 200)  # type: ignore[index]
+
+
+@pytest.fixture
+def small_forks(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The second pass forked for any file, the child's items sent 2 at a time; no reading worker."""
+    monkeypatch.setattr(sglang_worker, "LOCAL_LINES", 10**9)
+    monkeypatch.setattr(sglang, "FORK_LINES", 2)
+    monkeypatch.setattr(sglang_worker, "FORK_BATCH", 2)
+    return monkeypatch
+
+
+def _forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The children the second pass forks, as it forks them (their process ids)."""
+    children: list[int] = []
+    fork = os.fork
+
+    def spy() -> int:
+        pid = fork()
+        if pid:
+            children.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", spy)
+    return children
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the second pass forks on Linux only")
+def test_the_forked_second_pass_translates_every_release_fixture_as_this_process_does(
+        small_forks: pytest.MonkeyPatch) -> None:
+    """Outcomes and notes, at shares that put the split before, among and after the decode
+    request lines (whose times carry from one line to the next across it)."""
+    small_forks.setenv("KVFORENSICS_WORKERS", "0")
+    alone = {}
+    for path in FILES:
+        notes = Notes()
+        alone[path] = _outcomes(path, notes=notes), notes.rows()
+    small_forks.setenv("KVFORENSICS_WORKERS", "1")
+    children = _forks(small_forks)
+    for share in (0.05, 0.3, 0.5, 0.8, 0.999):
+        small_forks.setattr(sglang, "FORK_SHARE", share)
+        for path in FILES:
+            notes = Notes()
+            assert (_outcomes(path, notes=notes), notes.rows()) == alone[path], (share, path)
+    assert len(children) >= 5 * len(FILES)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the second pass forks on Linux only")
+def test_a_child_that_dies_mid_way_or_cannot_fork_loses_no_line(small_forks: pytest.MonkeyPatch) -> None:
+    path = ROOT / "0.5.23" / "text" / "decode-0.log"
+    small_forks.setenv("KVFORENSICS_WORKERS", "0")
+    notes = Notes()
+    alone = _outcomes(path, notes=notes), notes.rows()
+    small_forks.setenv("KVFORENSICS_WORKERS", "1")
+    small_forks.setattr(sglang, "FORK_SHARE", 0.9)
+    forked = sglang_worker.forked
+    given: list[int] = []
+
+    class Counted(sglang_worker.Forked):
+        def __next__(self) -> Any:
+            item = super().__next__()
+            given.append(item is not None)
+            return item
+
+    def dying(n: int, work: Any) -> sglang_worker.Forked:
+        def work_then_die(i: int) -> Any:
+            if i == 5:  # (killed after two batches of two: the rest translated here)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return work(i)
+
+        child = forked(n, work_then_die)
+        child.__class__ = Counted
+        return child
+
+    small_forks.setattr(sglang_worker, "forked", dying)
+    notes = Notes()
+    assert (_outcomes(path, notes=notes), notes.rows()) == alone
+    assert given[:4] == [True] * 4 and not any(given[4:]) and len(given) > 8
+
+    def no_fork() -> int:
+        raise OSError("no more processes")
+
+    small_forks.setattr(sglang_worker, "forked", forked)
+    small_forks.setattr(os, "fork", no_fork)
+    notes = Notes()
+    assert (_outcomes(path, notes=notes), notes.rows()) == alone
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the second pass forks on Linux only")
+def test_a_second_pass_left_early_ends_its_child(small_forks: pytest.MonkeyPatch) -> None:
+    small_forks.setenv("KVFORENSICS_WORKERS", "1")
+    children = _forks(small_forks)
+    path = ROOT / "0.5.23" / "text" / "prefill-0.log"
+    text = path.read_text().splitlines()
+    adapter = next(a for a in SGLANG if a.sniff(text[:64]))
+    assert adapter.translate is not None
+    outcomes = adapter.translate(lambda: enumerate(text, 1), path, Options(), Notes())
+    next(outcomes)
+    assert len(children) == 1
+    outcomes.close()  # type: ignore[attr-defined]
+    with pytest.raises(ChildProcessError):  # (waited for: no zombie left)
+        os.waitpid(children[0], os.WNOHANG)
+
+
+def test_the_second_pass_forks_only_where_a_worker_may_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVFORENSICS_WORKERS", "0")
+    assert not sglang_worker.forks()
+    monkeypatch.setenv("KVFORENSICS_WORKERS", "1")
+    assert sglang_worker.forks() == sys.platform.startswith("linux")
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert not sglang_worker.forks()
