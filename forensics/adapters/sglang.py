@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import datetime as dt
 import functools
 import gc
 import itertools
@@ -108,13 +107,9 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
 def _second_pass(lines: Lines, kept: _Kept, facts: Facts, options: Options,
                  notes: Notes) -> Iterator[Outcome]:
     facts.last_ts = None
-    by_room = options.request_ids == "room"
 
     def outcome(line_no: int, text: str, line: LogLine, k: int, value: Any) -> Outcome:
-        out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, notes)
-        if line.ts is not None:
-            facts.last_ts = line.ts
-        return line_no, text, _by_room(out, facts, notes) if by_room and isinstance(out, list) else out
+        return line_no, text, _translated(line, k, value, facts, options, notes)
 
     it = iter(lines())
     # the lines the first pass kept (``it`` last: zip takes no line past them, and stops at the end of a
@@ -124,6 +119,16 @@ def _second_pass(lines: Lines, kept: _Kept, facts: Facts, options: Options,
         yield from _kept_lines(it, kept, forked, facts, options, notes, outcome)
     for line_no, text, (line, k, value) in sglang_worker.read_ahead(it, options, _reader(options)):
         yield outcome(line_no, text, line, k, value)  # (past what the first pass kept)
+
+
+def _translated(line: LogLine, k: int, value: Any, facts: Facts, options: Options,
+                notes: Notes) -> list[dict[str, Any]] | Untranslatable | None:
+    """What the second pass makes of a line read as ``(line, k, value)``; the line's time taken
+    as the last one seen."""
+    out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, notes)
+    if line.ts is not None:
+        facts.last_ts = line.ts
+    return _by_room(out, facts, notes) if options.request_ids == "room" and isinstance(out, list) else out
 
 
 def _kept_lines(it: Iterator[tuple[int, str]], kept: _Kept, forked: sglang_worker.Forked | None, facts: Facts,
@@ -141,8 +146,7 @@ def _kept_lines(it: Iterator[tuple[int, str]], kept: _Kept, forked: sglang_worke
         if their is not None:
             out, decoded_at, added = their
             if decoded_at is not None:  # (a decode request line's time: never before the one before it)
-                year, month, day, hour, minute, second, us = decoded_at
-                at = dt.datetime(year, month, day, hour, minute, second, us, dt.UTC)
+                at = sglang_worker.unwired_time(decoded_at)
                 if facts.last_decode_line is not None and at < facts.last_decode_line:
                     their = None  # (this process carries a later time than the child did: translated here)
                 else:
@@ -175,7 +179,7 @@ def _theirs(kept: _Kept, facts: Facts, options: Options) -> contextlib.AbstractC
     split = n - int(n * FORK_SHARE)
     # the child starts where this process will be at the split: the time of the last line before it
     last_ts = next((line.ts for line in reversed(kept.lines[:split]) if line.ts is not None), None)
-    by_room, decode = options.request_ids == "room", facts.role_for(options) == "decode"
+    decode = facts.role_for(options) == "decode"
     recorded = _Recorded()
 
     def work(i: int) -> tuple[Any, tuple[int, ...] | None, tuple[tuple[str, str, int], ...]] | None:
@@ -184,24 +188,14 @@ def _theirs(kept: _Kept, facts: Facts, options: Options) -> contextlib.AbstractC
             facts.last_ts, facts.last_decode_line = last_ts, None  # (the child's carry starts afresh)
         line, k, value = kept.lines[j], kept.formats[j], kept.values[j]
         recorded.added.clear()
-        out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, recorded)
-        if by_room and isinstance(out, list):
-            out = _by_room(out, facts, recorded)
-        if line.ts is not None:
-            facts.last_ts = line.ts
+        out = _translated(line, k, value, facts, options, recorded)
         # a decode request line's time is carried from the line before it: the carry after it, for the
         # parent to check against its own (sglang_requests.translate)
         at = facts.last_decode_line if decode and k == 0 and not line.precise else None
-        decoded_at = None
-        if at is not None:
-            if at.tzinfo is not dt.UTC or at.fold:
-                return None  # (a time not in UTC: this line translated in the parent)
-            decoded_at = (at.year, at.month, at.day, at.hour, at.minute, at.second, at.microsecond)
-        wire: Any = out
-        if isinstance(out, Untranslatable):
-            if type(out) is not Untranslatable or len(out.args) != 1 or not isinstance(out.args[0], str):
-                return None  # (an outcome that does not travel)
-            wire = out.args[0]
+        decoded_at = None if at is None else sglang_worker.wire_time(at)
+        wire = sglang_worker.wire_reason(out) if isinstance(out, Untranslatable) else out
+        if (at is not None and decoded_at is None) or (isinstance(out, Untranslatable) and wire is None):
+            return None  # (a time or an outcome that would not come back the same: translated in the parent)
         return wire, decoded_at, tuple(recorded.added)
 
     return sglang_worker.forked(n - split, work)

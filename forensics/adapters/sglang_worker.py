@@ -187,9 +187,9 @@ def _child(r: int, w: int, n: int, work: Callable[[int], Any]) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # (Ctrl-C ends it with its parent)
         gc.disable()  # (work makes no cycles)
         os.set_blocking(w, False)
-        with contextlib.suppress(OSError, AttributeError, ImportError):
-            import fcntl
+        import fcntl  # (Linux: forks() offers none elsewhere)
 
+        with contextlib.suppress(OSError, AttributeError):
             fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         unsent = bytearray()
         done = False
@@ -202,10 +202,7 @@ def _child(r: int, w: int, n: int, work: Callable[[int], Any]) -> None:
                     items.append(None)
                     done = True
                     break
-            try:
-                blob = marshal.dumps(items)
-            except ValueError:
-                blob = marshal.dumps([x if _writable(x) else None for x in items])
+            blob = dumps(items)
             unsent += _HEADER.pack(len(blob))
             unsent += blob
             with contextlib.suppress(BlockingIOError):
@@ -434,20 +431,16 @@ def encoded(readings: list[Read]) -> tuple[list[tuple[Any, ...]], list[tuple[Any
     heads: dict[tuple[Any, ...], int] = {}
     out: list[tuple[Any, ...] | None] = []
     for line, k, value in readings:
-        ts = line.ts
-        when = None
-        if ts is not None:
-            if ts.tzinfo is not dt.UTC or ts.fold:
-                out.append(None)
-                continue
-            when = (ts.year, ts.month, ts.day, ts.hour, ts.minute, ts.second, ts.microsecond)
+        when = None if line.ts is None else wire_time(line.ts)
+        if line.ts is not None and when is None:
+            out.append(None)
+            continue
         if k < 0:
             wire: Any = value
-        elif type(value) is Untranslatable:
-            if len(value.args) != 1 or not isinstance(value.args[0], str):
+        elif isinstance(value, Untranslatable):
+            if (wire := wire_reason(value)) is None:
                 out.append(None)
                 continue
-            wire = value.args[0]
         elif (index := _VALUE_INDEX.get(type(value))) is not None:
             wire = (index, tuple(value))
         else:
@@ -460,13 +453,44 @@ def encoded(readings: list[Read]) -> tuple[list[tuple[Any, ...]], list[tuple[Any
     return list(heads), out
 
 
+def wire_time(ts: dt.datetime) -> tuple[int, ...] | None:
+    """A time in its wire form, (year, month, day, hour, minute, second, microsecond) in UTC;
+    None for one that would not come back the same (another zone, a fold)."""
+    if ts.tzinfo is not dt.UTC or ts.fold:
+        return None
+    return ts.year, ts.month, ts.day, ts.hour, ts.minute, ts.second, ts.microsecond
+
+
+def unwired_time(when: tuple[int, ...]) -> dt.datetime:
+    """A time from its wire form (:func:`wire_time`)."""
+    year, month, day, hour, minute, second, us = when
+    return dt.datetime(year, month, day, hour, minute, second, us, dt.UTC)
+
+
+def wire_reason(value: Untranslatable) -> str | None:
+    """An Untranslatable in its wire form, its reason; None for one that would not come back the
+    same (a subclass, or other arguments)."""
+    if type(value) is not Untranslatable or len(value.args) != 1 or not isinstance(value.args[0], str):
+        return None
+    return value.args[0]
+
+
+def dumps(items: list[Any], *head: Any) -> bytes:
+    """``items`` (after ``head``, as one tuple, where given) as marshal data, each item marshal
+    cannot write (a value of another type) as None: the caller computes those itself."""
+    try:
+        return marshal.dumps((*head, items) if head else items)
+    except ValueError:
+        items = [x if _writable(x) else None for x in items]
+        return marshal.dumps((*head, items) if head else items)
+
+
 def decoded(batch: tuple[list[tuple[Any, ...]], list[tuple[Any, ...] | None]]) -> list[Read | None]:
     """A batch's readings from their wire form (None: to be read by the caller)."""
     heads, wires = batch
     lines = []
     for when, precise, undated, dp, prefixed, doc in heads:
-        ts = None if when is None else dt.datetime(when[0], when[1], when[2], when[3], when[4], when[5], when[6],
-                                                   dt.UTC)
+        ts = None if when is None else unwired_time(when)
         lines.append(LogLine(ts, precise, "", _DOC if doc else None, undated, dp, prefixed))
     out: list[Read | None] = []
     for wire in wires:
@@ -482,8 +506,6 @@ def decoded(batch: tuple[list[tuple[Any, ...]], list[tuple[Any, ...] | None]]) -
 
 def main() -> None:
     """The worker: options, then batches of lines, from stdin; their readings to stdout."""
-    import gc
-
     from forensics.adapters.sglang import read_line
 
     gc.disable()  # (what a batch makes is freed by reference counting: no cycles)
@@ -494,10 +516,7 @@ def main() -> None:
     options = Options(**marshal.loads(first))
     while (got := _message(stdin)) is not None:
         heads, readings = encoded([read_line(text, options) for text in marshal.loads(got)])
-        try:
-            blob = marshal.dumps((heads, readings))
-        except ValueError:  # (a value marshal cannot write: those lines are read by the caller)
-            blob = marshal.dumps((heads, [r if _writable(r) else None for r in readings]))
+        blob = dumps(readings, heads)
         stdout.write(_HEADER.pack(len(blob)))
         stdout.write(blob)
         stdout.flush()
