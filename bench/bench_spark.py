@@ -1,7 +1,7 @@
 """The analysis on Spark (local mode) against the DuckDB path, on one generated case.
 
-Run: python bench/bench_spark.py [--requests 625000] [--logs DIR] [--masters local[1] local[2]] [--partitions 2 8]
-     [--whole]
+Run: python bench/bench_spark.py [--requests 625000] [--boots 1] [--logs DIR] [--masters local[1] local[2]]
+     [--partitions 2 8] [--whole | --tasks]
 
 The case is ``bench/generate.py``'s incident (4 decode nodes, seed 5; 625,000 requests are about
 5 million records), ingested once. Each analysis runs in a child process whose process tree (for
@@ -11,17 +11,23 @@ partition count, timed apart for the session's start, the records' export to Par
 analysis. Prints each one's time and peak, the ratio to the baseline, and whether the figures
 are the same (they must be). ``--whole``: the whole investigation from the logs instead, ingest
 and analysis (``forensics.investigate`` against ``forensics.spark.investigate``), with the counts
-of records read, ingested, duplicate and quarantined compared too.
+of records read, ingested, duplicate and quarantined compared too. ``--tasks``: the analysis's
+unit of work alone, the largest node's records as one task (the unit before it was a boot) against
+each of its boots' as a task of its own (``analyse_boot`` in-process, each in a child: time and
+peak above the child's resident memory before it). ``--boots``: each decode node restarts, so
+that it has that many boots (``generate.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from generate import generate
 from peaks import tree_peak
@@ -81,6 +87,47 @@ spark.stop()
 """
 
 
+_TASK = r"""
+import json, sys, time
+import pyarrow.parquet as pq
+from peaks import Peaks, rss
+from forensics.spark.analysis import COLUMNS, analyse_boot
+records = pq.read_table(sys.argv[1], columns=list(COLUMNS))
+analyse_boot(records.slice(0, 1000))  # (the machine code loads: not the task's cost)
+base = rss()
+peaks = Peaks("task")
+t = time.perf_counter()
+rows = analyse_boot(records)
+took = time.perf_counter() - t
+print(json.dumps({'task_s': took, 'records': records.num_rows, 'rows': rows.num_rows, 'base': base,
+                  'peak': max(peaks.peak.get('task', 0), rss())}))
+"""
+
+
+def tasks(db: Path, root: Path) -> None:
+    """The largest node's records as one task against each of its boots' as a task of its own."""
+    from forensics.spark import records_of_case, spark_session
+    from forensics.spark.analysis import sweep_records
+
+    spark = spark_session("local[2]", partitions=8)
+    try:  # the records each task gets: forensics.spark.analysis.sweep_records, by node and boot
+        records = sweep_records(records_of_case(spark, db, root / "export"))
+        records.selectExpr("*", "node AS task_node", "boot AS task_boot").write.partitionBy("task_node", "task_boot") \
+            .parquet(str(root / "tasks"))
+    finally:
+        spark.stop()
+    nodes = sorted((sum(f.stat().st_size for f in n.rglob("*.parquet")), n)
+                   for n in (root / "tasks").glob("task_node=*"))
+    node = nodes[-1][1]
+    print(f"{node.name}: {len(list(node.glob('task_boot=*')))} boot(s)", flush=True)
+    for label, folder in [(f"{node.name}, one task", node),
+                          *((f"  {b.name}", b) for b in sorted(node.glob("task_boot=*")))]:
+        got, _ = _run([_TASK, str(folder)], bench_path=True)
+        print(f"{label}: {got['records']:,} records, {got['task_s']:.2f} s, peak "
+              f"{got['peak'] / 2**20:,.0f} MB ({(got['peak'] - got['base']) / 2**20:,.0f} MB above the "
+              f"{got['base'] / 2**20:,.0f} MB before the task), {got['rows']:,} rows", flush=True)
+
+
 def whole(logs: Path, root: Path, masters: list[str], partitions: list[int]) -> None:
     """The whole investigation (ingest and analysis) from the logs, on DuckDB and on Spark."""
     # twice: a first run on a fresh checkout also compiles the fast path and the sweep (about 30 s)
@@ -100,9 +147,13 @@ def whole(logs: Path, root: Path, masters: list[str], partitions: list[int]) -> 
             print("  phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in got["phases"].items()), flush=True)
 
 
-def _run(args: list[str]) -> tuple[dict[str, object], int]:
-    """Run a child, sampling its process tree's memory; its JSON answer and the peak."""
-    process = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+def _run(args: list[str], *, bench_path: bool = False) -> tuple[dict[str, Any], int]:
+    """Run a child (``bench_path``: it imports from this folder), sampling its process tree's
+    memory; its JSON answer and the peak."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               env=env if bench_path else None)
     peak = tree_peak(process)
     out = (process.stdout.read() if process.stdout else b"").decode()
     if process.returncode != 0:
@@ -117,20 +168,27 @@ def main() -> None:
     parser.add_argument("--masters", nargs="*", default=["local[1]", "local[2]"],
                         help="Spark masters to run (none: the DuckDB path alone)")
     parser.add_argument("--partitions", type=int, nargs="+", default=[2, 8])
-    parser.add_argument("--whole", action="store_true",
-                        help="the whole investigation from the logs (ingest and analysis), not the analysis alone")
+    parser.add_argument("--boots", type=int, default=1, help="boots of each decode node, if the logs are made here")
+    work = parser.add_mutually_exclusive_group()
+    work.add_argument("--whole", action="store_true",
+                      help="the whole investigation from the logs (ingest and analysis), not the analysis alone")
+    work.add_argument("--tasks", action="store_true",
+                      help="the largest node's records as one task against each of its boots' as one")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         logs = args.logs
         if logs is None:
             logs = root / "logs"
-            generate(logs, requests=args.requests, seed=5, decode_nodes=4)
+            generate(logs, requests=args.requests, seed=5, decode_nodes=4, boots=args.boots)
         if args.whole:
             whole(logs, root, args.masters, args.partitions)
             return
         db = root / "case.duckdb"
         records = forensics.ingest([logs], db, fast=True).records.ingested
+        if args.tasks:
+            tasks(db, root)
+            return
         base, base_peak = _run([_DUCKDB, str(db)])
         print(f"{records:,} records; DuckDB analysis: {base['analysis_s']:.1f} s, peak {base_peak / 2**30:.2f} GiB")
         for master in args.masters:

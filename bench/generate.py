@@ -3,7 +3,10 @@
 A deliberately small workload model (not the reference engine of replay/): requests arrive
 at a router, each decode node preallocates the prompt's pages from a free list that reuses
 freed pages first, the transfer writes them (one page only for an over-long prompt: the
-placeholder), decode reads them all, then frees them. Deterministic for a seed.
+placeholder), decode reads them all, then frees them. With ``boots`` above 1 each decode node
+restarts that many times less one, evenly over the requests: what is in flight finishes, and the
+node starts a new boot (its seq from 0, its pool fresh, its config logged again). Deterministic
+for a seed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class NodeLog:
     def __init__(self, folder: Path, node: str) -> None:
         self.node = node
         self.seq = 0
+        self.boot: int | None = None  # (logged only when the node restarts: boots above 1)
         self.fh: TextIO = (folder / f"{node}.jsonl").open("w", encoding="utf-8")
 
     def emit(self, ts: dt.datetime, record: dict[str, Any], *, seq: bool = True) -> None:
@@ -36,6 +40,8 @@ class NodeLog:
             "node": self.node,
             **record,
         }
+        if self.boot is not None:
+            record["boot"] = self.boot
         if seq:
             record["seq"] = self.seq
             self.seq += 1
@@ -52,6 +58,7 @@ def generate(
     page_size: int = 64,
     over_long: float = 0.02,
     in_flight: int = 24,
+    boots: int = 1,
 ) -> int:
     """Write the log set to ``out``; the number of records written."""
     rng = random.Random(seed)
@@ -62,9 +69,10 @@ def generate(
     free = {d.node: deque(range(1, pool_pages)) for d in decoders}
     active: deque[tuple[str, NodeLog, list[int]]] = deque()
     written = 0
-    for d in decoders:
+
+    def configure(d: NodeLog, at: dt.datetime) -> int:
         d.emit(
-            T0,
+            at,
             {
                 "kind": "config",
                 "role": "decode",
@@ -76,7 +84,11 @@ def generate(
                 "pool_pages": pool_pages,
             },
         )
-        written += 1
+        return 1
+
+    for d in decoders:
+        d.boot = 0 if boots > 1 else None
+        written += configure(d, T0)
     now = T0
 
     def finish() -> int:
@@ -95,8 +107,16 @@ def generate(
         free[node.node].extend(pages)
         return 2
 
+    per_boot = -(-requests // boots)
     for i in range(requests):
         now += dt.timedelta(milliseconds=rng.randint(5, 400))
+        if i and i % per_boot == 0:  # every decode node restarts, once what is in flight is done
+            while active:
+                written += finish()
+            for d in decoders:
+                d.boot, d.seq = (d.boot or 0) + 1, 0
+                free[d.node] = deque(range(1, pool_pages))
+                written += configure(d, now)
         rid = f"req-{seed}-{i:07d}"
         long_prompt = rng.random() < over_long
         tokens = (
@@ -155,6 +175,7 @@ def main() -> None:
     parser.add_argument("--decode-nodes", type=int, default=2)
     parser.add_argument("--pool-pages", type=int, default=10_646)
     parser.add_argument("--over-long", type=float, default=0.02)
+    parser.add_argument("--boots", type=int, default=1, help="boots of each decode node (restarts plus one)")
     args = parser.parse_args()
     n = generate(
         args.out,
@@ -163,6 +184,7 @@ def main() -> None:
         decode_nodes=args.decode_nodes,
         pool_pages=args.pool_pages,
         over_long=args.over_long,
+        boots=args.boots,
     )
     print(f"{n} records in {args.out}")
 

@@ -35,7 +35,7 @@ class FindingSpec:
     severity: str
     title: str
     sql: str  # the whole query (with its parts, where it has them)
-    partition: str = "case"  # node, request, transfer, case, or parts: what each evidence row depends on
+    partition: str = "case"  # boot (a node's), request, transfer, case, or parts: what each evidence row depends on
     #: a finding of partition ``parts``: each part's partition and query, and the query that sums
     #: their rows (a table ``parts``)
     parts: tuple[tuple[str, str], ...] = ()

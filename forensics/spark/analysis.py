@@ -1,14 +1,18 @@
-"""The analysis on Apache Spark: the same page sweep and analysis, one node per task.
+"""The analysis on Apache Spark: the same page sweep and analysis, one (node, boot) per task.
 
-The page sweep of log-schema.md section 5 works node by node (each boot on its own, and the
-inferred reads of a node looking across its boots), and only naming requests (tenant, delivered)
-and the figures join across nodes. So Spark groups a case's records by node, and each group runs
-the DuckDB path's own analysis (``exposure.sweep`` and ``analysis.sql``, unchanged) on that
-node's records in a DuckDB of its own; what it leaves that depends on that node alone (the
-exposure rows but for their requests' tenant and delivery, the uninitialized reads, and each
-reader's distinct pages per node) comes back to Spark, which joins the requests' facts (the
-statement of ``analysis.sql`` that makes the ``requests`` table, run by Spark SQL) and counts
-the eight figures. Not a second implementation: the rules are stated once.
+The page sweep of log-schema.md section 5 works (node, boot) by (node, boot), and only three
+things join across them: whether a request read on a node in any boot (then its
+``decode_started`` there starts no inferred read), a request's distinct pages on a node over its
+boots, and naming requests (tenant, delivered) for the figures. So Spark finds the first (the
+node's readers) before the sweep, and keeps only the ``decode_started`` records that start an
+inferred read; then it groups the page records by (node, boot), and each group runs the DuckDB
+path's own analysis (``exposure.sweep`` and ``analysis.sql``, unchanged) in a DuckDB of its own.
+What comes back depends on that (node, boot) alone (the exposure rows but for their requests'
+tenant and delivery, the uninitialized reads, the reading intervals, and each reader's exposed
+page ranges); Spark joins the requests' facts (the statement of ``analysis.sql`` that makes the
+``requests`` table) and counts the eight figures by ``analysis.sql``'s own statement of them
+(its ``union_pages`` over the boots of a node included), run by Spark SQL. Not a second
+implementation: the rules are stated once.
 
 Needs the ``spark`` extra (``pip install 'kvforensics[spark]'``) and Java 17 or later. Local mode
 (``local[N]``) runs on this machine; a cluster is named by its master URL.
@@ -37,29 +41,19 @@ if TYPE_CHECKING:
 COLUMNS = ("kind", "ts", "node", "boot", "seq", "request_id", "event", "op", "page_ranges", "tenant_id",
            "prompt_tokens", "status")
 
-#: What a node's task hands back: rows of four kinds (``part``), each with the columns it uses.
-#: ``exposure``: an exposure row without its requests' tenants and delivery; ``uninitialized``: an
-#: uninitialized read; ``page_read``: a row of ``page_reads`` (``seq`` its start); ``exposed_pages``/
-#: ``uninitialized_pages``: a request's distinct pages of that kind on the node (its ranges merged
-#: over the node's boots), as ``n_pages``.
-NODE_ROWS = pa.schema([
+#: What a (node, boot)'s task hands back: rows of four kinds (``part``), each with the columns it
+#: uses. ``exposure``: an exposure row without its requests' tenants and delivery;
+#: ``uninitialized``: an uninitialized read; ``page_read``: a row of ``page_reads`` (``seq`` its
+#: start); ``exposed_range``: a page range where ``reader`` saw another request's content.
+BOOT_ROWS = pa.schema([
     ("part", pa.string()), ("node", pa.string()), ("boot", pa.int64()), ("reader", pa.string()),
     ("victim", pa.string()), ("pages", pa.string()), ("n_pages", pa.int64()), ("seq", pa.int64()),
     ("ts", pa.timestamp("us", tz="UTC")), ("inferred", pa.bool_()), ("lo", pa.int64()), ("hi", pa.int64()),
     ("end_seq", pa.int64()),
 ])
 
-#: The node's own rows, from the tables the DuckDB analysis left (``sweep_exposures`` holds each
-#: reader's exposed ranges, merged per node and boot).
-_NODE_SQL = """
-WITH merged AS (  -- a request's ranges on the node, over its boots, as maximal ranges
-  SELECT part, reader, min(lo) AS lo, max(hi) AS hi FROM (
-    SELECT *, sum(new_island) OVER (PARTITION BY part, reader ORDER BY lo, hi) AS island FROM (
-      SELECT *, CASE WHEN lo > max(hi) OVER (PARTITION BY part, reader ORDER BY lo, hi
-                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 1 ELSE 0 END AS new_island
-      FROM (SELECT 'exposed_pages' AS part, reader, lo, hi FROM sweep_exposures
-            UNION ALL SELECT 'uninitialized_pages', reader, lo, hi FROM sweep_uninitialized)))
-  GROUP BY part, reader, island)
+#: The (node, boot)'s own rows, from the tables the DuckDB analysis left.
+_BOOT_SQL = """
 SELECT 'exposure' AS part, node, boot::BIGINT AS boot, reader_request AS reader, victim_request AS victim, pages,
        n_pages, first_seq::BIGINT AS seq, first_ts AS ts, inferred, NULL::BIGINT AS lo, NULL::BIGINT AS hi,
        NULL::BIGINT AS end_seq
@@ -70,26 +64,37 @@ FROM uninitialized_reads
 UNION ALL
 SELECT 'page_read', node, boot, request_id, NULL, NULL, NULL, start_seq, NULL, inferred, lo, hi, end_seq FROM page_reads
 UNION ALL
-SELECT m.part, $node, NULL, q.request_id, NULL, NULL, sum(m.hi - m.lo + 1)::BIGINT, NULL, NULL, NULL, NULL, NULL, NULL
-FROM merged m JOIN sweep_requests q ON q.rid = m.reader GROUP BY m.part, q.request_id
+SELECT DISTINCT 'exposed_range', nb.node, nb.boot, q.request_id, NULL, NULL, NULL, NULL, NULL, NULL, e.lo, e.hi, NULL
+FROM sweep_exposures e JOIN sweep_node_boots nb USING (nb) JOIN sweep_requests q ON q.rid = e.reader
 """
 
 
-def analyse_node(records: pa.Table) -> pa.Table:
-    """One node's records (:data:`COLUMNS`) through the DuckDB path's analysis: its rows
-    (:data:`NODE_ROWS`)."""
+def analyse_boot(records: pa.Table) -> pa.Table:
+    """One (node, boot)'s records (:data:`COLUMNS`; of its ``decode_started`` records only those
+    that start an inferred read: :func:`sweep_records`) through the DuckDB path's analysis: its
+    rows (:data:`BOOT_ROWS`)."""
     from forensics.exposure.sweep import sweep  # (numpy and numba load only to analyse)
 
     con = duckdb.connect()
     try:
         session(con)
-        scan(con, records, "node_records", "CREATE TABLE records AS FROM node_records")
-        node = records["node"][0].as_py() if records.num_rows else ""
+        scan(con, records, "boot_records", "CREATE TABLE records AS FROM boot_records")
         sweep(con, fast=True)  # (a worker lives on past its task: the machine code loads once)
         con.execute(sql_text("analysis.sql"))
-        return con.sql(_NODE_SQL, params={"node": node}).to_arrow_table().cast(NODE_ROWS)
+        return con.sql(_BOOT_SQL).to_arrow_table().cast(BOOT_ROWS)
     finally:
         con.close()
+
+
+def sweep_records(records: DataFrame) -> DataFrame:
+    """What the sweep reads of ``records``: the page records, and the ``decode_started`` records
+    of requests with no ``read`` on their node in any boot (the others start no inferred read:
+    ``sweep.SETUP_SQL``'s ``sweep_readers``, which is why a (node, boot) needs no other boot)."""
+    readers = (records.filter("kind = 'kv' AND op = 'read' AND seq IS NOT NULL AND size(page_ranges) > 0")
+               .select("node", "request_id").distinct())
+    starts = (records.filter("kind = 'request' AND event = 'decode_started' AND seq IS NOT NULL")
+              .join(readers, ["node", "request_id"], "left_anti"))
+    return records.filter("kind = 'kv' AND seq IS NOT NULL").select(*COLUMNS).unionByName(starts.select(*COLUMNS))
 
 
 def _requests_sql() -> str:
@@ -155,62 +160,62 @@ def records_of_case(spark: SparkSession, db: Path | str, folder: Path | str) -> 
 
 
 def analyse(records: DataFrame) -> SparkResult:
-    """The analysis of ``records`` (a DataFrame of :data:`COLUMNS`): per node in a task, then joined."""
+    """The analysis of ``records`` (a DataFrame of :data:`COLUMNS`): per (node, boot) in a task,
+    then joined."""
     from pyspark.sql import functions as F
 
     spark = records.sparkSession
-    node_rows = records.select(*COLUMNS).groupBy("node").applyInArrow(analyse_node, spark_schema(NODE_ROWS))
-    node_rows = node_rows.cache()
+    boot_rows = (sweep_records(records).groupBy("node", "boot")
+                 .applyInArrow(analyse_boot, spark_schema(BOOT_ROWS)).cache())
     records.createOrReplaceTempView("kvforensics_records")
     all_requests = spark.sql(_requests_sql())
     requests = all_requests.select("request_id", "tenant_id", "delivered")
-    involved = (node_rows.select(F.col("reader").alias("request_id"))
-                .union(node_rows.select(F.col("victim").alias("request_id"))).distinct())
+    involved = (boot_rows.select(F.col("reader").alias("request_id"))
+                .union(boot_rows.select(F.col("victim").alias("request_id"))).distinct())
     facts = requests.join(involved, "request_id", "left_semi").select(
         F.col("request_id"), F.col("tenant_id"), F.coalesce(F.col("delivered"), F.lit(False)).alias("delivered")
-    ).cache()  # (only the requests the node rows name: the exposures' and pages' facts)
+    ).cache()  # (only the requests the rows name: the exposures' and pages' facts)
     r = facts.select(F.col("request_id").alias("reader"), F.col("tenant_id").alias("reader_tenant"),
                      F.col("delivered").alias("reader_delivered"))
     v = facts.select(F.col("request_id").alias("victim"), F.col("tenant_id").alias("victim_tenant"))
-    rows = node_rows.filter(F.col("part") == "exposure")
+    rows = boot_rows.filter(F.col("part") == "exposure")
     exposures = (rows.join(r, "reader", "left").join(v, "victim", "left")
                  .select(F.col("reader").alias("reader_request"), F.col("victim").alias("victim_request"),
                          "node", "boot", "pages", "n_pages", F.col("seq").alias("first_seq"),
                          F.col("ts").alias("first_ts"), "inferred", "reader_tenant", "victim_tenant",
                          F.coalesce(F.col("reader_delivered"), F.lit(False)).alias("reader_delivered"),
                          F.when(F.col("inferred"), F.lit("page records, read inferred"))
-                         .otherwise(F.lit("page records")).alias("evidence")))
-    uninitialized = (node_rows.filter(F.col("part") == "uninitialized")
+                         .otherwise(F.lit("page records")).alias("evidence"))).cache()
+    uninitialized = (boot_rows.filter(F.col("part") == "uninitialized")
                      .select("node", "boot", "lo", "hi", F.col("reader").alias("request_id"), "seq", "inferred"))
-    page_reads = (node_rows.filter(F.col("part") == "page_read")
+    page_reads = (boot_rows.filter(F.col("part") == "page_read")
                   .select("node", "boot", "lo", "hi", F.col("reader").alias("request_id"),
                           F.col("seq").alias("start_seq"), "end_seq", "inferred"))
-    pages = (node_rows.filter(F.col("part").isin("exposed_pages", "uninitialized_pages"))
-             .join(r, "reader", "left").cache())
-    exposures = exposures.cache()
+    # the ranges analysis.sql's figures take the union of per request and node, over its boots
+    delivered_ranges = (boot_rows.filter(F.col("part") == "exposed_range").join(r, "reader")
+                        .filter(F.col("reader_delivered"))
+                        .select(F.col("reader").alias("rid"), F.col("node").alias("node_id"), "lo", "hi"))
+    uninitialized_ranges = uninitialized.select(F.col("request_id").alias("rid"), F.col("node").alias("node_id"),
+                                                "lo", "hi")
     exposures.createOrReplaceTempView("spark_exposures")
-    pages.createOrReplaceTempView("spark_pages")
-    row = spark.sql(_FIGURES_SQL).collect()[0]
-    pages.unpersist()  # (the node rows and the exposures stay cached: the result's frames read them)
+    delivered_ranges.createOrReplaceTempView("spark_delivered_exposed_ranges")
+    uninitialized_ranges.createOrReplaceTempView("spark_uninitialized_ranges")
+    row = spark.sql(_figures_sql()).collect()[0]
     return SparkResult({name: int(row[name] or 0) for name in FIGURES}, exposures, uninitialized, page_reads,
-                       all_requests)
+                       all_requests)  # (the rows and the exposures stay cached: the result's frames read them)
 
 
-#: The eight figures (figures.DEFINITIONS) from the joined rows, by Spark SQL.
-_FIGURES_SQL = """
-WITH d AS (SELECT * FROM spark_exposures WHERE reader_delivered)
-SELECT
-  (SELECT count(DISTINCT reader_request) FROM d) AS exposed_responses,
-  (SELECT count(DISTINCT reader_request) FROM spark_exposures WHERE NOT reader_delivered) AS contained_requests,
-  (SELECT count(DISTINCT victim_request) FROM d) AS victim_requests,
-  (SELECT count(*) FROM (SELECT DISTINCT reader_request, victim_request FROM d)) AS exposure_pairs,
-  (SELECT count(*) FROM (SELECT DISTINCT reader_request, victim_request FROM d
-                         WHERE reader_tenant <> victim_tenant)) AS cross_tenant_pairs,
-  (SELECT coalesce(sum(n_pages), 0) FROM spark_pages WHERE part = 'exposed_pages' AND reader_delivered)
-    AS exposed_page_reads,
-  (SELECT coalesce(sum(n_pages), 0) FROM spark_pages WHERE part = 'uninitialized_pages') AS uninitialized_reads,
-  (SELECT count(DISTINCT victim_tenant) FROM d) AS affected_tenants
-"""
+def _figures_sql() -> str:
+    """The statement of ``analysis.sql`` that counts the eight figures (figures.DEFINITIONS), as a
+    Spark SQL query of the views ``spark_exposures``, ``spark_delivered_exposed_ranges`` and
+    ``spark_uninitialized_ranges``: its ``union_pages`` macro written out where it is called."""
+    text = sql_text("analysis.sql")
+    macro = re.search(r"CREATE OR REPLACE TEMP MACRO union_pages\(tbl\) AS TABLE\s+(SELECT .*?);", text, re.S)
+    summary = re.search(r"CREATE OR REPLACE TABLE exposure_summary AS\s+(WITH .*?);", text, re.S)
+    assert macro is not None and summary is not None, "analysis.sql counts the figures with union_pages"
+    query = re.sub(r"\bunion_pages\('(\w+)'\)",
+                   lambda m: f"({macro.group(1).replace('query_table(tbl)', 'spark_' + m.group(1))})", summary.group(1))
+    return re.sub(r"\bFROM exposures\b", "FROM spark_exposures", query)
 
 
 def spark_schema(schema: pa.Schema) -> Any:

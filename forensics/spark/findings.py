@@ -4,7 +4,7 @@ A finding's ``-- partition:`` says what each of its rows depends on. The case's 
 that way and each group goes to a task, which puts them in a DuckDB of its own and runs the
 findings of that partition on them:
 
-- ``node``: a node's records, its exposures and uninitialized reads;
+- ``boot``: a (node, boot)'s records, its exposures and uninitialized reads;
 - ``request``: the requests of a bucket (their records, their rows of ``requests``), the transfer
   records that share a transfer id with theirs (whichever request id those carry: the
   ``transfers`` view looks across a transfer's two sides), and every config;
@@ -12,7 +12,8 @@ findings of that partition on them:
 - ``case``: the whole case, run by the driver in DuckDB over the Parquet case;
 - ``parts``: each of the finding's parts runs in the tasks of its own partition, and the driver
   sums their rows with the finding's query (``evidence.clock_skew``: a part per transfer bucket,
-  a part per node; what reaches the driver is a row per link and bucket, and per node).
+  a part per (node, boot); what reaches the driver is a row per link and bucket, and per node and
+  boot).
 
 A task writes each finding's rows into ``CASE/findings/ID/`` as a Parquet file named for its
 group (a task run again writes the same file again), and a part's rows into ``CASE/.parts/ID/``,
@@ -143,9 +144,9 @@ def run_findings(spark: SparkSession, case: Path, buckets: int) -> None:
     for r in records[1:]:
         everything = everything.unionByName(r)
     parts: dict[str, DataFrame] = {}
-    # node: a node's records, exposures and uninitialized reads
-    parts["node"] = everything.unionByName(as_wire["exposures"]).unionByName(as_wire["uninitialized_reads"]) \
-        .withColumn("fkey", F.col("wire_node"))
+    # boot: a (node, boot)'s records, exposures and uninitialized reads
+    parts["boot"] = everything.unionByName(as_wire["exposures"]).unionByName(as_wire["uninitialized_reads"]) \
+        .withColumn("fkey", F.to_json(F.array(F.col("wire_node"), F.col("boot").cast("string"))))
     # request: a bucket's requests' records and rows of requests; the transfer records sharing a
     # transfer id with the bucket's; every config, in every bucket
     owned = (as_wire["request_records"].unionByName(as_wire["kv_records"]).unionByName(as_wire["requests"])

@@ -83,7 +83,7 @@ ORDER BY q.first_ts, q.request_id;
 
 -- name: kv.late_write
 -- severity: high
--- partition: node
+-- partition: boot
 -- title: {count} write(s) landed on pages their writer had already freed
 WITH w AS (
   SELECT node, boot, seq, ts, request_id, pages, source, unnest(page_ranges) AS g FROM kv_ops WHERE op = 'write'
@@ -105,7 +105,7 @@ FROM late l ORDER BY l.ts, l.node, l.seq;
 
 -- name: kv.uninitialized_read
 -- severity: medium
--- partition: node
+-- partition: boot
 -- title: {count} request(s) read pages never written in the boot
 SELECT request_id, node, boot, count(*) AS ranges, sum(hi - lo + 1)::BIGINT AS pages, min(seq) AS first_seq,
        bool_or(inferred) AS inferred
@@ -113,7 +113,7 @@ FROM uninitialized_reads GROUP BY ALL ORDER BY node, boot, first_seq, request_id
 
 -- name: evidence.seq_gap
 -- severity: medium
--- partition: node
+-- partition: boot
 -- title: {count} gap(s) in nodes' seq: records are missing there, and so is their evidence
 SELECT * FROM seq_gaps ORDER BY node, boot, missing_from;
 
@@ -121,7 +121,7 @@ SELECT * FROM seq_gaps ORDER BY node, boot, missing_from;
 -- severity: low
 -- partition: parts
 -- title: {count} sign(s) of clock skew: transfers completing before they started, or ts running backwards in seq order
--- The signs each part below finds (the rows of `parts`: a part per transfer, a part per node)
+-- The signs each part below finds (the rows of `parts`: a part per transfer, a part per boot of a node)
 -- summed per link and per node.
 SELECT signal, node_a, node_b, n, min_seconds, max_seconds,
        CASE signal WHEN 'transfer' THEN 'node_b''s clock is behind node_a''s by at least ' || round(-min_seconds, 6) || ' s'
@@ -143,7 +143,7 @@ FROM transfers s JOIN transfers c
 GROUP BY ALL;
 
 -- name: evidence.clock_skew/part
--- partition: node
+-- partition: boot
 -- A node's ts going back between consecutive seq of a boot.
 SELECT 'ts_before_previous_seq' AS signal, node AS node_a, NULL::VARCHAR AS node_b, count(*) AS n,
        min(step_us) / 1e6 AS min_seconds, max(step_us) / 1e6 AS max_seconds

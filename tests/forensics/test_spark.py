@@ -15,7 +15,7 @@ import pytest
 from conftest import example_dirs, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from logsets import log_sets, namespaced
+from logsets import log_sets, namespaced, ts_of
 
 import forensics
 from forensics.exposure import reference
@@ -97,3 +97,48 @@ def test_random_log_sets_on_spark_equal_duckdb_and_the_oracle(spark: SparkSessio
     forensics.investigate([write_jsonl(tmp / "logs.jsonl", records)], db)
     on_spark, on_duckdb = _spark_and_duckdb(spark, db, tmp / "spark")
     assert on_spark == on_duckdb == reference.run(records).figures
+
+
+def _across_boots() -> list[dict[str, Any]]:
+    """Two boots of one node, each a task on Spark, and the two things that join across them:
+    r1 read on decode-0 in boot 0, so its decode_started in boot 1 starts no inferred read (of
+    r2's stale pages 0-3); r3 saw r4's pages 4-7 in boot 0 and r5's 4-5 in boot 1, four distinct
+    pages of decode-0, not six."""
+    out: list[dict[str, Any]] = []
+    for rid, tenant in (("r1", "acme"), ("r2", "globex"), ("r3", "acme"), ("r4", "globex"), ("r5", "initech")):
+        out.append({"kind": "request", "ts": ts_of(0, 0), "node": "router", "request_id": rid, "event": "received",
+                    "tenant_id": tenant, "prompt_tokens": 8})
+    boots: list[list[tuple[str, str, str]]] = [
+        [("r1", "alloc", "0-3"), ("r1", "write", "0-3"), ("r1", "read", "0-1"), ("r1", "free", "0-3"),
+         ("r4", "alloc", "4-7"), ("r4", "write", "4-7"), ("r4", "free", "4-7"),
+         ("r3", "alloc", "4-7"), ("r3", "read", "4-7"), ("r3", "free", "4-7")],
+        [("r2", "alloc", "0-3"), ("r2", "write", "0-3"), ("r2", "free", "0-3"),
+         ("r1", "alloc", "0-3"), ("r1", "decode_started", ""), ("r1", "free", "0-3"),
+         ("r5", "alloc", "4-5"), ("r5", "write", "4-5"), ("r5", "free", "4-5"),
+         ("r3", "alloc", "4-5"), ("r3", "read", "4-5"), ("r3", "free", "4-5")],
+    ]
+    for boot, ops in enumerate(boots):
+        out.append({"kind": "config", "ts": ts_of(boot, 0), "node": "decode-0", "seq": 0, "boot": boot,
+                    "role": "decode", "engine": "sglang", "engine_version": "0.5.21", "model": "glm-5.3",
+                    "context_length": 64, "page_size": 4, "pool_pages": 12})
+        for seq, (rid, op, pages) in enumerate(ops, start=1):
+            where = {"ts": ts_of(boot, seq), "node": "decode-0", "seq": seq, "boot": boot, "request_id": rid}
+            out.append({"kind": "request", "event": op, **where} if op == "decode_started"
+                       else {"kind": "kv", "op": op, "pages": pages, **where})
+    for rid in ("r1", "r3"):
+        out.append({"kind": "request", "ts": ts_of(1, 60), "node": "router", "request_id": rid, "event": "finished",
+                    "status": 200})
+    return out
+
+
+def test_what_joins_across_boots_is_joined_on_spark(spark: SparkSession, tmp_path: Path) -> None:
+    """A (node, boot) a task: a read in one boot still stops the inferred read of another, and a
+    request's pages of a node are counted once over its boots."""
+    records = _across_boots()
+    db = tmp_path / "case.duckdb"
+    forensics.investigate([write_jsonl(tmp_path / "logs.jsonl", records)], db)
+    on_spark, on_duckdb = _spark_and_duckdb(spark, db, tmp_path / "spark")
+    assert on_spark == on_duckdb == reference.run(records).figures
+    assert on_spark["exposed_responses"] == 1  # r3 alone: r1 reads r2's pages by no inferred read
+    assert on_spark["exposure_pairs"] == 2  # (r3, r4), (r3, r5)
+    assert on_spark["exposed_page_reads"] == 4  # pages 4-7 of decode-0, once
