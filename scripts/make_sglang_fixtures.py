@@ -43,7 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from replay.sglang_print.release import Release
-from replay.sglang_print.servers import CLOCK, Printer, Server, Setup, Spec, has_targets, retires, start_clock
+from replay.sglang_print.servers import (
+    BOOTSTRAP_WAIT,
+    CLOCK,
+    Printer,
+    Server,
+    Setup,
+    Spec,
+    has_targets,
+    retires,
+    start_clock,
+)
 
 SETUP = Setup(epoch=dt.datetime(2026, 11, 2, 8, 0, 0, tzinfo=dt.UTC).timestamp())
 PERF0 = SETUP.perf0
@@ -153,7 +163,7 @@ class Scenario(Printer):
         self.startup()
         for rid, prompt, output, outcome, dp_rank, at in SCENARIO:
             self._request(rid, prompt, output, outcome, dp_rank, at)
-        CLOCK.at(max(at for *_, at in SCENARIO) + 1.0 + (300.2 if s.role == "prefill" else 0.0))
+        CLOCK.at(max(at for *_, at in SCENARIO) + 1.0 + (BOOTSTRAP_WAIT if s.role == "prefill" else 0.0))
         s.configure(s.schedulers(0)[0])
         self._batch_line()
 

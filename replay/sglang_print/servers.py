@@ -84,6 +84,10 @@ class Clock:
 
 CLOCK = Clock()
 
+#: How long a bootstrap that never completes waits before the prefill gives up (seconds): past the
+#: releases' default bootstrap timeout of 300 s, so each release's own check fires.
+BOOTSTRAP_WAIT = 300.2
+
 
 def start_clock(setup: Setup) -> None:
     """Run logging (``LogRecord`` reads logging's ``time``), the release's ``datetime.now`` and
@@ -462,7 +466,7 @@ class Printer:
             CLOCK.at(at)
             self._transfer_failed(req, room, schedulers, "decode", reason, stage="handshake")
             return
-        elapsed = 300.2
+        elapsed = BOOTSTRAP_WAIT
         reason = r.message(conn, "in KVPoll.Bootstrapping")(bootstrap_room=room, elapsed=elapsed)
         s.note("bootstrap_timeout", conn, "in KVPoll.Bootstrapping")
         CLOCK.at(at + elapsed)
