@@ -53,8 +53,13 @@ from forensics.errors import UnreadableFile
 
 #: The line formats, in the order a line is offered to them.
 _FORMATS = (sglang_requests, sglang_timestats, sglang_mooncake, sglang_errors, sglang_config)
+#: What only an SGLang server prints: a file with any of these in its first lines is one (a
+#: rotated piece may hold nothing but error lines: the capacity and length checks', the integrity
+#: checks').
 _SERVER_MARKS = ("server_args=ServerArgs(", "server_args={", "Req Time Stats(", "ReqTimeStats(", "Receive: obj=",
-                 "Finish: obj=", "failed for request rank=", "max_total_num_tokens=", '"event": "request.')
+                 "Finish: obj=", "failed for request rank=", "max_total_num_tokens=", '"event": "request.',
+                 "exceeds the maximum number of tokens: ", "exceeds the maximum allowed length (",
+                 "Context corruption detected: Request ", "KV checksum mismatch")
 _EVIDENCE = ("request level: who was served where and when, and the handoff's token counts; "
              "no page records, so victims are named by replay")
 
@@ -64,8 +69,8 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
     with _first_pass() as frozen:
         facts = _learn(lines, Facts(node=options.node_for(path)), options, kept)
         server = None
-        if facts.role_for(options) is None and not facts.roles_seen:
-            server = _server_beside(path)
+        if facts.role_for(options) is None and not facts.roles_seen and (facts.received_at or facts.finished):
+            server = _server_beside(path)  # (a file of error lines alone is a server's own: no request log)
             if server is not None:  # a --log-requests-target file: its server's log says the rest
                 facts = _learn(server[1], Facts(node=options.node or node_of(server[0])), options)
                 kept.clear()

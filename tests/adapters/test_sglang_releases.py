@@ -25,7 +25,7 @@ import duckdb
 import pytest
 
 import forensics
-from forensics.adapters import Lines, Notes, Options, Untranslatable
+from forensics.adapters import Lines, Notes, Options, Untranslatable, sniff
 from forensics.adapters.sglang import ADAPTERS as SGLANG
 from forensics.adapters.sglang_eras import RELEASES, releases_of
 
@@ -235,6 +235,45 @@ def test_the_capacity_check_each_release_prints_becomes_a_rejection(release: str
         assert {(r["kind"], r["event"], r["request_id"], r["reason"], r["limit_tokens"], r["node"], r["ts"])
                 for r in out} == {("request", "rejected", d["rid"], "input_too_long", d["limit_tokens"], node,
                                    "2026-11-02T08:00:01.000000Z")}
+
+
+#: The error lines a server prints about one request: the length and capacity checks', the
+#: integrity checks'.
+ERROR_LINE = re.compile(r"exceeds the maximum allowed length \(|exceeds the maximum number of tokens: "
+                        r"|Context corruption detected: Request |KV checksum mismatch")
+
+
+@pytest.mark.parametrize("release", sorted({r for r, _ in SETS}, key=RELEASES.index))
+def test_a_file_of_error_lines_alone_is_read_as_sglang(release: str, tmp_path: Path) -> None:
+    """A piece of a server's log with nothing but the error lines the release printed (a rotated
+    file need not start with ``server_args``) is recognised as SGLang's without ``--format``, and
+    each line that names its request becomes that request's record: a rejection for the length
+    and capacity checks, a 500 finish for the integrity checks."""
+    lines = {d["role"]: (ROOT / release / d["file"]).read_text().splitlines() for d in _source(release)["lines"]}
+    expected: dict[tuple[str, str], str] = {}
+    for role in ("prefill", "decode"):
+        text = [t for t in (ROOT / release / "text" / f"{role}-0.log").read_text().splitlines()
+                if ERROR_LINE.search(t) and "Finish: obj=" not in t]  # (a finish line quotes its abort's message)
+        text += lines[role]
+        assert text and all(ERROR_LINE.search(t) for t in text)
+        found = sniff(text[:64])
+        assert found is not None and found.name == "sglang-server", role
+        (tmp_path / f"{role}-0.log").write_text("\n".join(text) + "\n")
+        for t in text:
+            named = re.search(r"rid='([^']+)'|Request (\S+) |req=(\S+) ", t)
+            if named is None:
+                continue  # (a length check that names no request: before 0.5.21 it does not)
+            rid = next(g for g in named.groups() if g)
+            expected[role, rid] = "rejected" if "exceeds the maximum" in t else "finished"
+    result = forensics.ingest([tmp_path / "prefill-0.log", tmp_path / "decode-0.log"], tmp_path / "case.duckdb")
+    assert result.records.quarantined == 0
+    assert result.records.read == result.records.ingested + result.records.duplicates
+    con = duckdb.connect(str(tmp_path / "case.duckdb"), read_only=True)
+    got = {(("prefill" if r["node"].startswith("prefill") else "decode"), r["request_id"]): r["event"]
+           for r in _rows(con, "SELECT node, request_id, event, status FROM request_events "
+                               "WHERE event = 'rejected' OR status = 500")}
+    con.close()
+    assert got == expected
 
 
 def test_decode_steps_are_counted_back_from_a_finish_known_to_the_microsecond(tmp_path: Path) -> None:
