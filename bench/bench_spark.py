@@ -11,7 +11,8 @@ partition count, timed apart for the session's start, the records' export to Par
 analysis. Prints each one's time and peak, the ratio to the baseline, and whether the figures
 are the same (they must be). ``--whole``: the whole investigation from the logs instead, ingest
 and analysis (``forensics.investigate`` against ``forensics.spark.investigate``), with the counts
-of records read, ingested, duplicate and quarantined compared too. ``--tasks``: the analysis's
+of records read, ingested, duplicate and quarantined compared too, and the Spark run's peak split
+by the phases it reports (read, settle, ...). ``--tasks``: the analysis's
 unit of work alone, the largest node's records as one task (the unit before it was a boot) against
 each of its boots' as a task of its own (``analyse_boot`` in-process, each in a child: time and
 peak above the child's resident memory before it). ``--boots``: each decode node restarts, so
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from generate import generate
-from peaks import tree_peak
+from peaks import peaks_by_phase, tree_samples
 
 import forensics
 
@@ -79,9 +80,9 @@ t = time.perf_counter()
 spark = spark_session(sys.argv[3], partitions=int(sys.argv[4]))
 spark.range(1).count()
 start_s = time.perf_counter() - t
-t = time.perf_counter()
+t, wall = time.perf_counter(), time.time()
 found = investigate([sys.argv[1]], Path(sys.argv[2]), spark=spark)
-print(json.dumps({'start_s': start_s, 'whole_s': time.perf_counter() - t, 'figures': found.exposure,
+print(json.dumps({'start_s': start_s, 'whole_s': time.perf_counter() - t, 'wall': wall, 'figures': found.exposure,
                   'records': found.ingest.records.as_dict(), 'phases': found.phases}))
 spark.stop()
 """
@@ -138,27 +139,37 @@ def whole(logs: Path, root: Path, masters: list[str], partitions: list[int]) -> 
     for master in masters:
         for n in partitions:
             out = root / f"case-{master.replace('[', '-').rstrip(']')}-{n}"
-            got, peak = _run([_SPARK_WHOLE, str(logs), str(out), master, str(n)])
+            got, samples = _sampled([_SPARK_WHOLE, str(logs), str(out), master, str(n)])
+            peak = max(m for _, m in samples)
             same = ("same figures and counts" if (got["figures"], got["records"]) == (base["figures"], base["records"])
                     else "FIGURES OR COUNTS DIFFER")
             print(f"Spark {master}, {n} partitions: start {got['start_s']:.1f} s, ingest and analysis "
                   f"{got['whole_s']:.1f} s (x{got['whole_s'] / base['whole_s']:.2f} DuckDB's), "
                   f"peak {peak / 2**30:.2f} GiB; {same}", flush=True)
             print("  phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in got["phases"].items()), flush=True)
+            by_phase = peaks_by_phase(samples, got["wall"], got["phases"])
+            print("  peak by phase (GiB, the process tree): " + ", ".join(
+                f"{k} {v / 2**30:.2f}" for k, v in by_phase.items()), flush=True)
 
 
 def _run(args: list[str], *, bench_path: bool = False) -> tuple[dict[str, Any], int]:
     """Run a child (``bench_path``: it imports from this folder), sampling its process tree's
     memory; its JSON answer and the peak."""
+    got, samples = _sampled(args, bench_path=bench_path)
+    return got, max((m for _, m in samples), default=0)
+
+
+def _sampled(args: list[str], *, bench_path: bool = False) -> tuple[dict[str, Any], list[tuple[float, int]]]:
+    """Run a child as :func:`_run` does: its JSON answer and its process tree's memory over time."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent),
                                                                      os.environ.get("PYTHONPATH")]))}
     process = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                env=env if bench_path else None)
-    peak = tree_peak(process)
+    samples = tree_samples(process)
     out = (process.stdout.read() if process.stdout else b"").decode()
     if process.returncode != 0:
         raise SystemExit(f"child failed ({process.returncode})")
-    return json.loads(out.strip().splitlines()[-1]), peak
+    return json.loads(out.strip().splitlines()[-1]), samples
 
 
 def main() -> None:

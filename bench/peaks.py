@@ -1,6 +1,7 @@
 """Peak resident memory, sampled: of this process by a thread, per named part of the work (the
 child processes of the memory benchmarks import it, ``sys.path`` given the bench folder), and of
-a child process with its children (``tree_peak``, for the benchmarks that start them)."""
+a child process with its children (``tree_peak``, for the benchmarks that start them; its
+samples over time, ``tree_samples``, to split a peak by the phases the child reports)."""
 
 from __future__ import annotations
 
@@ -38,12 +39,31 @@ class Peaks:
 
 def tree_peak(process: subprocess.Popen[bytes]) -> int:
     """The peak resident memory of ``process`` and its children, sampled every 50 ms until it ends."""
-    peak = 0
+    return max((m for _, m in tree_samples(process)), default=0)
+
+
+def tree_samples(process: subprocess.Popen[bytes]) -> list[tuple[float, int]]:
+    """The resident memory of ``process`` and its children, sampled every 50 ms until it ends:
+    ``(time.time(), bytes)`` each."""
+    samples = []
     root = psutil.Process(process.pid)
     while process.poll() is None:
         try:
-            peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
+            samples.append((time.time(), sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])))
         except psutil.Error:
             pass
         time.sleep(0.05)
-    return peak
+    return samples
+
+
+def peaks_by_phase(samples: list[tuple[float, int]], start: float, phases: dict[str, float]) -> dict[str, int]:
+    """The peak of ``samples`` in each phase, the phases taken one after another from ``start``
+    (``time.time()``), each its seconds long; the last runs to the end of the samples."""
+    peaks: dict[str, int] = {}
+    at = start
+    names = list(phases)
+    for i, name in enumerate(names):
+        end = at + phases[name] if i < len(names) - 1 else float("inf")
+        peaks[name] = max((m for t, m in samples if at <= t < end), default=0)
+        at = end
+    return peaks
