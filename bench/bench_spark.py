@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from generate import generate
-from peaks import peaks_by_phase, tree_samples
+from peaks import peak_of, peaks_by_phase, tree_samples
 
 import forensics
 
@@ -140,7 +140,7 @@ def whole(logs: Path, root: Path, masters: list[str], partitions: list[int]) -> 
         for n in partitions:
             out = root / f"case-{master.replace('[', '-').rstrip(']')}-{n}"
             got, samples = _sampled([_SPARK_WHOLE, str(logs), str(out), master, str(n)])
-            peak = max(m for _, m in samples)
+            peak = peak_of(samples)
             same = ("same figures and counts" if (got["figures"], got["records"]) == (base["figures"], base["records"])
                     else "FIGURES OR COUNTS DIFFER")
             print(f"Spark {master}, {n} partitions: start {got['start_s']:.1f} s, ingest and analysis "
@@ -156,7 +156,7 @@ def _run(args: list[str], *, bench_path: bool = False) -> tuple[dict[str, Any], 
     """Run a child (``bench_path``: it imports from this folder), sampling its process tree's
     memory; its JSON answer and the peak."""
     got, samples = _sampled(args, bench_path=bench_path)
-    return got, max((m for _, m in samples), default=0)
+    return got, peak_of(samples)
 
 
 def _sampled(args: list[str], *, bench_path: bool = False) -> tuple[dict[str, Any], list[tuple[float, int]]]:

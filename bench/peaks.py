@@ -39,7 +39,12 @@ class Peaks:
 
 def tree_peak(process: subprocess.Popen[bytes]) -> int:
     """The peak resident memory of ``process`` and its children, sampled every 50 ms until it ends."""
-    return max((m for _, m in tree_samples(process)), default=0)
+    return peak_of(tree_samples(process))
+
+
+def peak_of(samples: list[tuple[float, int]]) -> int:
+    """The largest of ``(time, bytes)`` samples (0 for none)."""
+    return max((m for _, m in samples), default=0)
 
 
 def tree_samples(process: subprocess.Popen[bytes]) -> list[tuple[float, int]]:
