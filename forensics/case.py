@@ -15,7 +15,7 @@ import pyarrow as pa
 from forensics.errors import CaseError, QueryError
 from forensics.exposure.analysis import analyse
 from forensics.exposure.figures import summary
-from forensics.exposure.tiers import missing_page_records, tier_figures, unseen_late_writes
+from forensics.exposure.tiers import CERTAIN, certainty, missing_page_records, tier_figures, unseen_late_writes
 from forensics.findings import Findings, findings
 from forensics.ids import NodeId, PageId, RequestId, TenantId
 from forensics.ingestion import source
@@ -32,6 +32,12 @@ class Summary(dict[str, int]):
     tiers: dict[str, dict[str, int | None]]
     without_page_records: tuple[str, ...]
     unseen_late_writes: int = 0
+
+    @property
+    def certainty(self) -> dict[str, dict[str, int]]:
+        """Victim requests and affected tenants, certain (named by page records) and possible
+        (named by the replay alone, where page records are missing)."""
+        return certainty(self.tiers)
 
     def _repr_html_(self) -> str:
         every = getattr(self, "tiers", {})
@@ -50,6 +56,10 @@ class Summary(dict[str, int]):
         missing = getattr(self, "without_page_records", ())
         if missing:
             table += f"<p>Without page records: {html.escape(', '.join(missing))}.</p>"
+        if tiers:
+            v, t = self.certainty["victim_requests"], self.certainty["affected_tenants"]
+            table += (f"<p>Victims: {v['certain']:,} certain (page records), {v['possible']:,} possible (named by "
+                      f"the replay alone); tenants: {t['certain']:,} certain, {t['possible']:,} possible.</p>")
         unseen = getattr(self, "unseen_late_writes", 0)
         if unseen:
             table += (f"<p>{unseen:,} transfer(s) sent by prefill and given up by a node without page records: "
@@ -145,7 +155,7 @@ class Case:
         """
         return self._con.sql(sql_text("exposures_query.sql"), params={
             "tenant": tenant, "request": request, "victim": victim, "delivered_only": delivered_only,
-            "page_records_only": page_records_only}).pl()
+            "page_records_only": page_records_only, "certain": list(CERTAIN)}).pl()
 
     def request(self, request_id: RequestId | str) -> RequestReport:
         """A request's lifecycle, pages, whose content it saw and who saw its content."""

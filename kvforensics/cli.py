@@ -181,6 +181,13 @@ def _print_tiers(found: Any) -> None:
                 else f"not replayed ({found.replay_skipped}): the figures rest on the page records elsewhere only")
         typer.echo(f"page records missing on {', '.join(shown(m) for m in missing)}: {rest}")
     typer.echo("(- : not measured by that evidence; total: the union of every tier)")
+    if tiers and replay_backed:
+        from forensics.exposure.tiers import certainty
+
+        c = certainty(tiers)
+        v, t = c["victim_requests"], c["affected_tenants"]
+        typer.echo(f"victims: {v['certain']:,} certain (page records), {v['possible']:,} possible (named by the replay "
+                   f"alone); tenants: {t['certain']:,} certain, {t['possible']:,} possible")
 
 
 def _print_counts(result: forensics.IngestResult) -> None:

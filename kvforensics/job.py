@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from forensics.adapters import Options
-from forensics.exposure.tiers import Filled, fill_from_replay, missing_page_records, tier_figures, unseen_late_writes
+from forensics.exposure.tiers import (
+    Filled,
+    certainty,
+    fill_from_replay,
+    missing_page_records,
+    tier_figures,
+    unseen_late_writes,
+)
 from forensics.ingestion import Progress
 from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, investigate
@@ -58,6 +65,7 @@ class JobResult:
             out["filled_by_replay"] = self.filled.as_dict()
         if self.tiers is not None:
             out["tiers"] = self.tiers
+            out["certainty"] = certainty(self.tiers)
         out["nodes_without_page_records"] = list(self.without_page_records)
         out["unseen_late_writes"] = self.unseen_late_writes
         if self.report is not None:

@@ -88,6 +88,27 @@ class ReportData:
     prompt_every: int = 1
     #: the complete lists written beside the report: name -> (rows, [(file name, SHA-256)])
     lists: dict[str, tuple[int, list[tuple[str, str]]]] = field(default_factory=dict)
+    #: the figures the summary's cards and the notification show: every tier together where the
+    #: replay filled in (None: not measured by some tier), else the page records'
+    shown_figures: dict[str, int | None] = field(default_factory=dict)
+    #: victim requests named by page records (certain) and by the replay alone (possible)
+    certain_victims: int = 0
+    possible_victims: int = 0
+
+
+
+def _all_exposures(con: duckdb.DuckDBPyConnection) -> str:
+    """The exposure rows of every tier: the page records' and, where the whole job filled in, the
+    replay's (``replay_exposures``), as a SELECT with the columns of ``exposures``."""
+    if has_table(con, "replay_exposures"):
+        return "SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures"
+    return "SELECT * FROM exposures"
+
+
+def _tiers(values: list[str] | None) -> str:
+    """The evidence tiers of a row's exposures, strongest first."""
+    order = {t: i for i, t in enumerate(evidence_tiers.TIERS)}
+    return "; ".join(sorted(set(values or []), key=lambda t: (order.get(t, len(order)), t)))
 
 
 def _ts(value: dt.datetime | None) -> str | None:
@@ -98,8 +119,9 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
            toolkit_version: str) -> ReportData:
     """Read the report's content from an analysed case."""
     figures = checked(con)
+    every = _all_exposures(con)
     first, last = con.execute(
-        "SELECT min(first_ts), max(first_ts) FROM exposures WHERE reader_delivered").fetchall()[0]
+        f"SELECT min(first_ts), max(first_ts) FROM ({every}) WHERE reader_delivered").fetchall()[0]
     counts = rows(con, "SELECT count(*) AS records FROM records")[0]
     q = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
     d = con.execute("SELECT count(*) FROM duplicates").fetchall()[0][0]
@@ -113,26 +135,35 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
     limits = [c["max_req_input_len"] for c in configs if c["role"] == "prefill"]
     case_findings = findings(con)
     handoffs = next((f.evidence.to_dicts() for f in case_findings if f.id == "handoff.rejected_but_transferred"), [])
-    responses = rows(con, """
+    certain = {"certain": list(evidence_tiers.CERTAIN)}
+    responses = rows(con, f"""
         SELECT reader_request, any_value(reader_tenant) AS reader_tenant, count(DISTINCT victim_request) AS victims,
+               count(DISTINCT victim_request) FILTER (WHERE evidence IN (SELECT unnest($certain::VARCHAR[])))
+                 AS certain_victims,
                count(DISTINCT victim_tenant) AS victim_tenants, sum(n_pages)::BIGINT AS pages,
-               min(first_ts) AS first_ts, bool_or(inferred) AS inferred, bool_or(reader_delivered) AS delivered
-        FROM exposures GROUP BY reader_request ORDER BY first_ts, reader_request""")
-    victims = rows(con, """
+               min(first_ts) AS first_ts, bool_or(inferred) AS inferred, bool_or(reader_delivered) AS delivered,
+               list(DISTINCT evidence) AS evidence
+        FROM ({every}) GROUP BY reader_request ORDER BY first_ts, reader_request""", certain)
+    victims = rows(con, f"""
         SELECT victim_request, any_value(victim_tenant) AS victim_tenant,
-               count(DISTINCT reader_request) AS readers, sum(n_pages)::BIGINT AS pages, min(first_ts) AS first_seen
-        FROM exposures WHERE reader_delivered GROUP BY victim_request ORDER BY first_seen, victim_request""")
-    pairs = rows(con, """
+               count(DISTINCT reader_request) AS readers, sum(n_pages)::BIGINT AS pages, min(first_ts) AS first_seen,
+               CASE WHEN bool_or(evidence IN (SELECT unnest($certain::VARCHAR[]))) THEN 'certain' ELSE 'possible' END
+                 AS certainty,
+               list(DISTINCT evidence) AS evidence
+        FROM ({every}) WHERE reader_delivered GROUP BY victim_request ORDER BY first_seen, victim_request""", certain)
+    pairs = rows(con, f"""
         SELECT reader_tenant, victim_tenant, count(*) AS pairs FROM (
           SELECT DISTINCT reader_request, victim_request, reader_tenant, victim_tenant
-          FROM exposures WHERE reader_delivered) GROUP BY ALL""")
+          FROM ({every}) WHERE reader_delivered) GROUP BY ALL""")
     names.prime("tenant", [t for p in pairs for t in (p["reader_tenant"], p["victim_tenant"]) if t])
     names.prime("request", [r["reader_request"] for r in responses] + [v["victim_request"] for v in victims])
     for r in responses:
+        r["evidence"] = _tiers(r["evidence"])
         r["reader_request"] = names("request", r["reader_request"])
         r["reader_tenant"] = names("tenant", r["reader_tenant"])
         r["first_ts"] = _ts(r["first_ts"])
     for v in victims:
+        v["evidence"] = _tiers(v["evidence"])
         v["victim_request"] = names("request", v["victim_request"])
         v["victim_tenant"] = names("tenant", v["victim_tenant"])
         v["first_seen"] = _ts(v["first_seen"])
@@ -162,17 +193,17 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
                c.quarantined FROM files f JOIN file_counts c USING (file_id) ORDER BY f.file_id""")
     for f in files:
         f["ingested_at"] = _ts(f["ingested_at"])
-    over_time = [(r["t"], int(r["n"])) for r in rows(con, """
+    over_time = [(r["t"], int(r["n"])) for r in rows(con, f"""
         SELECT first_ts AS t, count(*) AS n FROM (
-          SELECT reader_request, min(first_ts) AS first_ts FROM exposures WHERE reader_delivered GROUP BY ALL)
+          SELECT reader_request, min(first_ts) AS first_ts FROM ({every}) WHERE reader_delivered GROUP BY ALL)
         GROUP BY ALL ORDER BY t""")]
     limit = min(limits) if limits else None
     # every prompt of an exposed response and every prompt past the prefill limit; of the others,
     # where there are more than the chart can show, every k-th in arrival order
-    prompt_rows = rows(con, """
+    prompt_rows = rows(con, f"""
         WITH p AS (
           SELECT e.ts, e.request_id, e.prompt_tokens,
-                 e.request_id IN (SELECT reader_request FROM exposures WHERE reader_delivered) AS exposed
+                 e.request_id IN (SELECT reader_request FROM ({every}) WHERE reader_delivered) AS exposed
           FROM request_events e WHERE e.event = 'received' AND e.prompt_tokens IS NOT NULL
         ), o AS (
           SELECT *, row_number() OVER (ORDER BY ts, request_id) - 1 AS k,
@@ -186,6 +217,10 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
     prompts = [(r["ts"], int(r["prompt_tokens"]), bool(r["exposed"])) for r in prompt_rows]
     prompt_every = max((int(r["every"]) for r in prompt_rows), default=1)
     found = [f.as_dict(rows=10 if names.mode == "ids" else 0) for f in case_findings]
+    filled = evidence_tiers.filled_figures(con)
+    tier_figures = evidence_tiers.tier_figures(con)
+    shown: dict[str, int | None] = dict(tier_figures[evidence_tiers.TOTAL]) if filled else dict(figures)
+    n_certain = sum(1 for v in victims if v["certainty"] == "certain")
     return ReportData(
         audience=audience, generated_at=generated_at, toolkit_version=toolkit_version, figures=figures,
         figure_sql={f.name: f.sql for f in DEFINITIONS}, window=(_ts(first), _ts(last)), records=records,
@@ -193,8 +228,8 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         handoffs=handoffs, responses=responses, victims=victims, tenants=tenants, matrix=matrix,
         replays=replays, files=files, over_time=over_time, prompts=prompts,
         prompt_limit=limit, naming=names.mode, findings=found, prompt_every=prompt_every,
-        tiers=evidence_tiers.by_tier(con), filled=evidence_tiers.filled_figures(con),
-        tier_figures=evidence_tiers.tier_figures(con),
+        tiers=evidence_tiers.by_tier(con), filled=filled, tier_figures=tier_figures, shown_figures=shown,
+        certain_victims=n_certain, possible_victims=len(victims) - n_certain,
         without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],
         unseen_late_writes=evidence_tiers.unseen_late_writes(con),
     )

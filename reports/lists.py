@@ -31,9 +31,9 @@ SHOWN = 1_000
 #: The long tables, with the columns each list has (in this order; any other column the rows
 #: have follows).
 COLUMNS = {
-    "responses": ("reader_request", "reader_tenant", "delivered", "victims", "victim_tenants", "pages", "first_ts",
-                  "inferred"),
-    "victims": ("victim_request", "victim_tenant", "readers", "pages", "first_seen"),
+    "responses": ("reader_request", "reader_tenant", "delivered", "victims", "certain_victims", "victim_tenants",
+                  "pages", "first_ts", "inferred", "evidence"),
+    "victims": ("victim_request", "victim_tenant", "certainty", "readers", "pages", "first_seen", "evidence"),
     "handoffs": ("request_id", "prefill_node", "rejected_at", "reason", "limit_tokens", "prompt_tokens",
                  "tokens_sent", "decode_starts", "status"),
 }

@@ -27,6 +27,9 @@ TRANSFER_REPLAY = "transfer records + replay"  # the reader's transfer carried f
 REQUEST_REPLAY = "request records + replay"
 #: Every tier, strongest evidence first.
 TIERS = (PAGE_RECORDS, PAGE_RECORDS_INFERRED, TRANSFER_REPLAY, REQUEST_REPLAY)
+#: The tiers on which a victim is certain: page records show what each page held. A victim the
+#: replay names is possible: it rests on the reference engine's reconstruction of the pages.
+CERTAIN = (PAGE_RECORDS, PAGE_RECORDS_INFERRED)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,16 @@ PAGE_EVIDENCE = "page records"
 TOTAL = "total"
 SUMMARY_TIERS = (PAGE_EVIDENCE, TRANSFER_REPLAY, REQUEST_REPLAY, TOTAL)
 _EXPOSURES = re.compile(r"\bexposures\b")
+
+
+def certainty(tiers: dict[str, dict[str, int | None]]) -> dict[str, dict[str, int]]:
+    """Victim requests and affected tenants, certain (named by page records) and possible (named
+    by the replay alone), from the figures by tier (:func:`tier_figures`)."""
+    out = {}
+    for figure in ("victim_requests", "affected_tenants"):
+        certain = tiers[PAGE_EVIDENCE][figure] or 0
+        out[figure] = {"certain": certain, "possible": (tiers[TOTAL][figure] or 0) - certain}
+    return out
 
 
 def missing_page_records(con: duckdb.DuckDBPyConnection) -> tuple[NodeId, ...]:

@@ -1,8 +1,10 @@
 -- Exposure rows with optional filters, bound as parameters: $tenant (reader's or victim's),
 -- $request (reader), $victim, $delivered_only; with the rows the replay filled in where page
--- records are missing (replay_exposures) unless $page_records_only.
+-- records are missing (replay_exposures) unless $page_records_only. A row's victim is certain on
+-- the tiers $certain (page records), possible on the replay's.
 SELECT reader_request, reader_tenant, victim_request, victim_tenant, node, boot, pages, n_pages,
-       first_seq, first_ts, inferred, reader_delivered, evidence
+       first_seq, first_ts, inferred, reader_delivered, evidence,
+       CASE WHEN evidence IN (SELECT unnest($certain::VARCHAR[])) THEN 'certain' ELSE 'possible' END AS certainty
 FROM (SELECT * FROM exposures
       UNION ALL BY NAME
       SELECT * FROM replay_exposures WHERE NOT $page_records_only::BOOLEAN)

@@ -249,3 +249,56 @@ def test_the_prompts_chart_keeps_every_prompt_that_matters_and_samples_the_rest(
     shown = [p for p in data.prompts if not (p[2] or p[1] > limit)]
     assert set(matters) <= set(data.prompts)
     assert data.prompt_every == -(-len(rest) // 50) and shown == rest[::data.prompt_every]
+
+
+def test_on_request_level_evidence_every_section_and_list_names_the_replays_victims_as_possible(
+        tmp_path: Path) -> None:
+    """Without page records the replay names the exposures: the summary's cards, the tenant matrix,
+    the response and victim tables and the lists beside the report hold them, each victim marked
+    possible with its evidence tier, never 0 where the replay has the answer; with page records
+    every victim is certain."""
+    import pyarrow.parquet as pq
+
+    from kvforensics.job import run
+
+    full = tmp_path / "full"
+    simulate_to(full, deployment=SMALL, requests=300, seed=3, over_long=0.06, rate=3.0)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in sorted(full.iterdir()):
+        bare.joinpath(f.name).write_text("".join(
+            x for x in f.read_text().splitlines(keepends=True) if '"kind":"kv"' not in x))
+    truth = run([full], tmp_path / "full.duckdb", tmp_path / "full.html", generated_at="2026-11-30T12:00:00Z")
+    job = run([bare], tmp_path / "bare.duckdb", tmp_path / "bare.html", generated_at="2026-11-30T12:00:00Z")
+    assert truth.tiers is not None and job.tiers is not None
+    total = job.tiers["total"]
+    assert job.investigation.exposure["exposed_responses"] == 0  # the page records name nobody
+    assert total["exposed_responses"] == truth.investigation.exposure["exposed_responses"] > 0
+    assert job.as_dict()["certainty"]["victim_requests"] == {"certain": 0, "possible": total["victim_requests"]}
+    assert truth.as_dict()["certainty"]["victim_requests"] == {
+        "certain": truth.investigation.exposure["victim_requests"], "possible": 0}
+
+    html = (tmp_path / "bare.html").read_text()
+    assert _figures(html) == {k: v for k, v in total.items() if v is not None}
+    affected = html[html.index('id="affected"'):html.index('id="confirmation"')]
+    assert "No exposures of delivered responses" not in affected and 'class="num hot"' in affected
+    assert f"Responses that attended to another request's pages ({total['exposed_responses']:,})" in affected
+    notification = " ".join(html[html.index('id="notification"'):].split())
+    assert f"{total['victim_requests']:,} requests whose content was exposed" in notification
+    assert f"0 are certain (page records) and {total['victim_requests']:,} possible" in notification
+
+    lists = tmp_path / "bare-lists"
+    responses, victims = pq.read_table(lists / "responses.parquet"), pq.read_table(lists / "victims.parquet")
+    delivered = [d for d in responses.column("delivered").to_pylist() if d]
+    assert len(delivered) == total["exposed_responses"]
+    assert victims.num_rows == total["victim_requests"]
+    assert set(victims.column("certainty").to_pylist()) == {"possible"}
+    assert set(victims.column("evidence").to_pylist()) <= {"transfer records + replay", "request records + replay"}
+    assert set(responses.column("certain_victims").to_pylist()) == {0}
+
+    full_victims = pq.read_table(tmp_path / "full-lists" / "victims.parquet")
+    assert set(full_victims.column("certainty").to_pylist()) == {"certain"}
+    with forensics.Case(tmp_path / "bare.duckdb", read_only=True) as case:
+        rows = case.exposures(delivered_only=True)
+        assert set(rows["certainty"].to_list()) == {"possible"}
+        assert case.summary().certainty["victim_requests"]["possible"] == total["victim_requests"]
