@@ -59,7 +59,7 @@ class NodeConfig:
 
     @property
     def max_req_input_len(self) -> int:
-        """The longest prompt prefill admits (SGLang's ``max_req_input_len``)."""
+        """SGLang's ``max_req_input_len``: prefill rejects a prompt of this many tokens or more."""
         return min(self.context_length - 1, self.pool_tokens - 1) - 5
 
     def record(self, ts: str, boot: int = 0) -> dict[str, Any]:
@@ -89,7 +89,7 @@ class Plan:
     """The cross-node decisions for one request under one behaviour and configuration."""
 
     router_rejects: bool  # prompt_tokens >= context_length
-    over_long: bool  # max_req_input_len < prompt_tokens < context_length
+    over_long: bool  # max_req_input_len <= prompt_tokens < context_length (validate_input_length)
     prefill_rejects: bool  # over-long under sglang-hardened: nothing allocated anywhere
     kv_tokens: int  # KV tokens the transfer carries (1 for the placeholder)
     limit_tokens: int  # the prefill node's max_req_input_len
@@ -99,7 +99,7 @@ class Plan:
 def plan(request: Request, behaviour: str, prefill: NodeConfig) -> Plan:
     """Decide what the router and the prefill node do with ``request``."""
     router_rejects = request.prompt_tokens >= prefill.context_length
-    over_long = not router_rejects and request.prompt_tokens > prefill.max_req_input_len
+    over_long = not router_rejects and request.prompt_tokens >= prefill.max_req_input_len
     hardened = behaviour == "sglang-hardened"
     return Plan(
         router_rejects=router_rejects,

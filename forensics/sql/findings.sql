@@ -13,11 +13,12 @@
 -- partition: case
 -- title: the context window exceeds what the prefill KV pool admits on {count} node config(s)
 -- A prefill node whose context_length is more than its max_req_input_len admits: prompts in
--- the window [at_risk_from, at_risk_to] pass the router and are rejected (or worse) on prefill.
+-- the window [at_risk_from, at_risk_to] pass the router and are rejected (or worse) on prefill
+-- (SGLang's validate_input_length rejects a prompt of max_req_input_len tokens or more).
 SELECT c.node, c.boot, c.seq, c.ts, c.context_length, c.pool_tokens, c.max_req_input_len,
-       c.max_req_input_len + 1 AS at_risk_from, c.context_length - 1 AS at_risk_to,
+       c.max_req_input_len AS at_risk_from, c.context_length - 1 AS at_risk_to,
        (SELECT count(*) FROM request_events r WHERE r.event = 'received'
-          AND r.prompt_tokens BETWEEN c.max_req_input_len + 1 AND c.context_length - 1) AS prompts_in_window
+          AND r.prompt_tokens BETWEEN c.max_req_input_len AND c.context_length - 1) AS prompts_in_window
 FROM configs c WHERE c.context_exceeds_pool
 ORDER BY node, boot, seq;
 

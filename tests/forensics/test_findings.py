@@ -35,7 +35,7 @@ def test_the_placeholder_incident_shows_its_signatures(tmp_path: Path) -> None:
     assert 0 < handed_off <= sim.over_long
     assert found["config.context_exceeds_pool"].count == SMALL.prefill_nodes
     row = found["config.context_exceeds_pool"].evidence.row(0, named=True)
-    assert (row["at_risk_from"], row["at_risk_to"]) == (40_955, 65_535)
+    assert (row["at_risk_from"], row["at_risk_to"]) == (40_954, 65_535)  # max_req_input_len itself is rejected (>=)
     assert found["handoff.rejected_but_transferred"].count == handed_off
     assert set(found["handoff.rejected_but_transferred"].evidence["request_id"].to_list()) == rejected
     assert found["response.delivered_after_reject"].count == handed_off

@@ -94,3 +94,18 @@ def test_a_prefill_pool_too_small_for_overlapping_prompts_fails_the_request_not_
     lines = log.lines["prefill-0"]
     assert '"request_id":"b","event":"finished","status":503' in lines[-1]
     assert not any('"request_id":"b","op":"alloc"' in x for x in lines)
+
+
+def test_a_prompt_of_exactly_max_req_input_len_is_over_long() -> None:
+    """SGLang's validate_input_length rejects ``prompt >= max_req_input_len`` (note ``>=``)."""
+    from replay.engine import NodeConfig, Request, plan
+
+    prefill = NodeConfig("p", "prefill", context_length=1_048_576, page_size=64, pool_pages=681_280 // 64 + 1)
+    limit = prefill.max_req_input_len
+    assert limit == 681_274  # the incident's pool: min(1,048,575, 681,279) - 5
+
+    def over_long(tokens: int) -> bool:
+        return plan(Request("r", "t", tokens, 8, "p", "d"), "sglang-placeholder", prefill).over_long
+
+    assert (over_long(limit - 1), over_long(limit), over_long(1_048_575)) == (False, True, True)
+    assert not over_long(1_048_576)  # the tokenizer's rejection (router), not prefill's
