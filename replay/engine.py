@@ -21,7 +21,7 @@ import numpy as np
 
 from forensics.emit import page_string
 from replay.logset import LogSet
-from replay.pool import PagePool, Pages
+from replay.pool import PagePool, Pages, pages_for
 
 BEHAVIOURS = ("sglang-placeholder", "sglang-hardened", "coverage-check", "page-tags")
 
@@ -32,11 +32,6 @@ POOL_EXHAUSTED = (503, "kv_pool_exhausted")
 COVERAGE_MISMATCH = (500, "kv_coverage_mismatch")
 TAG_MISMATCH = (500, "kv_tag_mismatch")
 DECODE_TIMEOUT = (504, "transfer_timeout")
-
-
-def pages_for(tokens: int, page_size: int) -> int:
-    """Pages that ``tokens`` tokens occupy."""
-    return -(-tokens // page_size)
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,33 @@
 
 Page 0 is reserved. The free list starts as ``1 .. pool_pages-1`` ascending; an allocation
 takes pages from its head. Freed pages go to a separate release list, which is merged into
-the free list and sorted ascending only when the free list is too short for an allocation.
+the free list and sorted ascending (``merge_and_sort_free``) when a call's own rule says the
+free list may be short. The rule depends on the call, as in SGLang's ``mem_cache/allocator``
+(held to that code, run from released wheels, by tests/replay/allocator/):
+
+- :meth:`PagePool.alloc` (``alloc``; the token allocator's every call at page size 1): merge
+  when the pages asked for are more than the free list holds;
+- :meth:`PagePool.alloc_extend` (a prefill batch; decode's preallocation at page size > 1):
+  merge when ``extend_tokens // page_size + batch + 1`` is more than the free list holds;
+- :meth:`PagePool.alloc_decode` (one decode step at page size > 1): merge when the batch is
+  larger than the free list.
+
 Pages are numpy arrays in allocation order: a request's pages stay in the order it got them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 Pages = npt.NDArray[np.int64]
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    """Pages that ``tokens`` tokens occupy."""
+    return -(-tokens // page_size)
 
 
 class PoolExhausted(Exception):
@@ -38,19 +53,67 @@ class PagePool:
         """Pages an allocation can take now (free and released)."""
         return len(self._free) - self._head + self._n_released
 
+    @property
+    def free_count(self) -> int:
+        """Pages on the free list itself (released pages not counted until a merge)."""
+        return len(self._free) - self._head
+
+    def merge_and_sort_free(self) -> None:
+        """The release list joins the free list, all sorted ascending (a no-op when empty)."""
+        if not self._n_released:
+            return
+        self._free = np.sort(np.concatenate([self._free[self._head:], *self._released]))
+        self._head = 0
+        self._released = []
+        self._n_released = 0
+        self.merges += 1
+
+    def _take(self, n: int) -> Pages:
+        out = self._free[self._head:self._head + n]
+        self._head += n
+        return out
+
     def alloc(self, n: int) -> Pages:
         """``n`` pages from the head of the free list, merging the release list if short."""
         if n > self.available:
             raise PoolExhausted(f"{n} pages asked, {self.available} available")
-        if len(self._free) - self._head < n:
-            self._free = np.sort(np.concatenate([self._free[self._head:], *self._released]))
-            self._head = 0
-            self._released = []
-            self._n_released = 0
-            self.merges += 1
-        out = self._free[self._head:self._head + n]
-        self._head += n
-        return out
+        if self.free_count < n:
+            self.merge_and_sort_free()
+        return self._take(n)
+
+    def alloc_extend(self, new_pages: Sequence[int], extend_tokens: int, page_size: int) -> list[Pages] | None:
+        """A batch's new pages, the requests' in batch order: ``new_pages[i]`` pages for the
+        i-th request, which extends by ``extend_tokens`` tokens in all. SGLang merges when its
+        bound on the pages needed, ``extend_tokens // page_size + batch + 1``, exceeds the free
+        list (while the pages really needed may still fit); None, after that merge, when they
+        do not."""
+        if extend_tokens // page_size + len(new_pages) + 1 > self.free_count:
+            self.merge_and_sort_free()
+        need = sum(new_pages)
+        if need > self.free_count:
+            return None
+        taken = self._take(need)
+        return np.split(taken, np.cumsum(new_pages)[:-1]) if len(new_pages) > 1 else [taken]
+
+    def alloc_decode(self, new_pages: int, batch_size: int) -> Pages | None:
+        """One decode step's new pages, in batch order of the requests whose next token starts
+        a page; merged first when the batch is larger than the free list. None, after that
+        merge, when the pages do not fit."""
+        if batch_size > self.free_count:
+            self.merge_and_sort_free()
+        if new_pages > self.free_count:
+            return None
+        return self._take(new_pages)
+
+    def free_list(self) -> Pages:
+        """The free list in its order (a copy)."""
+        return self._free[self._head:].copy()
+
+    def released_pages(self) -> Pages:
+        """The pages waiting on the release list, sorted."""
+        if not self._released:
+            return np.empty(0, np.int64)
+        return np.sort(np.concatenate(self._released))
 
     def release(self, pages: Pages) -> None:
         """Pages a request frees, kept apart until the next shortage (never zeroed)."""
