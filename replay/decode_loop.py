@@ -1,16 +1,16 @@
-"""A decode node step by step, as SGLang's disaggregated decode loop takes its pages.
+"""A decode node driven iteration by iteration, as SGLang's disaggregated decode loop runs it.
 
-The reference engine's decode side at the level of iterations (reference-engine.md, "The
-handoff" points 1, 5 and 6): a request is preallocated its prompt's pages when the pool can
-hold it (first come, first served, the queue's head blocking the rest), its transfer lands some
-iterations later, and from then on it is in the running batch, which keeps its requests in the
-order they joined. Every iteration each running request gets the KV slot of its next token, in
-batch order (``alloc_decode``; at page size 1 one ``alloc`` for the batch), so the output pages
-of requests decoding together interleave. Under the overlap scheduler (SGLang's default on
-decode) a request's last step is followed by one more allocation before its row is freed.
+The reference engine's decode side (:class:`replay.engine.NodeEngine`) fed a scripted stream the
+way SGLang's scheduler iterates (reference-engine.md, "The handoff" points 1, 5 and 6): each
+iteration the arrivals join the preallocation queue, the queue's head is preallocated when the pool
+can hold it (first come, first served, the head blocking the rest), the requests whose transfer
+lands join the running batch at its end (one that outputs a single token finishes as it lands), one
+step gives every running request the slot of its next token, and the requests done with their
+steps are freed. The engine's own steps (``advance``) and page calls do the work: this module only
+times them.
 
-The loop is the contract that scripts/make_sglang_allocator_fixtures.py drives SGLang's own
-allocator with; tests/replay/test_allocator_fixtures.py holds this module to what that code did.
+It is the contract that scripts/make_sglang_allocator_fixtures.py drives SGLang's own allocator
+with; tests/replay/test_allocator_fixtures.py holds the engine, through it, to what that code did.
 Admission is this loop's own rule, not SGLang's token budget (``_allocatable_token_budgets`` in
 disaggregation/decode.py, which reserves decode headroom per running request): a request is
 preallocated when the pages of every admitted, unfinished request at its final size fit.
@@ -21,10 +21,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from replay.pool import PagePool, Pages, pages_for
+from replay.engine import NodeConfig, NodeEngine, Plan, Request
+from replay.logset import LogSet, ts_text
+from replay.pool import Pages, pages_for
+
+#: The loop's iterations, a millisecond apart from here (the records need a time).
+_T0 = 1_789_372_800 * 10**9
+_ITER = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -41,25 +48,19 @@ class Arrival:
 
 @dataclass
 class Row:
-    """One request's KV row on the node: its pages in row order and the tokens they hold."""
+    """One request on the node: when it was preallocated, joined and freed, and its KV row."""
 
     arrival: Arrival
-    pages: list[Pages] = field(default_factory=list)
-    tokens: int = 0
-    produced: int = 0  # output tokens so far (the first came from prefill)
     prealloc_iter: int | None = None  # None: aborted (larger than the pool)
     join_iter: int | None = None  # None: finished at landing, never in the batch
     free_iter: int | None = None
-
-    def page_ids(self) -> Pages:
-        """The row's pages in order."""
-        return np.concatenate(self.pages) if self.pages else np.empty(0, np.int64)
+    pages: Pages = field(default_factory=lambda: np.empty(0, np.int64))
+    tokens: int = 0
 
     def slots(self, page_size: int) -> Pages:
         """The row's token slots in order (page * page_size + offset)."""
-        pages = self.page_ids()
         pos = np.arange(self.tokens, dtype=np.int64)
-        return pages[pos // page_size] * page_size + pos % page_size
+        return self.pages[pos // page_size] * page_size + pos % page_size
 
 
 @dataclass
@@ -69,64 +70,37 @@ class DecodeLoop:
     pool_pages: int
     page_size: int
     overlap: bool = True
-    pool: PagePool = field(init=False)
     rows: dict[str, Row] = field(init=False, default_factory=dict)
     aborted: list[str] = field(init=False, default_factory=list)
+    engine: NodeEngine = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pool = PagePool(self.pool_pages)
+        config = NodeConfig("decode", "decode", 1 << 40, self.page_size, self.pool_pages,
+                            overlap_schedule=self.overlap)
+        self.engine = NodeEngine(config, "sglang-placeholder", LogSet(), {}, {})
 
-    def _alloc(self, n: int) -> Pages | None:
-        """SGLang's ``alloc``: merge when the free list is short, None when still short."""
-        if n > self.pool.available:
-            self.pool.merge_and_sort_free()
-            return None
-        return self.pool.alloc(n)
-
-    def _preallocate(self, row: Row) -> bool:
-        prompt = row.arrival.prompt_tokens
-        if self.page_size == 1:
-            got = self._alloc(prompt)
-        else:
-            extend = self.pool.alloc_extend([pages_for(prompt, self.page_size)], prompt, self.page_size)
-            got = None if extend is None else extend[0]
-        if got is None:
-            return False
-        row.pages.append(got)
-        row.tokens = prompt
-        return True
+    def _event(self, it: int, rid: str, event: str, **extra: Any) -> None:
+        self.engine.handle({"kind": "request", "ts": ts_text(_T0 + it * _ITER), "request_id": rid,
+                            "event": event, **extra})
 
     def _final_pages(self, arrival: Arrival) -> int:
         """What admission counts a request for until it is freed: its prompt, its output and one
         slot more, in pages (a bound on what it holds at its end, overlap or not)."""
         return pages_for(arrival.prompt_tokens + arrival.output_tokens + 1, self.page_size)
 
-    def _step(self, batch: list[Row]) -> None:
-        """One decode step: the next token's slot for each running request, in batch order."""
-        ps = self.page_size
-        if ps == 1:
-            got = self._alloc(len(batch))
-            assert got is not None, "the decode step found no free slot (the admission rule keeps room)"
-            for row, slot in zip(batch, got, strict=True):
-                row.pages.append(slot[None])
-                row.tokens += 1
-            return
-        starts = [row.tokens % ps == 0 for row in batch]
-        new = self.pool.alloc_decode(sum(starts), len(batch))
-        assert new is not None, "the decode step found no free page (the admission rule keeps room)"
-        taken = 0
-        for row, start in zip(batch, starts, strict=True):
-            if start:
-                row.pages.append(new[taken:taken + 1])
-                taken += 1
-            row.tokens += 1
+    def _admit(self, arrival: Arrival) -> None:
+        rid = arrival.request_id
+        self.engine.requests[rid] = Request(rid, "tenant", arrival.prompt_tokens, arrival.output_tokens,
+                                            "prefill", "decode", arrival.output_tokens)
+        self.engine.plans[rid] = Plan(False, False, False, arrival.prompt_tokens, 1 << 40, 1 << 40)
 
-    def _free(self, rows: Iterable[Row], it: int) -> None:
-        """Free whole rows (one free group: their pages reach the release list together)."""
-        for row in rows:
-            row.free_iter = it
-            pages = np.unique(row.page_ids())
-            self.pool.release(pages)
+    def _free(self, row: Row, it: int) -> None:
+        rid = row.arrival.request_id
+        h = self.engine.held[rid]
+        row.pages = np.concatenate(h.pages())
+        row.tokens = h.tokens
+        row.free_iter = it
+        self._event(it, rid, "finished", status=200, output_tokens=row.arrival.output_tokens)
 
     def run(self, arrivals: Iterable[Arrival]) -> dict[str, Row]:
         """Run the node until every request has left it; each request's row, by id."""
@@ -134,11 +108,10 @@ class DecodeLoop:
         nxt = 0
         queue: deque[Row] = deque()
         landing: dict[int, list[Row]] = {}
-        batch: list[Row] = []
-        finishing: list[Row] = []  # overlap: done at the previous step, freed after this one
+        running: list[Row] = []
         committed = 0  # pages of admitted, unfinished requests at their final size
         it = 0
-        while nxt < len(pending) or queue or landing or batch:
+        while nxt < len(pending) or queue or landing or running:
             while nxt < len(pending) and pending[nxt].arrive_iter <= it:
                 row = Row(pending[nxt])
                 self.rows[row.arrival.request_id] = row
@@ -151,35 +124,26 @@ class DecodeLoop:
                     self.aborted.append(head.arrival.request_id)
                     continue
                 final = self._final_pages(head.arrival)
-                if committed + final > self.pool_pages - 1 or not self._preallocate(head):
+                if committed + final > self.pool_pages - 1:
                     break
                 queue.popleft()
                 committed += final
                 head.prealloc_iter = it
+                self._admit(head.arrival)
+                self._event(it, head.arrival.request_id, "admitted")
                 landing.setdefault(it + head.arrival.transfer_iters, []).append(head)
             for row in landing.pop(it, []):
-                row.produced = 1
-                if row.arrival.output_tokens == 1:
-                    self._free([row], it)
-                    committed -= self._final_pages(row.arrival)
-                else:
+                self._event(it, row.arrival.request_id, "decode_started")
+                if self.engine.held[row.arrival.request_id].allocs:
                     row.join_iter = it
-                    batch.append(row)
-            if batch:
-                self._step(batch)
-                done_now = []
-                already = {id(r) for r in finishing}
-                for row in batch:
-                    if id(row) not in already:
-                        row.produced += 1
-                        if row.produced == row.arrival.output_tokens:
-                            done_now.append(row)
-                leaving = finishing if self.overlap else done_now
-                self._free(leaving, it)
-                for row in leaving:
+                    running.append(row)
+                else:  # a single token: it finishes as it lands
+                    self._free(row, it)
                     committed -= self._final_pages(row.arrival)
-                gone = {id(r) for r in leaving}
-                batch = [r for r in batch if id(r) not in gone]
-                finishing = done_now if self.overlap else []
+            self.engine.advance(1, ts_text(_T0 + it * _ITER))
+            for row in [r for r in running if self.engine.held[r.arrival.request_id].allocs_left == 0]:
+                self._free(row, it)
+                committed -= self._final_pages(row.arrival)
+                running.remove(row)
             it += 1
         return self.rows

@@ -13,6 +13,7 @@ transfer carries (one, for an over-long prompt swapped for the placeholder).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,14 @@ import numpy as np
 from forensics.emit import page_string
 from replay.logset import LogSet
 from replay.pool import PagePool, Pages, pages_for
+
+
+def decode_steps(outputs: int, overlap: bool) -> int:
+    """The decode steps a request that outputs ``outputs`` tokens takes a slot in: one for each
+    token after the first (which came from prefill), one more under the overlap scheduler; none
+    for a single token (it finishes as it lands)."""
+    return 0 if outputs < 2 else outputs - 1 + (1 if overlap else 0)
+
 
 BEHAVIOURS = ("sglang-placeholder", "sglang-hardened", "coverage-check", "page-tags")
 
@@ -46,6 +55,9 @@ class NodeConfig:
     engine: str = "sglang"
     engine_version: str = "0.5.21"
     model: str = "glm-5.3"
+    #: decode: the overlap scheduler (SGLang's default on decode; a v1 config record does not say,
+    #: docs/schema-v1.1.md): a finishing request gets one more slot before its row is freed
+    overlap_schedule: bool = True
 
     @property
     def pool_tokens(self) -> int:
@@ -77,6 +89,12 @@ class Request:
     max_new_tokens: int
     prefill_node: str | None
     decode_node: str | None
+    output_tokens: int | None = None  # as logged at its finish, where known
+
+    @property
+    def outputs(self) -> int:
+        """The tokens it outputs: as logged, else ``max_new_tokens``."""
+        return self.max_new_tokens if self.output_tokens is None else self.output_tokens
 
 
 @dataclass(frozen=True)
@@ -128,6 +146,7 @@ DISAGREEMENTS = {
     "model_rejects_served": "the model would reject a request the logs show admitted",
     "model_admits_rejected": "the model would admit a request the logs show rejected",
     "model_outcome_differs": "the replay, following the logs, still answers a request otherwise than they do",
+    "steps_differ": "a request's decode steps fit no lockstep schedule of the node's logged order and outputs",
 }
 
 
@@ -136,10 +155,17 @@ class _Held:
     """A request's pages on a node."""
 
     prompt: Pages | None = None  # decode: the preallocation; prefill: the computed pages
-    extra: Pages | None = None  # decode: pages for the output beyond the prompt
+    steps: list[Pages] = field(default_factory=list)  # decode: output pages, as the steps took them
+    tokens: int = 0  # decode: the KV slots of its row (prompt, then a slot a step)
+    allocs_left: int = 0  # decode: steps still to give it a slot (0: not, or no longer, decoding)
+    allocs: int = 0  # decode: the steps it takes part in, from its first
     ended: bool = False  # the engine ended the request on this node
     reading: bool = False  # decode: attending its pages (from decode_started)
     released: bool = False
+
+    def pages(self) -> list[Pages]:
+        """Every page array it holds, in row order."""
+        return ([self.prompt] if self.prompt is not None else []) + self.steps
 
 
 @dataclass
@@ -159,6 +185,8 @@ class NodeEngine:
     disagreements: list[Disagreement] = field(default_factory=list)
     pool: PagePool = field(init=False)
     held: dict[str, _Held] = field(init=False)
+    #: decode: the running batch, in the order its requests joined
+    batch: list[str] = field(init=False)
     tags: np.ndarray = field(init=False)
     tag_ids: dict[str, int] = field(init=False)
 
@@ -178,6 +206,7 @@ class NodeEngine:
         self.config = config
         self.pool = PagePool(config.pool_pages)
         self.held = {}
+        self.batch = []
         self.tags = np.full(config.pool_pages, -1, dtype=np.int64)
 
     def forget(self, rid: str) -> None:
@@ -186,9 +215,10 @@ class NodeEngine:
         pool and the page tags are the node's, not the request's.)"""
         h = self.held.pop(rid, None)
         if h is not None:
-            for p in (h.prompt, h.extra):
-                if p is not None:
-                    self._texts.pop(id(p), None)
+            for p in h.pages():
+                self._texts.pop(id(p), None)
+            if h.allocs:
+                self._leave(rid)
         self.tag_ids.pop(rid, None)
 
     def check(self) -> None:
@@ -196,7 +226,7 @@ class NodeEngine:
         held: list[Pages] = []
         for h in self.held.values():
             if not h.released:
-                held.extend(p for p in (h.prompt, h.extra) if p is not None)
+                held.extend(h.pages())
         self.pool.check(held)
 
     # -- emitting ------------------------------------------------------------------------
@@ -237,8 +267,10 @@ class NodeEngine:
         h = self.held.get(rid)
         if h is None or h.released:
             return
-        pages = [p for p in (h.prompt, h.extra) if p is not None and len(p)]
+        pages = [p for p in h.pages() if len(p)]
         h.released = True
+        if h.allocs:
+            self._leave(rid)
         for p in pages:
             self._texts.pop(id(p), None)
         if pages:
@@ -304,8 +336,7 @@ class NodeEngine:
                 if p.over_long:
                     self._reject_over_long(ts, rid, p)
                 # the pool may be short for prompts overlapping on prefill, or a smaller what-if pool
-                return self._take_prompt_pages(record, h, pages_for(p.kv_tokens, self.config.page_size),
-                                               log_rejection=False)
+                return self._take_prompt_pages(record, h, p.kv_tokens, log_rejection=False)
             self._emit(record)
             if event == "prefill_done" and h.prompt is not None:
                 self._kv(ts, rid, "write", h.prompt, "compute")
@@ -329,11 +360,13 @@ class NodeEngine:
         self.disagreements.append(Disagreement(rid, self.config.node, kind, detail))
         return True
 
-    def _take_prompt_pages(self, record: dict[str, Any], h: _Held, need: int, *, log_rejection: bool) -> bool:
-        """Emit ``record`` and allocate the prompt's pages; or, when the pool cannot supply
-        them, end the request with 503 instead (decode also logs a ``rejected``). Confirming a
-        request the logs show served, the logs are followed: it goes on holding no pages."""
+    def _take_prompt_pages(self, record: dict[str, Any], h: _Held, tokens: int, *, log_rejection: bool) -> bool:
+        """Emit ``record`` and allocate the pages of a prompt of ``tokens`` tokens; or, when the
+        pool cannot supply them, end the request with 503 instead (decode also logs a
+        ``rejected``). Confirming a request the logs show served, the logs are followed: it goes on
+        holding no pages."""
         ts, rid = record["ts"], record["request_id"]
+        need = pages_for(tokens, self.config.page_size)
         if need > self.pool.available and self._disagrees(
                 rid, "pool_cannot_supply", f"{need} pages wanted, {self.pool.available} free"):
             self._emit(record)
@@ -346,9 +379,20 @@ class NodeEngine:
             self._finish(ts, rid, POOL_EXHAUSTED)
             return False
         self._emit(record)
-        h.prompt = self.pool.alloc(need)
+        h.prompt = self._alloc_prompt(need, tokens)
         self._kv(ts, rid, "alloc", h.prompt)
         return True
+
+    def _alloc_prompt(self, need: int, tokens: int) -> Pages:
+        """A prompt's ``need`` pages for its ``tokens`` (known to be available) as SGLang takes
+        them: one request's ``alloc_extend`` at page size > 1, the token allocator's ``alloc`` at
+        page size 1."""
+        page_size = self.config.page_size
+        if page_size == 1:
+            return self.pool.alloc(need)
+        got = self.pool.alloc_extend([need], tokens, page_size)
+        assert got is not None, "the pages were available"
+        return got[0]
 
     def _reject_over_long(self, ts: str, rid: str, p: Plan) -> None:
         self._emit({"kind": "request", "ts": ts, "request_id": rid, "event": "rejected",
@@ -379,8 +423,7 @@ class NodeEngine:
         if h.ended:
             return False
         if event == "admitted":
-            need = pages_for(self.requests[rid].prompt_tokens, page_size)
-            return self._take_prompt_pages(record, h, need, log_rejection=True)
+            return self._take_prompt_pages(record, h, self.requests[rid].prompt_tokens, log_rejection=True)
         if event == "decode_started" and h.prompt is not None:
             return self._decode_start(record, rid, p, h)
         self._emit(record)
@@ -390,9 +433,10 @@ class NodeEngine:
         return True
 
     def _decode_start(self, record: dict[str, Any], rid: str, p: Plan, h: _Held) -> bool:
+        """Decode's first step: the request reads its preallocated pages and joins the running
+        batch at its end, to take a slot a step from then on (:meth:`advance`)."""
         ts = record["ts"]
         request = self.requests[rid]
-        page_size = self.config.page_size
         assert h.prompt is not None
         failure = None
         if self.behaviour == "coverage-check" and p.kv_tokens < request.prompt_tokens:
@@ -401,13 +445,6 @@ class NodeEngine:
             tag = self.tag_ids.get(rid, -2)
             if not bool(np.all(self.tags[h.prompt] == tag)):
                 failure = TAG_MISMATCH
-        total = pages_for(request.prompt_tokens + request.max_new_tokens, page_size)
-        extra = max(0, total - len(h.prompt))
-        if failure is None and extra > self.pool.available:
-            if self._disagrees(rid, "pool_cannot_supply", f"{extra} output pages wanted, {self.pool.available} free"):
-                extra = 0
-            else:
-                failure = POOL_EXHAUSTED
         if failure is not None and self._disagrees(rid, "model_fails_served", f"{failure[0]} {failure[1]}"):
             failure = None
         if failure is not None:
@@ -418,12 +455,72 @@ class NodeEngine:
         self._emit(record)
         h.reading = True
         self._kv(ts, rid, "read", h.prompt)
-        if extra:
-            h.extra = self.pool.alloc(extra)
-            self._kv(ts, rid, "alloc", h.extra)
-            self._kv(ts, rid, "write", h.extra, "decode")
-            self._kv(ts, rid, "read", h.extra)
+        h.tokens = request.prompt_tokens
+        h.allocs = h.allocs_left = decode_steps(request.outputs, self.config.overlap_schedule)
+        if h.allocs:
+            self.batch.append(rid)
         return True
+
+    def _leave(self, rid: str) -> None:
+        if rid in self.batch:
+            self.batch.remove(rid)
+
+    def decoding(self) -> list[tuple[str, _Held]]:
+        """The running requests still to take a slot at the next step, in batch order."""
+        return [(rid, h) for rid in self.batch if (h := self.held[rid]).allocs_left > 0]
+
+    def advance(self, steps: int, when: str | Callable[[int], str]) -> int:
+        """Run up to ``steps`` decode steps: each gives every running request still decoding the
+        slot of its next token, in batch order (``alloc_decode``; ``alloc`` at page size 1), a
+        new page only where the slot starts one. Its pages are logged as allocated, written and
+        read by it at the step's time (``when``, or ``when(k)`` for the k-th step of the call).
+        Steps run while some request is decoding; how many ran."""
+        page_size = self.config.page_size
+        ran = 0
+        while ran < steps:
+            rows = self.decoding()
+            if not rows:
+                break
+            # steps where no row starts a page only take slots (and may merge the lists)
+            quiet = min(steps - ran, min(h.allocs_left for _, h in rows),
+                        min(-h.tokens % page_size for _, h in rows) if page_size > 1 else 0)
+            if quiet:
+                if len(rows) > self.pool.free_count:
+                    self.pool.merge_and_sort_free()
+                for _, h in rows:
+                    h.tokens += quiet
+                    h.allocs_left -= quiet
+                ran += quiet
+                continue
+            self._step(when if isinstance(when, str) else when(ran), rows)
+            ran += 1
+        return ran
+
+    def _step(self, ts: str, rows: list[tuple[str, _Held]]) -> None:
+        """One decode step with at least one new page."""
+        page_size = self.config.page_size
+        starts = [h.tokens % page_size == 0 for _, h in rows]
+        need = sum(starts)
+        if page_size == 1:
+            if len(rows) > self.pool.free_count:
+                self.pool.merge_and_sort_free()
+            new = self.pool.alloc(need) if need <= self.pool.free_count else None
+        else:
+            new = self.pool.alloc_decode(need, len(rows))
+        if new is None:  # SGLang retracts requests here; not modelled: these steps take no page
+            self._disagrees(rows[0][0], "pool_cannot_supply", f"a decode step wanted {need} pages, "
+                            f"{self.pool.available} free")
+        taken = 0
+        for (rid, h), start in zip(rows, starts, strict=True):
+            if start and new is not None:
+                page = new[taken:taken + 1]
+                taken += 1
+                h.steps.append(page)
+                self._kv(ts, rid, "alloc", page)
+                self._kv(ts, rid, "write", page, "decode")
+                self._kv(ts, rid, "read", page)
+            h.tokens += 1
+            h.allocs_left -= 1
 
     def _fail_retagged_readers(self, ts: str, writer: str) -> None:
         """Page tags: a request attending a page another request just wrote fails at its next step."""
@@ -431,7 +528,7 @@ class NodeEngine:
             if rid == writer or not h.reading or h.ended or h.released:
                 continue
             tag = self.tag_ids.get(rid, -2)
-            pages = [p for p in (h.prompt, h.extra) if p is not None]
+            pages = h.pages()
             if any(bool(np.any(self.tags[p] != tag)) for p in pages):
                 self._finish(ts, rid, TAG_MISMATCH)
                 self._free(ts, rid)

@@ -34,8 +34,9 @@ import forensics
 from forensics.adapters.sglang_eras import releases_of
 from forensics.errors import CaseError, OutputExists
 from forensics.store import connect, one, scan, session
-from replay.engine import BEHAVIOURS, Disagreement, NodeConfig, NodeEngine, Plan, Request, plan
+from replay.engine import BEHAVIOURS, Disagreement, NodeConfig, NodeEngine, Plan, Request, decode_steps, plan
 from replay.logset import LogSet, ts_ns, ts_text
+from replay.schedule import Cadence, StepClock
 from replay.simulate import (
     DECODE_PER_TOKEN,
     PREFILL_FIXED,
@@ -352,7 +353,8 @@ def _nodes_with_events(con: Any) -> set[str]:
 
 
 #: The received requests' facts, by request id (``node_roles`` registered): what planning needs
-#: of each, its first ``received`` (in node order), its largest logged output, whether a prefill or
+#: of each, its first ``received`` (in node order), its largest output logged with a 2xx answer
+#: (a failure's says nothing of the steps it ran), whether a prefill or
 #: decode node logged it (the first such prefill node), and whether the engine worked on it there
 #: (a prefill, a transfer, a decode start or a 2xx answer, not only lines saying it arrived and
 #: was refused).
@@ -367,7 +369,8 @@ _FACTS = f"""
           FROM ev WHERE kind = 'request' AND event = 'received'
         ), facts AS (
           SELECT request_id,
-                 max(output_tokens) FILTER (WHERE kind = 'request' AND event = 'finished') AS output,
+                 max(output_tokens) FILTER (WHERE kind = 'request' AND event = 'finished'
+                                            AND status BETWEEN 200 AND 299) AS output,
                  bool_or(node_role = 'prefill') AS on_prefill, bool_or(node_role = 'decode') AS on_decode,
                  min(node) FILTER (WHERE node_role = 'prefill') AS prefill_of,
                  bool_or(node_role IN ('prefill', 'decode') AND (kind = 'transfer'
@@ -436,7 +439,8 @@ def _row(row: tuple[Any, ...]) -> _Row:
     """A row of :func:`_node_events` or :func:`_carried_to`: the record's fields, whether the
     request is served, one more (its last, or its place), then its plan."""
     record = dict(zip(_EVENT_FIELDS, row[:_N_EVENT], strict=True))
-    record["ts"] = ts_text(record["ts"] * 1000)
+    record["_ns"] = record["ts"] * 1000
+    record["ts"] = ts_text(record["_ns"])
     plan_row = row[_N_EVENT + 2:]
     return _Row(record, bool(row[_N_EVENT + 1]), None if plan_row[-1] is None else plan_row, bool(row[_N_EVENT]))
 
@@ -606,6 +610,7 @@ _DELIVERED = ("SELECT request_id FROM records WHERE kind = 'request' AND event =
 _PLAN_COLUMNS = (
     ("request_id", pa.string()), ("q_tenant_id", pa.string()), ("q_prompt_tokens", pa.int64()),
     ("q_max_new_tokens", pa.int64()), ("q_prefill_node", pa.string()), ("q_decode_node", pa.string()),
+    ("q_output_tokens", pa.int64()),
     ("p_router_rejects", pa.bool_()), ("p_over_long", pa.bool_()), ("p_prefill_rejects", pa.bool_()),
     ("p_kv_tokens", pa.int64()), ("p_limit_tokens", pa.int64()), ("p_context_length", pa.int64()),
 )
@@ -640,7 +645,8 @@ def _plan_requests(
         f = dict(zip(_FACT_NAMES, values, strict=True))
         rid = f["request_id"]
         max_new = f["max_new_tokens"] if f["max_new_tokens"] is not None else (f["output"] or 0)
-        request = Request(rid, f["tenant_id"], f["prompt_tokens"], max_new, f["prefill_node"], f["decode_node"])
+        request = Request(rid, f["tenant_id"], f["prompt_tokens"], max_new, f["prefill_node"], f["decode_node"],
+                          f["output"])
         p = plan(request, engine, last_config.get(f["prefill_node"] or f["prefill_of"] or "", fallback))
         if not p.router_rejects and not (f["on_prefill"] or f["on_decode"]):
             if confirm:
@@ -650,8 +656,8 @@ def _plan_requests(
         if confirm:
             p = _followed(f, p, disagreements)
         rows.append((rid, request.tenant_id, request.prompt_tokens, request.max_new_tokens, request.prefill_node,
-                     request.decode_node, p.router_rejects, p.over_long, p.prefill_rejects, p.kv_tokens,
-                     p.limit_tokens, p.context_length))
+                     request.decode_node, request.output_tokens, p.router_rejects, p.over_long, p.prefill_rejects,
+                     p.kv_tokens, p.limit_tokens, p.context_length))
         if len(rows) >= _BATCH:
             _insert_plans(con, rows)
             rows = []
@@ -693,8 +699,8 @@ def _followed(f: dict[str, Any], p: Plan, disagreements: list[Disagreement]) -> 
 
 def _request_of(rid: str, row: tuple[Any, ...]) -> tuple[Request, Plan]:
     """A ``replay_plans`` row (its columns after the request id) as the request and its plan."""
-    tenant, prompt, max_new, prefill, decode, router, over_long, prefill_rejects, kv, limit, context = row
-    return (Request(rid, tenant, prompt, max_new, prefill, decode),
+    tenant, prompt, max_new, prefill, decode, output, router, over_long, prefill_rejects, kv, limit, context = row
+    return (Request(rid, tenant, prompt, max_new, prefill, decode, output),
             Plan(router, over_long, prefill_rejects, kv, limit, context))
 
 
@@ -803,6 +809,46 @@ def _replay_node(
     steps = sorted((boot, seq, i) for i, (boot, seq, _, _) in enumerate(configs))
     k = 0
     node_engine: NodeEngine | None = None
+    cadences = _cadences(con, node, {boot: what_if.apply(c) for boot, _, _, c in configs}) if role == "decode" else {}
+    clocks: dict[int, StepClock] = {}
+
+    def feed(record: dict[str, Any], ts: int | None) -> None:
+        """Hand ``record`` to the node's engine; on a decode node, first the steps that ran before it
+        (none where its time, ``ts``, is not the node's own: None)."""
+        assert node_engine is not None
+        if role != "decode" or ts is None:
+            node_engine.handle(record)
+            return
+        e = node_engine
+        clock = clocks.get(e.boot)
+        if clock is None:
+            clock = clocks[e.boot] = StepClock(cadences.get(e.boot))
+        rid = record.get("request_id")
+        h = e.held.get(rid) if rid is not None else None
+        # a finish with its outputs pins the steps before it (a failure's does not)
+        ends = record["kind"] == "request" and record["event"] == "finished" and _ok(record.get("status"))
+        finishing = (rid, h.allocs) if ends and h is not None and h.allocs and rid in e.batch else None
+        first = clock.steps
+        starting = record["kind"] == "request" and record["event"] == "decode_started"
+        run, fits = clock.before(ts, [x.allocs_left for _, x in e.decoding()], finishing, starting)
+        if not fits and finishing is not None and served is not None and rid in served:
+            disagreements.append(Disagreement(rid, node, "steps_differ", f"its {finishing[1]} decode steps fit no "
+                                              "lockstep schedule of the node's logged order"))
+
+        def when(k: int) -> str:
+            at = clock.time_of(first + k)
+            return record["ts"] if at is None or at > ts else ts_text(at)
+
+        e.advance(run, when)
+        e.handle(record)
+        if rid is None:
+            return
+        if finishing is not None:
+            clock.finished(rid, ts, finishing[1])
+        elif starting and rid in e.batch:
+            clock.started(rid, ts)
+        elif rid not in e.batch:
+            clock.forget(rid)
 
     def configure(boot: int, i: int) -> None:
         nonlocal node_engine
@@ -836,20 +882,47 @@ def _replay_node(
             log.new_boot(node)
             node_engine.start_boot(event["boot"], node_engine.config)
         while pending and pending[-1]["ts"] < event["ts"]:
-            node_engine.handle(dict(pending.pop(), boot=node_engine.boot))
-        node_engine.handle(record)
+            unlogged_event = pending.pop()
+            feed(dict(unlogged_event, boot=node_engine.boot), _ns(unlogged_event["ts"]))
+        # (a transfer end another node logged is timed by that node's clock: it places no step)
+        feed(record, None if "_carried" in event else event["_ns"])
     while k < len(steps):
         configure(steps[k][0], steps[k][2])
         k += 1
     while pending and node_engine is not None:
-        node_engine.handle(dict(pending.pop(), boot=node_engine.boot))
+        unlogged_event = pending.pop()
+        feed(dict(unlogged_event, boot=node_engine.boot), _ns(unlogged_event["ts"]))
+
+
+def _ok(status: Any) -> bool:
+    return isinstance(status, int) and 200 <= status <= 299
+
+
+def _cadences(con: duckdb.DuckDBPyConnection, node: str, configs: dict[int, NodeConfig]) -> dict[int, Cadence]:
+    """Each boot's decode cadence (:class:`replay.schedule.Cadence`), fitted to the spans of the
+    requests that started and finished decoding there with their output logged."""
+    spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    cur = _reader(con)
+    try:
+        for boot, start, end, outputs in _batches(cur, """
+                SELECT boot, min(epoch_us(ts)) FILTER (WHERE event = 'decode_started') AS s,
+                       max(epoch_us(ts)) FILTER (WHERE event = 'finished') AS f,
+                       max(output_tokens) FILTER (WHERE event = 'finished' AND status BETWEEN 200 AND 299) AS n
+                FROM records WHERE kind = 'request' AND node = $node AND request_id IS NOT NULL
+                GROUP BY boot, request_id HAVING s IS NOT NULL AND f IS NOT NULL AND n IS NOT NULL
+                ORDER BY boot, request_id""", {"node": node}):
+            config = configs.get(boot)
+            overlap = config.overlap_schedule if config is not None else True
+            spans[boot].append((decode_steps(outputs, overlap), (end - start) * 1000))
+    finally:
+        cur.close()
+    fitted = {boot: Cadence.fit(pairs) for boot, pairs in spans.items()}
+    return {boot: c for boot, c in fitted.items() if c is not None}
 
 
 def _logged(record: dict[str, Any]) -> dict[str, Any]:
     """A record as the engine is handed it: the replay's own marks left out (a copy)."""
-    if "_carried" not in record and "_seq_key" not in record:
-        return dict(record)
-    return {k: v for k, v in record.items() if not k.startswith("_")}
+    return {k: v for k, v in record.items() if k[0] != "_"}
 
 
 def _ts(value: Any) -> str:

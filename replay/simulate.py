@@ -3,10 +3,13 @@
 Requests arrive at a router, which assigns a prefill and a decode node round-robin. Decode
 preallocates the prompt's pages at admission; each prefill node computes one prompt at a
 time in arrival order and frees its pages once the transfer is sent; the transfer lands on
-decode, which then reads and decodes; at the end decode frees everything. Durations follow
-a fixed cost model (below), so the same arrivals and options always give the same log,
-byte for byte. The page decisions are the reference engine's (:mod:`replay.engine`), the
-same code a replay runs.
+decode, where the request joins the running batch at the node's next step. A decode node steps
+every :data:`DECODE_PER_TOKEN` on one clock (steps at ``T0 + k * DECODE_PER_TOKEN`` while a
+request is decoding), each step giving every running request the slot of its next token; a
+request's finish is logged half a step after its last step, and decode frees everything then.
+Durations follow a fixed cost model (below), so the same arrivals and options always give the
+same log, byte for byte. The page decisions are the reference engine's (:mod:`replay.engine`),
+the same code a replay runs.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ PREFILL_FIXED = 30_000_000
 PREFILL_PER_TOKEN = 5_000  # 200k tokens/s
 TRANSFER_FIXED = 5_000_000
 TRANSFER_PER_TOKEN = 500  # 2M tokens/s
-DECODE_PER_TOKEN = 25_000_000  # 40 tokens/s per request
+DECODE_PER_TOKEN = 25_000_000  # a decode step: 40 tokens/s per request
 DECODE_TIMEOUT = 30_000_000_000  # decode gives up on a transfer after 30 s
 LATE_BY = 5_000_000_000  # a late transfer lands 5 s after that
 
@@ -204,12 +207,15 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
     for c in configs:
         log.emit(c.record(ts_text(t0)))
 
-    queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+    # (time, phase, order, ...): at one time, events (phase 0) before a decode step (phase 1), as
+    # an iteration of SGLang's decode loop preallocates and takes landed requests in before it steps
+    queue: list[tuple[int, int, int, Callable[..., None], tuple[Any, ...]]] = []
     order = 0
+    stepping: set[str] = set()  # decode nodes with their next step on the clock
 
-    def at(t: int, fn: Callable[..., None], *args: Any) -> None:
+    def at(t: int, fn: Callable[..., None], *args: Any, phase: int = 0) -> None:
         nonlocal order
-        heapq.heappush(queue, (t, order, fn, args))
+        heapq.heappush(queue, (t, phase, order, fn, args))
         order += 1
 
     waiting: dict[str, deque[str]] = {c.node: deque() for c in prefill_cfgs}
@@ -279,13 +285,24 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         r = requests[rid]
         assert r.decode_node is not None
         if transfer(rid, r.decode_node, t, "completed"):
-            at(t, decode_start, rid)
+            at(t0 + -(-(t - t0) // DECODE_PER_TOKEN) * DECODE_PER_TOKEN, decode_start, rid)  # the next step
 
     def decode_start(t: int, rid: str) -> None:
         node = requests[rid].decode_node
         assert node is not None
         if event(rid, node, t, "decode_started"):
-            at(t + DECODE_PER_TOKEN * requests[rid].max_new_tokens, finish, rid)
+            steps = engines[node].held[rid].allocs
+            if steps and node not in stepping:
+                stepping.add(node)
+                at(t, step, node, phase=1)
+            at(t + DECODE_PER_TOKEN * max(steps - 1, 0) + DECODE_PER_TOKEN // 2, finish, rid)
+
+    def step(t: int, node: str) -> None:
+        engines[node].advance(1, ts_text(t))
+        if engines[node].decoding():
+            at(t + DECODE_PER_TOKEN, step, node, phase=1)
+        else:
+            stepping.discard(node)
 
     def finish(t: int, rid: str) -> None:
         node = requests[rid].decode_node
@@ -300,7 +317,7 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
     for rid, t in arrival_of.items():
         at(t, arrive, rid)
     while queue:
-        t, _, fn, args = heapq.heappop(queue)
+        t, _, _, fn, args = heapq.heappop(queue)
         fn(t, *args)
 
     files = []

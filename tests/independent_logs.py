@@ -4,9 +4,14 @@ an independent reading of the model, not to itself.
 
 It runs a prefill/decode deployment as a discrete-event simulation in global time (a heap of
 timed events), keeps each node's page pool as the spec describes (page 0 reserved; free list
-``1..n-1`` ascending taken from its head; freed pages to a release list, merged in and sorted only
-when the free list is short; never zeroed), and writes the full log set: configs, the router's
-``received``, each node's request and transfer events and its ``kv`` page records.
+``1..n-1`` ascending taken from its head; freed pages to a release list, merged in and sorted when
+the call's own rule says: a prompt's pages when ``tokens // page_size + 2`` exceeds the free list,
+a decode step's when the running batch does; never zeroed), decodes in steps (every
+:data:`STEP` while a request is decoding, each running request, in the order they joined, taking
+the slot of its next token and a page where that slot starts one; under the overlap scheduler one
+step more than the tokens it outputs after the first, its finish logged half a step after its last
+step), and writes the full log set: configs, the router's ``received``, each node's request and
+transfer events and its ``kv`` page records.
 
 Layouts (how a deployment logs, all valid under the schema), chosen per log set:
 
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 EPOCH_NS = 1_789_372_800 * 10**9  # 2026-09-14T08:00:00Z
+STEP = 1_000_000  # a decode step, ns (1 ms: requests decode side by side): on the clock's multiples of it
 
 
 @dataclass(frozen=True)
@@ -64,10 +70,21 @@ class Pool:
     def available(self) -> int:
         return len(self.free) + len(self.released)
 
-    def take(self, n: int) -> list[int]:
-        if len(self.free) < n:
-            self.free = sorted(self.free + self.released)
-            self.released = []
+    def merge(self) -> None:
+        self.free = sorted(self.free + self.released)
+        self.released = []
+
+    def take_prompt(self, n: int, tokens: int, page_size: int) -> list[int]:
+        """A prompt's ``n`` pages for ``tokens`` tokens (one request's ``alloc_extend``)."""
+        if tokens // page_size + 2 > len(self.free):
+            self.merge()
+        out, self.free = self.free[:n], self.free[n:]
+        return out
+
+    def take_step(self, n: int, batch: int) -> list[int]:
+        """A decode step's ``n`` new pages for a running batch of ``batch`` (``alloc_decode``)."""
+        if batch > len(self.free):
+            self.merge()
         out, self.free = self.free[:n], self.free[n:]
         return out
 
@@ -103,6 +120,9 @@ class Node:
     pool: Pool = field(init=False)
     records: list[dict[str, Any]] = field(default_factory=list)
     skew: int = 0
+    batch: list[str] = field(default_factory=list)  # decode: the running requests, in join order
+    stepping: bool = False  # decode: its next step is on the clock
+    reserved: int = 0  # decode: pages its admitted requests' outputs may still take
 
     def __post_init__(self) -> None:
         self.pool = Pool(self.pool_pages)
@@ -138,12 +158,13 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
 
     for n in (*prefills, *decodes):
         config(n, 0)
-    heap: list[tuple[int, int, str, str, dict[str, Any]]] = []
+    # (time, phase, order, ...): at one time, a decode step (phase 1) after the other events
+    heap: list[tuple[int, int, int, str, str, dict[str, Any]]] = []
     order = 0
 
-    def at(t: int, what: str, rid: str, **data: Any) -> None:
+    def at(t: int, what: str, rid: str, phase: int = 0, **data: Any) -> None:
         nonlocal order
-        heapq.heappush(heap, (t, order, what, rid, data))
+        heapq.heappush(heap, (t, phase, order, what, rid, data))
         order += 1
 
     t = 1_000_000
@@ -183,20 +204,48 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         bounds = [round(pages * k / n) * page_size for k in range(n + 1)]
         return [(a, min(tokens, b) - a) for a, b in zip(bounds, bounds[1:], strict=False) if min(tokens, b) > a]
 
+    decoding: dict[tuple[str, str], list[int]] = {}  # (decode node, request): [slots held, steps left]
+
+    def output_pages(r: dict[str, Any]) -> int:
+        return ceil_div(r["prompt"] + r["max_new"] + 1, page_size) - ceil_div(r["prompt"], page_size)
+
+    def end_decoding(d: Node, rid: str) -> None:
+        if rid in d.batch:
+            d.batch.remove(rid)
+        decoding.pop((d.name, rid), None)
+
     while heap:
-        t, _, what, rid, data = heapq.heappop(heap)
+        t, _, _, what, rid, data = heapq.heappop(heap)
+        if what == "step":  # rid: the decode node
+            d = nodes[rid]
+            running = [x for x in d.batch if decoding[(d.name, x)][1] > 0]
+            starting = [x for x in running if decoding[(d.name, x)][0] % page_size == 0]
+            for x, page in zip(starting, d.pool.take_step(len(starting), len(running)), strict=True):
+                held[(d.name, x)].append(page)
+                for op in ("alloc", "write", "read"):
+                    kv(d, t, x, op, [page], "decode" if op == "write" else None)
+            for x in running:
+                decoding[(d.name, x)][0] += 1
+                decoding[(d.name, x)][1] -= 1
+            if any(decoding[(d.name, x)][1] > 0 for x in d.batch):
+                at(t + STEP, "step", d.name, phase=1)
+            else:
+                d.stepping = False
+            continue
         r = info[rid]
         p, d = r["prefill"], r["decode"]
         kv_tokens = 1 if r["over"] else r["prompt"]
-        if rid in lost and what in ("decode", "finish"):
+        if rid in lost and what in ("admit", "decode", "join", "finish"):
             continue  # (its decode process is gone: nothing more of it there)
         if what == "restart" or (what == "arrive" and r["restart"] and not layout.in_flight
                                  and not in_flight[d.name]):
             for x in sorted(in_flight[d.name]):
                 request(router, t, x, "finished", status=502, finish_reason="decode_restarted", output_tokens=0)
                 held.pop((d.name, x), None)
+                end_decoding(d, x)
                 lost.add(x)
             in_flight[d.name].clear()
+            d.reserved = 0
             d.boot += 1
             d.seq = 0
             d.pool = Pool(d.pool_pages)
@@ -207,22 +256,26 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
             request(router, t, rid, "received", tenant_id=r["tenant"], prompt_tokens=r["prompt"],
                     max_new_tokens=r["max_new"], prefill_node=p.name, decode_node=d.name)
             need = ceil_div(r["prompt"], page_size)
-            if need > d.pool.available():  # decode cannot preallocate: it rejects, allocates nothing
+            # decode cannot preallocate with room for every admitted request's output: it rejects
+            if need + output_pages(r) + d.reserved > d.pool.available():
                 request(d, t, rid, "rejected", reason="kv_pool_exhausted")
                 request(d, t, rid, "finished", status=503, finish_reason="kv_pool_exhausted", output_tokens=0)
                 continue
-            request(d, t + 1000, rid, "admitted")
-            held[(d.name, rid)] = d.pool.take(need)
-            kv(d, t + 1000, rid, "alloc", held[(d.name, rid)])
+            d.reserved += output_pages(r)
             in_flight[d.name].add(rid)
-            at(t + 2000, "prefill", rid)
+            at(t + 1000, "admit", rid)  # (what a node logs, it does at that time: its pages then)
             if r["restart"] and layout.in_flight:  # while it is being prefilled
                 at(t + 30_000, "restart", rid)
+        elif what == "admit":
+            request(d, t, rid, "admitted")
+            held[(d.name, rid)] = d.pool.take_prompt(ceil_div(r["prompt"], page_size), r["prompt"], page_size)
+            kv(d, t, rid, "alloc", held[(d.name, rid)])
+            at(t + 1000, "prefill", rid)
         elif what == "prefill":
             request(p, t, rid, "prefill_started")
             if r["over"]:  # the placeholder: marked rejected, one token computed and sent
                 request(p, t, rid, "rejected", reason="input_too_long", limit_tokens=limit)
-            pages = p.pool.take(ceil_div(kv_tokens, page_size))
+            pages = p.pool.take_prompt(ceil_div(kv_tokens, page_size), kv_tokens, page_size)
             held[(p.name, rid)] = pages
             kv(p, t, rid, "alloc", pages)
             done = t + 50_000 + 30 * kv_tokens
@@ -257,29 +310,26 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
                     transfer(d, step + 200, rid, "completed", r, n, c)
                 kv(d, step + 200, rid, "write", landed, "transfer")
             at(t + 5_000 + 300 * len(chunks), "decode", rid)
-        elif what == "decode":
+        elif what == "decode":  # the request joins the running batch at the node's next step
+            at(-(-t // STEP) * STEP, "join", rid)
+        elif what == "join":
             request(d, t, rid, "decode_started")
-            prompt_pages = held[(d.name, rid)]
-            kv(d, t, rid, "read", prompt_pages)
-            extra = ceil_div(r["prompt"] + r["max_new"], page_size) - len(prompt_pages)
-            if extra > d.pool.available():  # no pages for the output: decode fails it
-                request(d, t, rid, "finished", status=503, finish_reason="kv_pool_exhausted", output_tokens=0)
-                kv(d, t, rid, "free", prompt_pages)
-                d.pool.give_back(held.pop((d.name, rid)))
-                in_flight[d.name].discard(rid)
-                continue
-            if extra > 0:
-                more = d.pool.take(extra)
-                held[(d.name, rid)] = prompt_pages + more
-                kv(d, t, rid, "alloc", more)
-                kv(d, t, rid, "write", more, "decode")
-                kv(d, t, rid, "read", more)
-            at(t + 200_000 + 20_000 * r["max_new"], "finish", rid)
+            kv(d, t, rid, "read", held[(d.name, rid)])
+            steps = r["max_new"] if r["max_new"] > 1 else 0  # the tokens after prefill's, and one more
+            if steps:
+                d.batch.append(rid)
+                decoding[(d.name, rid)] = [r["prompt"], steps]
+                if not d.stepping:
+                    d.stepping = True
+                    at(t, "step", d.name, phase=1)
+            at(t + STEP * max(steps - 1, 0) + STEP // 2, "finish", rid)
         elif what == "finish":
             request(d, t, rid, "finished", status=200, finish_reason="stop", output_tokens=r["max_new"])
             pages = held.pop((d.name, rid))
             kv(d, t, rid, "free", pages)
             d.pool.give_back(pages)
+            end_decoding(d, rid)
+            d.reserved -= output_pages(r)
             in_flight[d.name].discard(rid)
     out.mkdir(parents=True, exist_ok=True)
     for node in nodes.values():
