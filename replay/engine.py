@@ -251,7 +251,7 @@ class NodeEngine:
             text: str | None = None) -> None:
         self._emit({"kind": "kv", "ts": ts, "request_id": rid, "op": op,
                     "pages": text or self._text(pages), "source": source})
-        if op == "write":
+        if op == "write" and self.behaviour == "page-tags":  # (only page tags read them)
             tag = self.tag_ids.get(rid)
             if tag is None:
                 tag = self.tag_ids[rid] = self._next_tag
@@ -516,9 +516,10 @@ class NodeEngine:
                 page = new[taken:taken + 1]
                 taken += 1
                 h.steps.append(page)
-                self._kv(ts, rid, "alloc", page)
-                self._kv(ts, rid, "write", page, "decode")
-                self._kv(ts, rid, "read", page)
+                text = str(int(page[0]))
+                self._kv(ts, rid, "alloc", page, text=text)
+                self._kv(ts, rid, "write", page, "decode", text)
+                self._kv(ts, rid, "read", page, text=text)
             h.tokens += 1
             h.allocs_left -= 1
 

@@ -207,27 +207,40 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
     for c in configs:
         log.emit(c.record(ts_text(t0)))
 
-    # (time, phase, order, ...): at one time, events (phase 0) before a decode step (phase 1), as
-    # an iteration of SGLang's decode loop preallocates and takes landed requests in before it steps
-    queue: list[tuple[int, int, int, Callable[..., None], tuple[Any, ...]]] = []
+    queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
     order = 0
-    stepping: set[str] = set()  # decode nodes with their next step on the clock
+    next_step: dict[str, int] = {}  # decode nodes with a request decoding: the time of their next step
 
-    def at(t: int, fn: Callable[..., None], *args: Any, phase: int = 0) -> None:
+    def at(t: int, fn: Callable[..., None], *args: Any) -> None:
         nonlocal order
-        heapq.heappush(queue, (t, phase, order, fn, args))
+        heapq.heappush(queue, (t, order, fn, args))
         order += 1
+
+    def catch_up(node: str, t: int) -> None:
+        """The decode steps of ``node`` launched before ``t`` (at one time, an event comes before
+        the step, as an iteration of SGLang's decode loop takes landed requests in before it steps)."""
+        first = next_step.get(node)
+        if first is None or first >= t:
+            return
+        due = -(-(t - first) // DECODE_PER_TOKEN)
+        ran = engines[node].advance(due, lambda k: ts_text(first + k * DECODE_PER_TOKEN))
+        if ran < due:
+            del next_step[node]  # nothing decoding: no step until a request joins
+        else:
+            next_step[node] = first + due * DECODE_PER_TOKEN
 
     waiting: dict[str, deque[str]] = {c.node: deque() for c in prefill_cfgs}
     busy: dict[str, bool] = {c.node: False for c in prefill_cfgs}
     finished = {"delivered": 0}
 
     def event(rid: str, node: str, t: int, name: str, **extra: Any) -> bool:
+        catch_up(node, t)
         return engines[node].handle({"kind": "request", "ts": ts_text(t), "node": node,
                                      "request_id": rid, "event": name, **extra})
 
     def transfer(rid: str, node: str, t: int, name: str) -> bool:
         r = requests[rid]
+        catch_up(node, t)
         return engines[node].handle({
             "kind": "transfer", "ts": ts_text(t), "node": node, "transfer_id": f"xfer-{rid}",
             "request_id": rid, "event": name, "src_node": r.prefill_node, "dst_node": r.decode_node,
@@ -279,6 +292,7 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
     def time_out(t: int, rid: str) -> None:
         node = requests[rid].decode_node
         assert node is not None
+        catch_up(node, t)
         engines[node].time_out(ts_text(t), rid)
 
     def land(t: int, rid: str) -> None:
@@ -292,17 +306,9 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         assert node is not None
         if event(rid, node, t, "decode_started"):
             steps = engines[node].held[rid].allocs
-            if steps and node not in stepping:
-                stepping.add(node)
-                at(t, step, node, phase=1)
+            if steps and node not in next_step:
+                next_step[node] = t  # its first step is launched now
             at(t + DECODE_PER_TOKEN * max(steps - 1, 0) + DECODE_PER_TOKEN // 2, finish, rid)
-
-    def step(t: int, node: str) -> None:
-        engines[node].advance(1, ts_text(t))
-        if engines[node].decoding():
-            at(t + DECODE_PER_TOKEN, step, node, phase=1)
-        else:
-            stepping.discard(node)
 
     def finish(t: int, rid: str) -> None:
         node = requests[rid].decode_node
@@ -317,7 +323,7 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
     for rid, t in arrival_of.items():
         at(t, arrive, rid)
     while queue:
-        t, _, _, fn, args = heapq.heappop(queue)
+        t, _, fn, args = heapq.heappop(queue)
         fn(t, *args)
 
     files = []
