@@ -485,8 +485,7 @@ class NodeEngine:
             quiet = min(steps - ran, min(h.allocs_left for _, h in rows),
                         min(-h.tokens % page_size for _, h in rows) if page_size > 1 else 0)
             if quiet:
-                if len(rows) > self.pool.free_count:
-                    self.pool.merge_and_sort_free()
+                self.pool.alloc_decode(0, len(rows))  # (a step without a new page still may merge)
                 for _, h in rows:
                     h.tokens += quiet
                     h.allocs_left -= quiet
@@ -502,9 +501,7 @@ class NodeEngine:
         starts = [h.tokens % page_size == 0 for _, h in rows]
         need = sum(starts)
         if page_size == 1:
-            if len(rows) > self.pool.free_count:
-                self.pool.merge_and_sort_free()
-            new = self.pool.alloc(need) if need <= self.pool.free_count else None
+            new = self.pool.try_alloc(need)
         else:
             new = self.pool.alloc_decode(need, len(rows))
         if new is None:  # SGLang retracts requests here; not modelled: these steps take no page

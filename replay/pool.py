@@ -81,6 +81,14 @@ class PagePool:
             self.merge_and_sort_free()
         return self._take(n)
 
+    def try_alloc(self, n: int) -> Pages | None:
+        """SGLang's ``alloc`` (the token allocator's every call at page size 1): ``n`` pages,
+        merging the release list when the free list is short; None, after that merge, when the
+        pool cannot supply them."""
+        if self.free_count < n:
+            self.merge_and_sort_free()
+        return self._take(n) if n <= self.free_count else None
+
     def alloc_extend(self, new_pages: Sequence[int], extend_tokens: int, page_size: int) -> list[Pages] | None:
         """A batch's new pages, the requests' in batch order: ``new_pages[i]`` pages for the
         i-th request, which extends by ``extend_tokens`` tokens in all. SGLang merges when its

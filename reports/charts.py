@@ -84,7 +84,7 @@ def prompts_against_limit(points: list[tuple[dt.datetime, int, bool]], limit: in
             ax.scatter(mdates.date2num([t for t, _ in hit]), [n for _, n in hit], s=14, color="#b3261e",
                        label="prompts of exposed responses", rasterized=len(hit) > VECTOR_POINTS)
         if limit is not None:
-            ax.axhline(limit, color="#e8a33d", lw=1.2, label=f"prefill admits up to {limit:,} tokens")
+            ax.axhline(limit, color="#e8a33d", lw=1.2, label=f"prefill rejects {limit:,} tokens or more")
         if context is not None:
             ax.axhline(context, color="#333333", lw=1, ls="--", label=f"context window {context:,}")
         ax.set_yscale("log")

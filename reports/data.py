@@ -96,15 +96,6 @@ class ReportData:
     possible_victims: int = 0
 
 
-
-def _all_exposures(con: duckdb.DuckDBPyConnection) -> str:
-    """The exposure rows of every tier: the page records' and, where the whole job filled in, the
-    replay's (``replay_exposures``), as a SELECT with the columns of ``exposures``."""
-    if has_table(con, "replay_exposures"):
-        return "SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures"
-    return "SELECT * FROM exposures"
-
-
 def _tiers(values: list[str] | None) -> str:
     """The evidence tiers of a row's exposures, strongest first."""
     order = {t: i for i, t in enumerate(evidence_tiers.TIERS)}
@@ -119,7 +110,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
            toolkit_version: str) -> ReportData:
     """Read the report's content from an analysed case."""
     figures = checked(con)
-    every = _all_exposures(con)
+    every = evidence_tiers.every_exposure(con)
     first, last = con.execute(
         f"SELECT min(first_ts), max(first_ts) FROM ({every}) WHERE reader_delivered").fetchall()[0]
     counts = rows(con, "SELECT count(*) AS records FROM records")[0]
@@ -208,10 +199,10 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         ), o AS (
           SELECT *, row_number() OVER (ORDER BY ts, request_id) - 1 AS k,
                  greatest(1, ceil(count(*) OVER () / $cap))::BIGINT AS every
-          FROM p WHERE NOT exposed AND prompt_tokens <= coalesce($limit, prompt_tokens)
+          FROM p WHERE NOT exposed AND prompt_tokens < coalesce($limit, prompt_tokens + 1)
         )
         SELECT ts, request_id, prompt_tokens, exposed, 1 AS every FROM p
-        WHERE exposed OR prompt_tokens > coalesce($limit, prompt_tokens)
+        WHERE exposed OR prompt_tokens >= coalesce($limit, prompt_tokens + 1)
         UNION ALL SELECT ts, request_id, prompt_tokens, exposed, every FROM o WHERE k % every = 0
         ORDER BY ts, request_id""", {"cap": PROMPT_POINTS, "limit": limit})
     prompts = [(r["ts"], int(r["prompt_tokens"]), bool(r["exposed"])) for r in prompt_rows]

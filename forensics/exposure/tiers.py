@@ -100,6 +100,14 @@ SUMMARY_TIERS = (PAGE_EVIDENCE, TRANSFER_REPLAY, REQUEST_REPLAY, TOTAL)
 _EXPOSURES = re.compile(r"\bexposures\b")
 
 
+def every_exposure(con: duckdb.DuckDBPyConnection) -> str:
+    """The exposure rows of every tier, as a SELECT with the columns of ``exposures``: the page
+    records' and, where the whole job filled in, the replay's (``replay_exposures``)."""
+    if has_table(con, "replay_exposures"):
+        return "SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures"
+    return "SELECT * FROM exposures"
+
+
 def certainty(tiers: dict[str, dict[str, int | None]]) -> dict[str, dict[str, int]]:
     """Victim requests and affected tenants, certain (named by page records) and possible (named
     by the replay alone), from the figures by tier (:func:`tier_figures`)."""
@@ -169,5 +177,5 @@ def tier_figures(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int | No
         PAGE_EVIDENCE: pages,
         TRANSFER_REPLAY: _figures_of(con, f"SELECT * FROM replay_exposures WHERE evidence = '{TRANSFER_REPLAY}'"),
         REQUEST_REPLAY: _figures_of(con, f"SELECT * FROM replay_exposures WHERE evidence = '{REQUEST_REPLAY}'"),
-        TOTAL: _figures_of(con, "SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures"),
+        TOTAL: _figures_of(con, every_exposure(con)),
     }

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from replay.decode_loop import Arrival, DecodeLoop
-from replay.pool import PagePool, PoolExhausted, pages_for
+from replay.pool import PagePool, pages_for
 
 FIXTURES = Path(__file__).parent / "allocator"
 FILES = sorted(FIXTURES.glob("*/*.json"))
@@ -57,11 +57,8 @@ class Replayer:
         self.group: list[int] | None = None
 
     def alloc(self, call: dict[str, Any]) -> list[int] | None:
-        n = call["need_size"] // self.ps
-        try:
-            pages = self.pool.alloc(n)
-        except PoolExhausted:
-            self.pool.merge_and_sort_free()  # SGLang merges before it finds the pool short
+        pages = self.pool.try_alloc(call["need_size"] // self.ps)
+        if pages is None:
             return None
         return [int(p) * self.ps + o for p in pages for o in range(self.ps)]
 
