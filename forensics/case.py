@@ -15,11 +15,17 @@ import pyarrow as pa
 from forensics.errors import CaseError, QueryError
 from forensics.exposure.analysis import analyse
 from forensics.exposure.figures import summary
-from forensics.exposure.tiers import CERTAIN, certainty, missing_page_records, tier_figures, unseen_late_writes
+from forensics.exposure.tiers import (
+    certainty,
+    missing_page_records,
+    replay_rows,
+    tier_figures,
+    unseen_late_writes,
+)
 from forensics.findings import Findings, findings
 from forensics.ids import NodeId, PageId, RequestId, TenantId
 from forensics.ingestion import source
-from forensics.store import connect, is_parquet_case, one, sql_text
+from forensics.store import connect, has_table, is_parquet_case, one, sql_text
 
 
 class Summary(dict[str, int]):
@@ -32,12 +38,9 @@ class Summary(dict[str, int]):
     tiers: dict[str, dict[str, int | None]]
     without_page_records: tuple[str, ...]
     unseen_late_writes: int = 0
-
-    @property
-    def certainty(self) -> dict[str, dict[str, int]]:
-        """Victim requests and affected tenants, certain (named by page records) and possible
-        (named by the replay alone, where page records are missing)."""
-        return certainty(self.tiers)
+    #: victim requests and affected tenants, certain (named by page records, or by the replay under
+    #: every schedule the evidence allows) and possible (forensics.exposure.tiers.certainty)
+    certainty: dict[str, dict[str, int]]
 
     def _repr_html_(self) -> str:
         every = getattr(self, "tiers", {})
@@ -58,8 +61,9 @@ class Summary(dict[str, int]):
             table += f"<p>Without page records: {html.escape(', '.join(missing))}.</p>"
         if tiers:
             v, t = self.certainty["victim_requests"], self.certainty["affected_tenants"]
-            table += (f"<p>Victims: {v['certain']:,} certain (page records), {v['possible']:,} possible (named by "
-                      f"the replay alone); tenants: {t['certain']:,} certain, {t['possible']:,} possible.</p>")
+            table += (f"<p>Victims: {v['certain']:,} certain, {v['possible']:,} possible (named by the replay "
+                      f"under some of the schedules the logs allow, or where records are missing); tenants: "
+                      f"{t['certain']:,} certain, {t['possible']:,} possible.</p>")
         unseen = getattr(self, "unseen_late_writes", 0)
         if unseen:
             table += (f"<p>{unseen:,} transfer(s) sent by prefill and given up by a node without page records: "
@@ -136,6 +140,7 @@ class Case:
         out.tiers = tier_figures(self._con)
         out.without_page_records = tuple(missing_page_records(self._con))
         out.unseen_late_writes = unseen_late_writes(self._con)
+        out.certainty = certainty(self._con)
         return out
 
     def exposures(
@@ -153,9 +158,11 @@ class Case:
         without page records), those rows come too, their ``evidence`` saying so, unless
         ``page_records_only``.
         """
-        return self._con.sql(sql_text("exposures_query.sql"), params={
+        replayed = (replay_rows(self._con) if has_table(self._con, "replay_exposures")
+                    else "SELECT * FROM exposures WHERE FALSE")
+        return self._con.sql(sql_text("exposures_query.sql").replace("{replay_rows}", replayed), params={
             "tenant": tenant, "request": request, "victim": victim, "delivered_only": delivered_only,
-            "page_records_only": page_records_only, "certain": list(CERTAIN)}).pl()
+            "page_records_only": page_records_only}).pl()
 
     def request(self, request_id: RequestId | str) -> RequestReport:
         """A request's lifecycle, pages, whose content it saw and who saw its content."""

@@ -181,13 +181,11 @@ def _print_tiers(found: Any) -> None:
                 else f"not replayed ({found.replay_skipped}): the figures rest on the page records elsewhere only")
         typer.echo(f"page records missing on {', '.join(shown(m) for m in missing)}: {rest}")
     typer.echo("(- : not measured by that evidence; total: the union of every tier)")
-    if tiers and replay_backed:
-        from forensics.exposure.tiers import certainty
-
-        c = certainty(tiers)
-        v, t = c["victim_requests"], c["affected_tenants"]
-        typer.echo(f"victims: {v['certain']:,} certain (page records), {v['possible']:,} possible (named by the replay "
-                   f"alone); tenants: {t['certain']:,} certain, {t['possible']:,} possible")
+    if tiers and replay_backed and found.certainty:
+        v, t = found.certainty["victim_requests"], found.certainty["affected_tenants"]
+        typer.echo(f"victims: {v['certain']:,} certain, {v['possible']:,} possible; tenants: {t['certain']:,} certain, "
+                   f"{t['possible']:,} possible (certain: named by page records, or by the replay under every "
+                   "schedule the logs allow)")
 
 
 def _print_counts(result: forensics.IngestResult) -> None:

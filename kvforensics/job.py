@@ -6,6 +6,7 @@ where page records are missing, and write the report. The one module that drives
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, investigate
 from forensics.store import connect, one
 from replay.replay import ReplayResult, WhatIf, default_out, logged_engine_of, replay
+from replay.schedule import ALTERNATIVES
 from reports.render import ReportResult, check_outputs, report
 
 #: Replays run by the whole job: the engine the incident ran (confirmation) and the fix (what-if);
@@ -54,6 +56,8 @@ class JobResult:
     #: records: a late write there is in no log, so no replay's figure includes what it overwrote
     #: (finding handoff.sent_but_not_received)
     unseen_late_writes: int = 0
+    #: victim requests and affected tenants, certain and possible (forensics.exposure.tiers.certainty)
+    certainty: dict[str, dict[str, int]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The whole job as JSON-ready data (what ``investigate --out --json`` prints)."""
@@ -65,7 +69,7 @@ class JobResult:
             out["filled_by_replay"] = self.filled.as_dict()
         if self.tiers is not None:
             out["tiers"] = self.tiers
-            out["certainty"] = certainty(self.tiers)
+            out["certainty"] = self.certainty
         out["nodes_without_page_records"] = list(self.without_page_records)
         out["unseen_late_writes"] = self.unseen_late_writes
         if self.report is not None:
@@ -120,7 +124,7 @@ def run(
             # without a report, only the replay the figures need
             engines = (confirm, what_if) if out is not None else (confirm,)
             replays = tuple(replay(db, engine, default_out(db, engine, WhatIf())) for engine in engines)
-            filled = fill_from_replay(db, replays[0].out / "replay.duckdb")
+            filled = _fill(db, replays[0])
     written = None
     if out is not None:
         written = report(db, out, audience=audience, pseudonymize_key=pseudonymize_key, generated_at=generated_at)
@@ -128,9 +132,25 @@ def run(
     try:
         tiers = tier_figures(con)
         unseen = unseen_late_writes(con)
+        victims = certainty(con)
     finally:
         con.close()
-    return JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen)
+    return JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen, victims)
+
+
+def _fill(db: Path | str, confirmed: ReplayResult) -> Filled:
+    """Fill in the replay-backed tiers from the confirming replay; where it met decode events the
+    evidence places at more than one step, replay again under each other schedule the evidence
+    allows (replay.schedule.ALTERNATIVES), so that each victim is certain (named under all of them)
+    or possible. The other schedules' replays are kept only while they are compared."""
+    alternatives: list[tuple[str, Path]] = []
+    with tempfile.TemporaryDirectory(prefix="kvforensics-schedules-") as folder:
+        if confirmed.ambiguous_steps:
+            for schedule in ALTERNATIVES:
+                other = replay(db, confirmed.engine, Path(folder) / schedule.name, schedule=schedule, remember=False)
+                alternatives.append((schedule.name, other.out / "replay.duckdb"))
+        disagreeing = sorted({d.node for d in confirmed.disagreements})
+        return fill_from_replay(db, confirmed.out / "replay.duckdb", alternatives, disagreeing)
 
 
 def _evidence_gaps(db: Path | str) -> tuple[tuple[str, ...], int]:

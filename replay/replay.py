@@ -36,7 +36,7 @@ from forensics.errors import CaseError, OutputExists
 from forensics.store import connect, one, scan, session
 from replay.engine import BEHAVIOURS, Disagreement, NodeConfig, NodeEngine, Plan, Request, decode_steps, plan
 from replay.logset import LogSet, ts_ns, ts_text
-from replay.schedule import Cadence, StepClock
+from replay.schedule import LOGGED, Cadence, Horizon, Schedule, StepClock
 from replay.simulate import (
     DECODE_PER_TOKEN,
     PREFILL_FIXED,
@@ -127,6 +127,11 @@ class ReplayResult:
     mode: str = "confirm"
     disagreements: tuple[Disagreement, ...] = ()  # confirm: where the model could not follow the logs
     outcomes_changed: int = 0  # requests delivered in the logs and not in the replay, or the reverse
+    #: which of the step counts the evidence admits the replay took (replay.schedule.Schedule)
+    schedule: Schedule = LOGGED
+    #: decode-node events whose step count the evidence does not decide (times too close to a
+    #: step's launch for the node's pace): where there are any, other schedules may name other victims
+    ambiguous_steps: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The replay as JSON-ready data."""
@@ -143,13 +148,18 @@ class ReplayResult:
             "not_replayed": self.not_replayed,
             "agreement": None if self.agreement is None else self.agreement.as_dict(),
             "outcomes_changed": self.outcomes_changed,
+            "schedule": self.schedule.name,
+            "ambiguous_steps": self.ambiguous_steps,
             "disagreements": {"count": len(self.disagreements), "by_kind": dict(sorted(kinds.items())),
                               "list": [d.as_dict() for d in self.disagreements]},
         }
 
 
-def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = WhatIf()) -> ReplayResult:
-    """Replay the case ``db`` under ``engine`` into the folder ``out`` (replaced).
+def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = WhatIf(),
+           schedule: Schedule = LOGGED, remember: bool = True) -> ReplayResult:
+    """Replay the case ``db`` under ``engine`` into the folder ``out`` (replaced), taking
+    ``schedule``'s step count wherever a decode node's evidence admits more than one; recorded
+    in the case's ``replays`` unless not ``remember``.
 
     Memory stays flat in the number of requests: the requests' plans and the ones the logs show
     served are tables of a scratch DuckDB (spilled to disk under its memory limit), each node's
@@ -170,6 +180,7 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
             confirming = what_if == WhatIf() and engine == (logged_engine(configs) or "sglang-placeholder")
             mode = "confirm" if confirming else "what-if"
             disagreements: list[Disagreement] = []
+            clocks: list[StepClock] = []
             unlogged = _plan_requests(con, configs, roles, engine, what_if, mode == "confirm", disagreements)
             con.execute(f"CREATE TABLE memory.main.replay_served AS {_DELIVERED}" if mode == "confirm"
                         else "CREATE TABLE memory.main.replay_served (request_id VARCHAR)")
@@ -179,7 +190,7 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
             log = LogSet(into=logs)
             for node in sorted(set(configs) | _nodes_with_events(con)):
                 _replay_node(con, node, configs.get(node, []), roles.get(node), engine, what_if, log,
-                             unlogged, extra.get(node, []), mode == "confirm", disagreements)
+                             unlogged, extra.get(node, []), mode == "confirm", disagreements, schedule, clocks)
                 log.flush(node, logs)
             logs.mkdir(parents=True, exist_ok=True)
         finally:
@@ -194,8 +205,9 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
                                        else "delivered in the replay, not in the logs")
                           for rid, delivered in changed]
     done = ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, agreement, mode,
-                        tuple(disagreements), len(changed))
-    _remember(Path(db), done)
+                        tuple(disagreements), len(changed), schedule, sum(c.ambiguous for c in clocks))
+    if remember:
+        _remember(Path(db), done)
     return done
 
 
@@ -313,11 +325,11 @@ def _remember(db: Path, result: ReplayResult) -> None:
         con.execute("BEGIN")
         con.execute(
             "INSERT OR REPLACE INTO replays (engine, what_if, out, records, not_replayed, exposure, agreement, mode, "
-            "outcomes_changed, disagreements) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "outcomes_changed, disagreements, ambiguous_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [result.engine, what_if, str(result.out), result.records,
              result.not_replayed, json.dumps(result.exposure),
              None if result.agreement is None else json.dumps(result.agreement.as_dict()), result.mode,
-             result.outcomes_changed, len(result.disagreements)],
+             result.outcomes_changed, len(result.disagreements), result.ambiguous_steps],
         )
         con.execute("DELETE FROM replay_disagreements WHERE engine = ? AND what_if = ?", [result.engine, what_if])
         if result.disagreements:
@@ -426,11 +438,16 @@ def _node_events(con: duckdb.DuckDBPyConnection, node: str) -> Iterator[_Row]:
         for row in _batches(cur, f"""
                 WITH ev AS ({_events_sql(_EVENT_SQL)})
                 SELECT {', '.join(f'ev.{f}' for f in _EVENT_FIELDS)}, s.request_id IS NOT NULL AS _served,
-                       ev._i = max(ev._i) OVER (PARTITION BY ev.request_id) AS _last, {_PLAN_SQL}
+                       ev._i = max(ev._i) OVER (PARTITION BY ev.request_id) AS _last, {_PLAN_SQL},
+                       max(CASE WHEN ev.kind = 'request' AND ev.event = 'finished' AND ev.status BETWEEN 200 AND 299
+                                THEN ev._i END) OVER (PARTITION BY ev.request_id, ev.boot) AS _finish_i, ev._i
                 FROM ev LEFT JOIN memory.main.replay_plans p USING (request_id)
                 LEFT JOIN memory.main.replay_served s USING (request_id)
                 ORDER BY ev._i""", {"node": node}):
-            yield _row(row)
+            out = _row(row[:-2])
+            # where it and its request's delivered finish come in the node's order
+            out.record["_finish_i"], out.record["_i"] = row[-2], row[-1]
+            yield out
     finally:
         cur.close()
 
@@ -767,6 +784,8 @@ def _replay_node(
     extra: list[dict[str, Any]],
     confirm: bool,
     disagreements: list[Disagreement],
+    schedule: Schedule = LOGGED,
+    clocks_used: list[StepClock] | None = None,
 ) -> None:
     """Feed one node's configs and events, merged in (boot, seq) order, to a node engine;
     ``extra`` events (of requests the logs have no engine event for) join by time. A request is
@@ -786,8 +805,13 @@ def _replay_node(
                 served.add(rid)
         return _logged(row.record)
 
-    def forget(rid: str) -> None:
+    deferred: list[str] = []  # decode: requests past their last record but still in the running batch
+
+    def forget(rid: str, now: bool = False) -> None:
         if rid in unlogged:
+            return
+        if not now and role == "decode" and node_engine is not None and rid in node_engine.batch:
+            deferred.append(rid)  # it decodes on, its steps placed by time, until its boot ends
             return
         requests.pop(rid, None)
         plans.pop(rid, None)
@@ -811,18 +835,18 @@ def _replay_node(
     node_engine: NodeEngine | None = None
     cadences = _cadences(con, node, {boot: what_if.apply(c) for boot, _, _, c in configs}) if role == "decode" else {}
     clocks: dict[int, StepClock] = {}
+    horizons = _horizons(con, node, {boot: what_if.apply(c) for boot, _, _, c in configs}) if role == "decode" else {}
 
-    def feed(record: dict[str, Any], ts: int | None) -> None:
+    def feed(record: dict[str, Any], ts: int | None, finish_at: int | None = None, at: int | None = None) -> None:
         """Hand ``record`` to the node's engine; on a decode node, first the steps that ran before it
-        (none where its time, ``ts``, is not the node's own: None)."""
+        (none where its time, ``ts``, is not the node's own: None); ``at`` and ``finish_at``: where
+        it, and its request's delivered finish, come in the node's order (where they do)."""
         assert node_engine is not None
         if role != "decode" or ts is None:
             node_engine.handle(record)
             return
         e = node_engine
-        clock = clocks.get(e.boot)
-        if clock is None:
-            clock = clocks[e.boot] = StepClock(cadences.get(e.boot))
+        clock = clock_of(e.boot)
         rid = record.get("request_id")
         h = e.held.get(rid) if rid is not None else None
         # a finish with its outputs pins the steps before it (a failure's does not)
@@ -830,7 +854,10 @@ def _replay_node(
         finishing = (rid, h.allocs) if ends and h is not None and h.allocs and rid in e.batch else None
         first = clock.steps
         starting = record["kind"] == "request" and record["event"] == "decode_started"
-        run, fits = clock.before(ts, [x.allocs_left for _, x in e.decoding()], finishing, starting)
+        joining = None
+        if starting and rid in requests and finish_at is not None:
+            joining = (decode_steps(requests[rid].outputs, e.config.overlap_schedule), finish_at)
+        run, fits = clock.before(ts, [x.allocs_left for _, x in e.decoding()], finishing, starting, joining, at)
         if not fits and finishing is not None and served is not None and rid in served:
             disagreements.append(Disagreement(rid, node, "steps_differ", f"its {finishing[1]} decode steps fit no "
                                               "lockstep schedule of the node's logged order"))
@@ -846,14 +873,42 @@ def _replay_node(
         if finishing is not None:
             clock.finished(rid, ts, finishing[1])
         elif starting and rid in e.batch:
-            clock.started(rid, ts)
+            clock.started(rid, ts, joining, at)
         elif rid not in e.batch:
             clock.forget(rid)
+
+    def clock_of(boot: int) -> StepClock:
+        clock = clocks.get(boot)
+        if clock is None:
+            clock = clocks[boot] = StepClock(cadences.get(boot), schedule, node, horizon=horizons.pop(boot, None))
+            if clocks_used is not None:
+                clocks_used.append(clock)
+        return clock
+
+    def end_boot(ts: int) -> None:
+        """The node's process ends before ``ts`` (its next boot's first record): the steps its
+        running requests took until then, at its pace, ran first."""
+        if role != "decode" or node_engine is None or node_engine.boot not in clocks:
+            return
+        e, clock = node_engine, clocks[node_engine.boot]
+        first = clock.steps
+        run, _ = clock.before(ts, [x.allocs_left for _, x in e.decoding()], None)
+
+        def when(k: int) -> str:
+            at = clock.time_of(first + k)
+            return ts_text(ts if at is None or at > ts else at)
+
+        e.advance(run, when)
+        for rid in deferred:
+            forget(rid, now=True)
+        deferred.clear()
 
     def configure(boot: int, i: int) -> None:
         nonlocal node_engine
         config = what_if.apply(configs[i][3])
         if node_engine is None or boot != node_engine.boot:
+            if node_engine is not None:
+                end_boot(_ns(configs[i][2]))
             log.new_boot(node)
             if node_engine is None:
                 node_engine = NodeEngine(config, engine, log, requests, plans, boot=boot, served=served,
@@ -879,19 +934,46 @@ def _replay_node(
             log.emit(record)
             continue
         if event["boot"] != node_engine.boot:
+            end_boot(event["_ns"])
             log.new_boot(node)
             node_engine.start_boot(event["boot"], node_engine.config)
         while pending and pending[-1]["ts"] < event["ts"]:
             unlogged_event = pending.pop()
             feed(dict(unlogged_event, boot=node_engine.boot), _ns(unlogged_event["ts"]))
         # (a transfer end another node logged is timed by that node's clock: it places no step)
-        feed(record, None if "_carried" in event else event["_ns"])
+        feed(record, None if "_carried" in event else event["_ns"], event.get("_finish_i"), event.get("_i"))
     while k < len(steps):
         configure(steps[k][0], steps[k][2])
         k += 1
     while pending and node_engine is not None:
         unlogged_event = pending.pop()
         feed(dict(unlogged_event, boot=node_engine.boot), _ns(unlogged_event["ts"]))
+    for rid in deferred:  # (the node's log ends: what it ran after its last record is in no log)
+        forget(rid, now=True)
+
+
+def _horizons(con: duckdb.DuckDBPyConnection, node: str, configs: dict[int, NodeConfig]) -> dict[int, Horizon]:
+    """Each boot's decode starts with a delivered finish after them on the node (where each comes
+    in the node's order, and the steps its request takes): :class:`replay.schedule.Horizon`."""
+    starts: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    cur = _reader(con)
+    try:
+        for boot, start, finish, outputs in _batches(cur, f"""
+                WITH ev AS ({_events_sql("kind, event, status, request_id, boot")})
+                SELECT ev.boot, min(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.event = 'decode_started') AS s,
+                       max(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.event = 'finished'
+                                          AND ev.status BETWEEN 200 AND 299) AS f,
+                       any_value(coalesce(p.q_output_tokens, p.q_max_new_tokens)) AS n
+                FROM ev LEFT JOIN memory.main.replay_plans p USING (request_id)
+                WHERE ev.request_id IS NOT NULL
+                GROUP BY ev.boot, ev.request_id HAVING s < f AND n IS NOT NULL
+                ORDER BY ev.boot, s""", {"node": node}):
+            config = configs.get(boot)
+            overlap = config.overlap_schedule if config is not None else True
+            starts[boot].append((start, finish, decode_steps(outputs, overlap)))
+    finally:
+        cur.close()
+    return {boot: Horizon(s) for boot, s in starts.items()}
 
 
 def _ok(status: Any) -> bool:
@@ -903,6 +985,10 @@ def _cadences(con: duckdb.DuckDBPyConnection, node: str, configs: dict[int, Node
     requests that started and finished decoding there with their output logged."""
     spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
     cur = _reader(con)
+    # the times' resolution: whole milliseconds where every one of the node's request times is
+    row = cur.execute("SELECT bool_and(epoch_us(ts) % 1000 = 0) FROM records "
+                      "WHERE kind = 'request' AND node = $node", {"node": node}).fetchall()[0]
+    resolution = 1_000_000 if row[0] else 1_000
     try:
         for boot, start, end, outputs in _batches(cur, """
                 SELECT boot, min(epoch_us(ts)) FILTER (WHERE event = 'decode_started') AS s,
@@ -916,7 +1002,7 @@ def _cadences(con: duckdb.DuckDBPyConnection, node: str, configs: dict[int, Node
             spans[boot].append((decode_steps(outputs, overlap), (end - start) * 1000))
     finally:
         cur.close()
-    fitted = {boot: Cadence.fit(pairs) for boot, pairs in spans.items()}
+    fitted = {boot: Cadence.fit(pairs, resolution) for boot, pairs in spans.items()}
     return {boot: c for boot, c in fitted.items() if c is not None}
 
 

@@ -126,22 +126,20 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
     limits = [c["max_req_input_len"] for c in configs if c["role"] == "prefill"]
     case_findings = findings(con)
     handoffs = next((f.evidence.to_dicts() for f in case_findings if f.id == "handoff.rejected_but_transferred"), [])
-    certain = {"certain": list(evidence_tiers.CERTAIN)}
     responses = rows(con, f"""
         SELECT reader_request, any_value(reader_tenant) AS reader_tenant, count(DISTINCT victim_request) AS victims,
-               count(DISTINCT victim_request) FILTER (WHERE evidence IN (SELECT unnest($certain::VARCHAR[])))
-                 AS certain_victims,
+               count(DISTINCT victim_request) FILTER (WHERE certainty = 'certain') AS certain_victims,
                count(DISTINCT victim_tenant) AS victim_tenants, sum(n_pages)::BIGINT AS pages,
                min(first_ts) AS first_ts, bool_or(inferred) AS inferred, bool_or(reader_delivered) AS delivered,
                list(DISTINCT evidence) AS evidence
-        FROM ({every}) GROUP BY reader_request ORDER BY first_ts, reader_request""", certain)
+        FROM ({every}) GROUP BY reader_request ORDER BY first_ts, reader_request""")
     victims = rows(con, f"""
         SELECT victim_request, any_value(victim_tenant) AS victim_tenant,
                count(DISTINCT reader_request) AS readers, sum(n_pages)::BIGINT AS pages, min(first_ts) AS first_seen,
-               CASE WHEN bool_or(evidence IN (SELECT unnest($certain::VARCHAR[]))) THEN 'certain' ELSE 'possible' END
-                 AS certainty,
+               CASE WHEN bool_or(certainty = 'certain') THEN 'certain' ELSE 'possible' END AS certainty,
+               CASE WHEN NOT bool_or(certainty = 'certain') THEN min(certainty_note) END AS why_possible,
                list(DISTINCT evidence) AS evidence
-        FROM ({every}) WHERE reader_delivered GROUP BY victim_request ORDER BY first_seen, victim_request""", certain)
+        FROM ({every}) WHERE reader_delivered GROUP BY victim_request ORDER BY first_seen, victim_request""")
     pairs = rows(con, f"""
         SELECT reader_tenant, victim_tenant, count(*) AS pairs FROM (
           SELECT DISTINCT reader_request, victim_request, reader_tenant, victim_tenant

@@ -33,7 +33,8 @@ SHOWN = 1_000
 COLUMNS = {
     "responses": ("reader_request", "reader_tenant", "delivered", "victims", "certain_victims", "victim_tenants",
                   "pages", "first_ts", "inferred", "evidence"),
-    "victims": ("victim_request", "victim_tenant", "certainty", "readers", "pages", "first_seen", "evidence"),
+    "victims": ("victim_request", "victim_tenant", "certainty", "why_possible", "readers", "pages", "first_seen",
+                "evidence"),
     "handoffs": ("request_id", "prefill_node", "rejected_at", "reason", "limit_tokens", "prompt_tokens",
                  "tokens_sent", "decode_starts", "status"),
 }

@@ -27,7 +27,10 @@ Layouts (how a deployment logs, all valid under the schema), chosen per log set:
   it) and frees its pages;
 - ``seqless_router``: the router's records carry no ``seq``;
 - ``chunks``: each request's KV goes in this many transfers (their own ids), each with its
-  records, its share of the tokens and its pages landing when it completes.
+  records, its share of the tokens and its pages landing when it completes;
+- ``jitter_ns``: each decode step lasts :data:`STEP` give or take up to this much (uniformly), so
+  steps drift off the clock's multiples and a request's times place its steps only roughly;
+- ``ms_times``: times are logged to the millisecond (truncated), as SGLang prints them.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class Layout:
     in_flight: bool = False
     seqless_router: bool = False
     chunks: int = 1
+    jitter_ns: int = 0
+    ms_times: bool = False
 
 
 @dataclass
@@ -122,6 +127,7 @@ class Node:
     skew: int = 0
     batch: list[str] = field(default_factory=list)  # decode: the running requests, in join order
     stepping: bool = False  # decode: its next step is on the clock
+    next_step: int = 0  # decode, while stepping: when
     reserved: int = 0  # decode: pages its admitted requests' outputs may still take
 
     def __post_init__(self) -> None:
@@ -131,6 +137,7 @@ class Node:
 def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layout()) -> Path:
     """Write a log set of one simulated incident to ``out`` (one file per node); ``out``."""
     rng = random.Random(seed)
+    jitter = random.Random(seed + 1)  # (its own stream: the incident is the same with or without jitter)
     page_size, context = 16, 100_000
     prefill_pages, decode_pages = 4096, 9000
     limit = min(context - 1, (prefill_pages - 1) * page_size - 1) - 5  # max_req_input_len
@@ -143,6 +150,8 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
 
     def emit(node: Node, t: int, record: dict[str, Any]) -> None:
         ts = t + node.skew
+        if layout.ms_times:
+            ts -= (EPOCH_NS + ts) % 1_000_000
         rec = {"kind": record.pop("kind"), "ts": _iso(EPOCH_NS + ts), "node": node.name, **record}
         if node.role != "router" or not layout.seqless_router:
             rec["seq"] = node.seq
@@ -227,8 +236,12 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
             for x in running:
                 decoding[(d.name, x)][0] += 1
                 decoding[(d.name, x)][1] -= 1
+                if not decoding[(d.name, x)][1]:  # its last step: it finishes half a step on
+                    at(t + STEP // 2, "finish", x)
             if any(decoding[(d.name, x)][1] > 0 for x in d.batch):
-                at(t + STEP, "step", d.name, phase=1)
+                wobble = jitter.randint(-layout.jitter_ns, layout.jitter_ns) if layout.jitter_ns else 0
+                d.next_step = t + STEP + wobble
+                at(d.next_step, "step", d.name, phase=1)
             else:
                 d.stepping = False
             continue
@@ -311,7 +324,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
                 kv(d, step + 200, rid, "write", landed, "transfer")
             at(t + 5_000 + 300 * len(chunks), "decode", rid)
         elif what == "decode":  # the request joins the running batch at the node's next step
-            at(-(-t // STEP) * STEP, "join", rid)
+            at(d.next_step if d.stepping else -(-t // STEP) * STEP, "join", rid)
         elif what == "join":
             request(d, t, rid, "decode_started")
             kv(d, t, rid, "read", held[(d.name, rid)])
@@ -320,9 +333,10 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
                 d.batch.append(rid)
                 decoding[(d.name, rid)] = [r["prompt"], steps]
                 if not d.stepping:
-                    d.stepping = True
+                    d.stepping, d.next_step = True, t
                     at(t, "step", d.name, phase=1)
-            at(t + STEP * max(steps - 1, 0) + STEP // 2, "finish", rid)
+            else:
+                at(t + STEP // 2, "finish", rid)
         elif what == "finish":
             request(d, t, rid, "finished", status=200, finish_reason="stop", output_tokens=r["max_new"])
             pages = held.pop((d.name, rid))

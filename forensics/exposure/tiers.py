@@ -11,11 +11,13 @@ each labelled with the evidence it rests on. The tier names below are the values
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from forensics.exposure.figures import DEFINITIONS, summary
 from forensics.ids import NodeId
@@ -48,22 +50,30 @@ class Filled:
                 "exposed_responses": self.exposed_responses, "rows": self.rows}
 
 
-def fill_from_replay(db: Path | str, replayed: Path) -> Filled:
+def fill_from_replay(db: Path | str, replayed: Path, alternatives: Sequence[tuple[str, Path]] = (),
+                     disagreeing_nodes: Sequence[str] = ()) -> Filled:
     """Replace the case's ``replay_exposures`` by the exposures of the replay case ``replayed``
-    (the replay under the engine that made the logs) where page records are missing."""
-    source = connect(replayed, read_only=True, create=False)
-    try:
-        replayed_exposures = source.sql("SELECT * FROM exposures").to_arrow_table()
-    finally:
-        source.close()
+    (the replay under the engine that made the logs, on the logged schedule) where page records
+    are missing, each victim certain or possible: certain where every one of the ``alternatives``
+    (``(schedule, replay case)``: the other schedules the evidence allows) names it too, on a node
+    whose replay followed its logs (none of ``disagreeing_nodes``) and misses no records."""
+    base = _exposures_of(replayed)
+    tables = []
+    for name, path in alternatives:
+        t = _exposures_of(path)
+        tables.append(t.append_column("schedule", pa.array([name] * t.num_rows, pa.string())))
+    alternative = (pa.concat_tables(tables) if tables
+                   else base.slice(0, 0).append_column("schedule", pa.array([], pa.string())))
     con = connect(db)
     try:
         missing = missing_page_records(con)
-        con.register("replayed_exposures", replayed_exposures)
+        con.register("replayed_exposures", base)
+        con.register("alternative_exposures", alternative)
         con.execute("BEGIN TRANSACTION")
         con.execute("DELETE FROM replay_exposures")
         con.execute(sql_text("fill_from_replay.sql"), {
-            "missing_nodes": list(missing), "transfer_tier": TRANSFER_REPLAY, "request_tier": REQUEST_REPLAY})
+            "missing_nodes": list(missing), "transfer_tier": TRANSFER_REPLAY, "request_tier": REQUEST_REPLAY,
+            "schedules": len(alternatives), "disagreeing_nodes": list(disagreeing_nodes)})
         con.execute("COMMIT")
         row = one(con, "SELECT count(DISTINCT reader_request) FILTER (WHERE reader_delivered), count(*), "
                        "(SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)) "
@@ -72,6 +82,15 @@ def fill_from_replay(db: Path | str, replayed: Path) -> Filled:
         con.close()
     assert row is not None
     return Filled(missing, int(row[2]), int(row[0]), int(row[1]))
+
+
+def _exposures_of(case: Path) -> pa.Table:
+    """The exposures table of the case ``case`` (a replay's)."""
+    source = connect(case, read_only=True, create=False)
+    try:
+        return source.sql("SELECT * FROM exposures").to_arrow_table()
+    finally:
+        source.close()
 
 
 def by_tier(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -101,21 +120,39 @@ _EXPOSURES = re.compile(r"\bexposures\b")
 
 
 def every_exposure(con: duckdb.DuckDBPyConnection) -> str:
-    """The exposure rows of every tier, as a SELECT with the columns of ``exposures``: the page
-    records' and, where the whole job filled in, the replay's (``replay_exposures``)."""
-    if has_table(con, "replay_exposures"):
-        return "SELECT * FROM exposures UNION ALL BY NAME SELECT * FROM replay_exposures"
-    return "SELECT * FROM exposures"
+    """The exposure rows of every tier, as a SELECT with the columns of ``exposures`` and a
+    ``certainty`` (and its ``certainty_note``): the page records' (certain) and, where the whole
+    job filled in, the replay's (``replay_exposures``, each row certain or possible)."""
+    pages = "SELECT *, 'certain' AS certainty, NULL::VARCHAR AS certainty_note FROM exposures"
+    if not has_table(con, "replay_exposures"):
+        return pages
+    return f"{pages} UNION ALL BY NAME {replay_rows(con)}"
 
 
-def certainty(tiers: dict[str, dict[str, int | None]]) -> dict[str, dict[str, int]]:
-    """Victim requests and affected tenants, certain (named by page records) and possible (named
-    by the replay alone), from the figures by tier (:func:`tier_figures`)."""
-    out = {}
-    for figure in ("victim_requests", "affected_tenants"):
-        certain = tiers[PAGE_EVIDENCE][figure] or 0
-        out[figure] = {"certain": certain, "possible": (tiers[TOTAL][figure] or 0) - certain}
-    return out
+def replay_rows(con: duckdb.DuckDBPyConnection) -> str:
+    """``replay_exposures`` as a SELECT with its certainty columns, 'possible' where a case made
+    before they were kept has none."""
+    columns = {c for (c,) in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'replay_exposures'").fetchall()}
+    if "certainty" in columns:
+        return ("SELECT * REPLACE (coalesce(certainty, 'possible') AS certainty) FROM replay_exposures")
+    return "SELECT *, 'possible' AS certainty, NULL::VARCHAR AS certainty_note FROM replay_exposures"
+
+
+def certainty(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int]]:
+    """Victim requests and affected tenants of delivered responses, certain (named by page
+    records, or by the replay under every schedule the evidence allows) and possible (the rest:
+    named by the replay under some of them, or where its evidence is incomplete); a victim or
+    tenant certain anywhere is certain."""
+    row = one(con, f"""
+        SELECT count(DISTINCT victim_request) FILTER (WHERE certainty = 'certain'),
+               count(DISTINCT victim_request),
+               count(DISTINCT victim_tenant) FILTER (WHERE certainty = 'certain'),
+               count(DISTINCT victim_tenant)
+        FROM ({every_exposure(con)}) WHERE reader_delivered""")
+    v_certain, v_all, t_certain, t_all = (int(x or 0) for x in (row or (0, 0, 0, 0)))
+    return {"victim_requests": {"certain": v_certain, "possible": v_all - v_certain},
+            "affected_tenants": {"certain": t_certain, "possible": t_all - t_certain}}
 
 
 def missing_page_records(con: duckdb.DuckDBPyConnection) -> tuple[NodeId, ...]:

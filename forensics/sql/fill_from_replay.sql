@@ -1,21 +1,65 @@
 -- The replay's exposures where the case's page records are missing (forensics/exposure/tiers.py):
 -- on the engine nodes $missing_nodes that logged requests but no page records, and inside the
 -- seq-gap windows of nodes that did log page records, where those records show no exposure of
--- the same reader and victim. `replayed_exposures` is the replay case's exposures table.
+-- the same reader and victim. `replayed_exposures` is the exposures table of the replay under the
+-- logged schedule; `alternative_exposures` those of the replays under the other schedules the
+-- evidence allows ($schedules of them, a `schedule` column naming each).
 -- Tier: the reader's transfer to that node carried fewer KV tokens than its prompt (by its own
 -- record or the sender's) is $transfer_tier; otherwise the request records alone, $request_tier.
+-- Certainty: a victim is certain where every schedule names the same (reader, victim) on that
+-- node, the node's replay followed its logs ($disagreeing_nodes did not) and the row is not from
+-- a seq-gap window; otherwise possible, and certainty_note says why. A pair named only under another
+-- schedule is listed as possible with no pages (the page figures count the logged schedule's).
 INSERT INTO replay_exposures BY NAME
-SELECT e.* EXCLUDE (evidence),
+WITH wanted AS (
+  SELECT e.*, NOT list_contains($missing_nodes, e.node) AS in_gap
+  FROM (SELECT *, NULL::VARCHAR AS schedule FROM replayed_exposures
+        UNION ALL BY NAME SELECT * FROM alternative_exposures) e
+  WHERE list_contains($missing_nodes, e.node)
+     OR (EXISTS (SELECT 1 FROM seq_gaps w WHERE w.node = e.node AND w.node IN (SELECT node FROM kv_ops)
+                   AND e.first_ts BETWEEN w.window_start AND w.window_end)
+         AND NOT EXISTS (SELECT 1 FROM exposures x WHERE x.node = e.node
+                           AND x.reader_request = e.reader_request
+                           AND x.victim_request = e.victim_request))
+), named AS (  -- under how many of the other schedules each pair is named
+  SELECT node, reader_request, victim_request, count(DISTINCT schedule) AS others
+  FROM wanted WHERE schedule IS NOT NULL GROUP BY ALL
+), base AS (
+  SELECT * EXCLUDE (schedule) FROM wanted WHERE schedule IS NULL
+), only_other AS (  -- pairs the logged schedule does not name: each once, as it first appears
+  SELECT * EXCLUDE (schedule) FROM (
+    SELECT w.*, row_number() OVER (PARTITION BY w.node, w.reader_request, w.victim_request
+                                   ORDER BY w.first_ts, w.schedule, w.first_seq) AS k
+    FROM wanted w WHERE w.schedule IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM base b WHERE b.node = w.node AND b.reader_request = w.reader_request
+                                            AND b.victim_request = w.victim_request))
+  WHERE k = 1
+), rows AS (
+  SELECT b.*, coalesce(n.others, 0) AS others, TRUE AS logged_schedule FROM base b
+  LEFT JOIN named n USING (node, reader_request, victim_request)
+  UNION ALL BY NAME
+  SELECT o.* EXCLUDE (k, pages, n_pages), NULL::VARCHAR AS pages, 0::BIGINT AS n_pages, n.others,
+         FALSE AS logged_schedule
+  FROM only_other o JOIN named n USING (node, reader_request, victim_request)
+)
+SELECT r.* EXCLUDE (evidence, in_gap, others, logged_schedule),
        CASE WHEN EXISTS (
          SELECT 1 FROM transfers t JOIN requests q USING (request_id)
-         WHERE t.request_id = e.reader_request AND t.dst_node = e.node AND t.event = 'completed'
+         WHERE t.request_id = r.reader_request AND t.dst_node = r.node AND t.event = 'completed'
            AND t.tokens_sent < q.prompt_tokens)
-       THEN $transfer_tier ELSE $request_tier END AS evidence
-FROM replayed_exposures e
-WHERE list_contains($missing_nodes, e.node)
-   OR (EXISTS (SELECT 1 FROM seq_gaps w WHERE w.node = e.node AND w.node IN (SELECT node FROM kv_ops)
-                 AND e.first_ts BETWEEN w.window_start AND w.window_end)
-       AND NOT EXISTS (SELECT 1 FROM exposures x WHERE x.node = e.node
-                         AND x.reader_request = e.reader_request
-                         AND x.victim_request = e.victim_request))
-ORDER BY e.first_ts, e.node, e.reader_request, e.victim_request;
+       THEN $transfer_tier ELSE $request_tier END AS evidence,
+       CASE WHEN r.in_gap OR list_contains($disagreeing_nodes, r.node)
+                 OR r.others + (CASE WHEN r.logged_schedule THEN 1 ELSE 0 END) < $schedules + 1
+            THEN 'possible' ELSE 'certain' END AS certainty,
+       CASE WHEN r.in_gap THEN 'inside a seq gap: the node''s records of this window are missing'
+            WHEN list_contains($disagreeing_nodes, r.node)
+              THEN 'the replay could not follow this node''s logs everywhere (replay_disagreements)'
+            WHEN NOT r.logged_schedule
+              THEN 'named only under ' || r.others || ' of ' || $schedules
+                   || ' other schedules the logs allow, not under the logged one'
+            WHEN r.others < $schedules
+              THEN 'named under the logged schedule and ' || r.others || ' of ' || $schedules
+                   || ' other schedules the logs allow'
+       END AS certainty_note
+FROM rows r
+ORDER BY r.first_ts, r.node, r.reader_request, r.victim_request, r.logged_schedule DESC;

@@ -241,6 +241,7 @@ CREATE TABLE IF NOT EXISTS replays (
 ALTER TABLE replays ADD COLUMN IF NOT EXISTS mode VARCHAR;  -- confirm or what-if (replay/replay.py)
 ALTER TABLE replays ADD COLUMN IF NOT EXISTS outcomes_changed BIGINT;  -- delivered in one and not the other
 ALTER TABLE replays ADD COLUMN IF NOT EXISTS disagreements BIGINT;  -- confirm: where the logs were followed
+ALTER TABLE replays ADD COLUMN IF NOT EXISTS ambiguous_steps BIGINT;  -- decode events the evidence places at more than one step
 
 -- Confirmation: each place the model could not do what the logs say (the logs were followed there).
 CREATE TABLE IF NOT EXISTS replay_disagreements (
@@ -268,3 +269,7 @@ CREATE TABLE IF NOT EXISTS replay_exposures (
   n_pages BIGINT, first_seq BIGINT, first_ts TIMESTAMP WITH TIME ZONE, inferred BOOLEAN,
   reader_tenant VARCHAR, victim_tenant VARCHAR, reader_delivered BOOLEAN, evidence VARCHAR
 );
+-- (added after schema 5 began) whether every schedule the evidence allows names the same victim
+-- (certain) or not (possible), and why not; a pair only another schedule names has no pages.
+ALTER TABLE replay_exposures ADD COLUMN IF NOT EXISTS certainty VARCHAR;
+ALTER TABLE replay_exposures ADD COLUMN IF NOT EXISTS certainty_note VARCHAR;

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from independent_logs import Layout, generate, strip_pages
 from typer.testing import CliRunner
@@ -56,6 +56,9 @@ def test_the_replay_of_request_level_evidence_gives_the_page_logs_figures(tmp_pa
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# (found by Hypothesis: requests decoding when their node restarts took no steps in the replay, and
+# one whose last record was its decode start was let go at once, so later pages came out shifted)
+@example(10_000, "prefill", "prefill", 5_000_000, "in flight")
 @given(st.integers(0, 10_000), st.sampled_from(["prefill", "decode", "both", "none"]),
        st.sampled_from(["prefill", "decode", "both", "none"]), st.sampled_from([0, 5_000_000]),
        st.sampled_from(["none", "between requests", "in flight"]))

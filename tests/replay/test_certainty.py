@@ -1,0 +1,86 @@
+"""Certain and possible victims from request-level evidence (issue #42 item 4), held to the page
+records of a generator that shares no code with ``replay/`` (tests/independent_logs.py): its
+decode steps drift off the clock, so a request's logged times place its steps only roughly, and
+the whole job replays under every schedule the evidence allows. A victim named under all of
+them is certain, one named under some possible; neither may be wrong where the other says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from independent_logs import Layout, generate, strip_pages
+
+import forensics
+from forensics.case import Case
+from kvforensics.job import run
+
+CASES = {
+    "steps on the clock, times to the microsecond": (Layout(), 1),
+    "steps drift by up to 30%, times to the millisecond": (Layout(jitter_ns=300_000, ms_times=True), 1),
+    "steps drift by up to 45%, times to the millisecond": (Layout(jitter_ns=450_000, ms_times=True), 7),
+}
+
+
+def _pairs(rows: list[dict], key: str = "victim_request") -> set[tuple[str, str]]:
+    return {(r["reader_request"], r[key]) for r in rows}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def named(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list, object]:
+    layout, seed = CASES[request.param]
+    tmp = tmp_path_factory.mktemp("certainty")
+    full = generate(tmp / "full", seed=seed, requests=200, layout=layout)
+    forensics.investigate([full], tmp / "full.duckdb")
+    with Case(tmp / "full.duckdb") as case:
+        truth = case.exposures(delivered_only=True).to_dicts()
+    found = run([strip_pages(full, tmp / "stripped")], tmp / "request-level.duckdb", None)
+    with Case(tmp / "request-level.duckdb") as case:
+        rows = case.exposures(delivered_only=True).to_dicts()
+        summary = case.summary()
+    return truth, rows, (request.param, found, summary)
+
+
+def test_the_exposed_responses_are_exact_and_every_row_says_how_certain_its_victim_is(named: tuple) -> None:
+    truth, rows, _ = named
+    assert truth  # (the run holds an incident)
+    assert {r["reader_request"] for r in rows} == {r["reader_request"] for r in truth}
+    assert {r["certainty"] for r in rows} <= {"certain", "possible"}
+    assert all(r["certainty_note"] for r in rows if r["certainty"] == "possible")
+    assert all(r["certainty_note"] is None for r in rows if r["certainty"] == "certain")
+
+
+@pytest.mark.parametrize("key", ["victim_request", "victim_tenant"])
+def test_certain_victims_are_true_and_certain_with_possible_ones_name_every_true_one(named: tuple, key: str) -> None:
+    truth, rows, _ = named
+    true = _pairs(truth, key)
+    certain = _pairs([r for r in rows if r["certainty"] == "certain"], key)
+    either = _pairs(rows, key)
+    assert certain <= true, sorted(certain - true)[:5]  # a certain victim is never a wrong one
+    assert len(true & either) >= 0.99 * len(true), sorted(true - either)[:5]
+    assert len(certain) >= 0.9 * len(true)
+
+
+def test_where_the_times_decide_every_step_every_victim_is_certain_and_elsewhere_some_are_only_possible(
+        named: tuple) -> None:
+    _, rows, (name, found, _) = named
+    possible = [r for r in rows if r["certainty"] == "possible"]
+    confirm = found.replays[0]
+    assert confirm.disagreements == ()
+    assert confirm.ambiguous_steps > 0  # (times to a resolution near some step's launch: alternatives ran)
+    if "on the clock" in name:
+        assert possible == []
+    else:
+        assert possible  # (the drift leaves some victims undecided: they are said to be possible)
+        only_other = [r for r in possible if r["pages"] is None]
+        assert all(r["n_pages"] == 0 and "only under" in r["certainty_note"] for r in only_other)
+
+
+def test_every_summary_counts_certain_and_possible_as_the_rows_say(named: tuple) -> None:
+    _, rows, (_, found, summary) = named
+    certain = {r["victim_request"] for r in rows if r["certainty"] == "certain"}
+    every = {r["victim_request"] for r in rows}
+    expected = {"certain": len(certain), "possible": len(every - certain)}
+    assert summary.certainty["victim_requests"] == expected
+    assert found.certainty is not None and found.certainty["victim_requests"] == expected
+    assert found.as_dict()["certainty"]["victim_requests"] == expected

@@ -1,0 +1,86 @@
+"""Where a decode node's steps fall among its logged events (replay/schedule.py): the bounds that
+the starts still to come set (held to a brute force over every chain), and the counts an
+ambiguous event takes under each schedule the evidence allows."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+
+import pytest
+
+from replay.schedule import ALTERNATIVES, LOGGED, Cadence, Horizon, Schedule, StepClock
+
+
+def _longest_chain(starts: list[tuple[int, int, int]], after: int, finish_at: int, at: int) -> int:
+    """The most steps of requests that start at ``at`` or later (inside (after, finish_at)), one
+    after another's finish, and finish before ``finish_at``: every subset tried."""
+    inside = [x for x in starts if after < x[0] and x[0] >= at and x[1] < finish_at]
+    best = 0
+    for n in range(1, len(inside) + 1):
+        for chain in itertools.combinations(sorted(inside), n):
+            if all(b[0] > a[1] for a, b in itertools.pairwise(chain)):
+                best = max(best, sum(a for _, _, a in chain))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_longest_chain_of_starts_to_come_is_every_chains_longest(seed: int) -> None:
+    rng = random.Random(seed)
+    positions = rng.sample(range(1, 60), 2 * rng.randint(1, 7))
+    starts = []
+    for s, f in zip(positions[::2], positions[1::2], strict=True):
+        starts.append((min(s, f), max(s, f), rng.randint(0, 40)))
+    after, finish_at = sorted(rng.sample(range(0, 61), 2))
+    at_list, best = Horizon(starts).chains(after, finish_at)
+    for at in range(after, finish_at + 1):
+        got = best[bisect.bisect_left(at_list, at)]
+        assert got == _longest_chain(starts, after, finish_at, at), (starts, after, finish_at, at)
+
+
+def _clock(schedule: Schedule) -> StepClock:
+    # 10 ms a step; times known to 1 ms, the fit exact: an event within 1 ms of a launch is ambiguous
+    clock = StepClock(Cadence(10_000_000, 5_000_000, 1_000_000), schedule, "decode-0")
+    clock.started("a", 0)
+    return clock
+
+
+@pytest.mark.parametrize(("schedule", "steps"), [(LOGGED, 3), (Schedule("early"), 2), (Schedule("late"), 3)])
+def test_an_event_near_a_launch_is_ambiguous_and_each_schedule_takes_its_count(schedule: Schedule, steps: int) -> None:
+    clock = _clock(schedule)
+    # 20.5 ms after the anchor: after the launch at 20 ms by its time, before it within 1 ms
+    run, fits = clock.before(20_500_000, [100], None)
+    assert (run, fits, clock.ambiguous) == (steps, True, 1)
+
+
+def test_an_event_far_from_any_launch_is_certain_under_every_schedule() -> None:
+    for schedule in (LOGGED, *ALTERNATIVES):
+        clock = _clock(schedule)
+        assert clock.before(25_000_000, [100], None) == (3, True)
+        assert clock.ambiguous == 0
+
+
+def test_a_mixed_schedule_chooses_the_same_on_every_run_and_within_the_bounds() -> None:
+    def counts(seed: int) -> list[int]:
+        clock = _clock(Schedule("mixed", seed))
+        out = []
+        for k in range(1, 40):
+            out.append(clock.before(k * 10_000_000 + 500_000, [10_000], None)[0])
+        return out
+
+    assert counts(1) == counts(1)
+    assert counts(1) != counts(2)  # (39 ambiguous events: two seeds choosing alike is 2^-39)
+    assert all(c in (0, 1, 2) for c in counts(1))
+
+
+def test_no_event_runs_past_a_running_request_s_finish_or_the_starts_that_must_come_before_it() -> None:
+    # request a: starts at step 0, 100 steps, finishes at position 9; b and c (30 steps each) start
+    # at positions 3 and 6, one after the other's finish (positions 5 and 8): before position 3 no
+    # more than 100 - 60 = 40 steps may run, however late the event's time says it is
+    clock = StepClock(Cadence(10_000_000, 5_000_000, 0), LOGGED, "decode-0",
+                      horizon=Horizon([(0, 9, 100), (3, 5, 30), (6, 8, 30)]))
+    clock.before(0, [], None, starting=True, joining=(100, 9), at=0)
+    clock.started("a", 0, (100, 9), 0)
+    run, fits = clock.before(900_000_000, [100], None, at=2)  # (90 steps by its time)
+    assert (run, fits) == (40, True)
