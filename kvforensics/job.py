@@ -142,15 +142,17 @@ def _fill(db: Path | str, confirmed: ReplayResult) -> Filled:
     """Fill in the replay-backed tiers from the confirming replay; where it met decode events the
     evidence places at more than one step, replay again under each other schedule the evidence
     allows (replay.schedule.ALTERNATIVES), so that each victim is certain (named under all of them)
-    or possible. The other schedules' replays are kept only while they are compared."""
+    or possible. Only the decode nodes with such events are replayed again (every other node
+    replays alike under each schedule); the other replays are kept only while they are compared."""
     alternatives: list[tuple[str, Path]] = []
+    varied = frozenset(confirmed.ambiguous_nodes)  # (the other nodes replay the same under every schedule)
     with tempfile.TemporaryDirectory(prefix="kvforensics-schedules-") as folder:
-        if confirmed.ambiguous_steps:
+        if varied:
             for schedule in ALTERNATIVES:
-                other = replay(db, confirmed.engine, Path(folder) / schedule.name, schedule=schedule, remember=False)
+                other = replay(db, confirmed.engine, Path(folder) / schedule.name, schedule=schedule, only=varied)
                 alternatives.append((schedule.name, other.out / "replay.duckdb"))
         disagreeing = sorted({d.node for d in confirmed.disagreements})
-        return fill_from_replay(db, confirmed.out / "replay.duckdb", alternatives, disagreeing)
+        return fill_from_replay(db, confirmed.out / "replay.duckdb", alternatives, disagreeing, sorted(varied))
 
 
 def _evidence_gaps(db: Path | str) -> tuple[tuple[str, ...], int]:

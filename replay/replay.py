@@ -132,6 +132,7 @@ class ReplayResult:
     #: decode-node events whose step count the evidence does not decide (times too close to a
     #: step's launch for the node's pace): where there are any, other schedules may name other victims
     ambiguous_steps: int = 0
+    ambiguous_nodes: tuple[str, ...] = ()  # the decode nodes where they are
 
     def as_dict(self) -> dict[str, Any]:
         """The replay as JSON-ready data."""
@@ -150,16 +151,21 @@ class ReplayResult:
             "outcomes_changed": self.outcomes_changed,
             "schedule": self.schedule.name,
             "ambiguous_steps": self.ambiguous_steps,
+            "ambiguous_nodes": list(self.ambiguous_nodes),
             "disagreements": {"count": len(self.disagreements), "by_kind": dict(sorted(kinds.items())),
                               "list": [d.as_dict() for d in self.disagreements]},
         }
 
 
 def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = WhatIf(),
-           schedule: Schedule = LOGGED, remember: bool = True) -> ReplayResult:
+           schedule: Schedule = LOGGED, only: frozenset[str] | None = None) -> ReplayResult:
     """Replay the case ``db`` under ``engine`` into the folder ``out`` (replaced), taking
-    ``schedule``'s step count wherever a decode node's evidence admits more than one; recorded
-    in the case's ``replays`` unless not ``remember``.
+    ``schedule``'s step count wherever a decode node's evidence admits more than one.
+
+    With ``only``, just those engine nodes are replayed (and the nodes without an engine config,
+    which pass their events through): a replay of part of the case, to compare the exposures
+    there under another schedule; it is not measured against the logs nor kept in the case's
+    ``replays``, as a whole replay is.
 
     Memory stays flat in the number of requests: the requests' plans and the ones the logs show
     served are tables of a scratch DuckDB (spilled to disk under its memory limit), each node's
@@ -189,6 +195,8 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
             logs = out / "logs"
             log = LogSet(into=logs)
             for node in sorted(set(configs) | _nodes_with_events(con)):
+                if only is not None and node not in only and roles.get(node) in ("prefill", "decode"):
+                    continue
                 _replay_node(con, node, configs.get(node, []), roles.get(node), engine, what_if, log,
                              unlogged, extra.get(node, []), mode == "confirm", disagreements, schedule, clocks)
                 log.flush(node, logs)
@@ -197,6 +205,10 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
             con.close()
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
+    if only is not None:
+        return ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, None, mode,
+                            tuple(disagreements), 0, schedule, sum(c.ambiguous for c in clocks),
+                            _ambiguous_nodes(clocks))
     agreement = _agreement(Path(db), case) if has_pages else None
     changed = _outcomes_changed(Path(db), case)
     if mode == "confirm":  # following the logs, the replay should answer as they do: say where not
@@ -205,10 +217,14 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
                                        else "delivered in the replay, not in the logs")
                           for rid, delivered in changed]
     done = ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, agreement, mode,
-                        tuple(disagreements), len(changed), schedule, sum(c.ambiguous for c in clocks))
-    if remember:
-        _remember(Path(db), done)
+                        tuple(disagreements), len(changed), schedule, sum(c.ambiguous for c in clocks),
+                        _ambiguous_nodes(clocks))
+    _remember(Path(db), done)
     return done
+
+
+def _ambiguous_nodes(clocks: list[StepClock]) -> tuple[str, ...]:
+    return tuple(sorted({c.node for c in clocks if c.ambiguous}))
 
 
 #: Rows read from the case at a time (the requests' facts, a node's records).

@@ -51,12 +51,13 @@ class Filled:
 
 
 def fill_from_replay(db: Path | str, replayed: Path, alternatives: Sequence[tuple[str, Path]] = (),
-                     disagreeing_nodes: Sequence[str] = ()) -> Filled:
+                     disagreeing_nodes: Sequence[str] = (), varied_nodes: Sequence[str] = ()) -> Filled:
     """Replace the case's ``replay_exposures`` by the exposures of the replay case ``replayed``
     (the replay under the engine that made the logs, on the logged schedule) where page records
     are missing, each victim certain or possible: certain where every one of the ``alternatives``
-    (``(schedule, replay case)``: the other schedules the evidence allows) names it too, on a node
-    whose replay followed its logs (none of ``disagreeing_nodes``) and misses no records."""
+    (``(schedule, replay case)``: the other schedules the evidence allows, replayed on the
+    ``varied_nodes`` only, where they differ) names it too, on a node whose replay followed its
+    logs (none of ``disagreeing_nodes``) and misses no records."""
     base = _exposures_of(replayed)
     tables = []
     for name, path in alternatives:
@@ -73,7 +74,8 @@ def fill_from_replay(db: Path | str, replayed: Path, alternatives: Sequence[tupl
         con.execute("DELETE FROM replay_exposures")
         con.execute(sql_text("fill_from_replay.sql"), {
             "missing_nodes": list(missing), "transfer_tier": TRANSFER_REPLAY, "request_tier": REQUEST_REPLAY,
-            "schedules": len(alternatives), "disagreeing_nodes": list(disagreeing_nodes)})
+            "schedules": len(alternatives), "disagreeing_nodes": list(disagreeing_nodes),
+            "varied_nodes": list(varied_nodes)})
         con.execute("COMMIT")
         row = one(con, "SELECT count(DISTINCT reader_request) FILTER (WHERE reader_delivered), count(*), "
                        "(SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)) "

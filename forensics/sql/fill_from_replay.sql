@@ -3,7 +3,8 @@
 -- seq-gap windows of nodes that did log page records, where those records show no exposure of
 -- the same reader and victim. `replayed_exposures` is the exposures table of the replay under the
 -- logged schedule; `alternative_exposures` those of the replays under the other schedules the
--- evidence allows ($schedules of them, a `schedule` column naming each).
+-- evidence allows ($schedules of them, a `schedule` column naming each), replayed on the nodes
+-- $varied_nodes only (every other node replays alike under each schedule).
 -- Tier: the reader's transfer to that node carried fewer KV tokens than its prompt (by its own
 -- record or the sender's) is $transfer_tier; otherwise the request records alone, $request_tier.
 -- Certainty: a victim is certain where every schedule names the same (reader, victim) on that
@@ -35,7 +36,8 @@ WITH wanted AS (
                                             AND b.victim_request = w.victim_request))
   WHERE k = 1
 ), rows AS (
-  SELECT b.*, coalesce(n.others, 0) AS others, TRUE AS logged_schedule FROM base b
+  SELECT b.*, CASE WHEN list_contains($varied_nodes, b.node) THEN coalesce(n.others, 0) ELSE $schedules END AS others,
+         TRUE AS logged_schedule FROM base b
   LEFT JOIN named n USING (node, reader_request, victim_request)
   UNION ALL BY NAME
   SELECT o.* EXCLUDE (k, pages, n_pages), NULL::VARCHAR AS pages, 0::BIGINT AS n_pages, n.others,
