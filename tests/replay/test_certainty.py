@@ -6,8 +6,6 @@ them is certain, one named under some possible; neither may be wrong where the o
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from independent_logs import Layout, generate, strip_pages
 
