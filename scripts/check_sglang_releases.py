@@ -11,7 +11,9 @@ behaves, and the replay confirming the logs with no disagreement) run on it. Whe
 
 With ``--simulated N``, each wheel also prints N simulated runs (``kvforensics simulate
 --sglang-version``: 300 requests, a fifth of the prompts over-long, a seed per run; the
-engine the release really has, the placeholder up to 0.5.20 and the hardened one after), and
+engine the release really has, the placeholder up to 0.5.19 and the hardened one from 0.5.21;
+0.5.20, which runs the stub's forward and then aborts it, is a behaviour no engine of the replay
+models, so its simulated runs are skipped, said so), and
 each is investigated twice: its canonical page logs, and the SGLang logs alone. Each run's
 line says whether the replay of the SGLang logs gives the page logs' eight figures, with how
 many disagreements and quarantined lines.
@@ -69,7 +71,13 @@ def simulated(wheel: Path, seed: int) -> tuple[str, bool]:
     """One simulated run printed through ``wheel``: its line, and whether it was exact."""
     import json
 
+    from replay.sglang_print.release import Release
+    from replay.sglang_print.servers import aborts_after_forward
+
     version = wheel.name.split("-")[1]
+    if aborts_after_forward(Release(wheel)):
+        return (f"{version} run {seed}: skipped: the release aborts a length-rejected prompt after its forward, "
+                "which no engine of the replay models"), True
     kvf = [sys.executable, "-m", "kvforensics.cli"]
     engine = "sglang-placeholder" if tuple(map(int, version.split("."))) < (0, 5, 21) else "sglang-hardened"
     with tempfile.TemporaryDirectory() as tmp:

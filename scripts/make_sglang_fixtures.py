@@ -20,13 +20,15 @@ type the source file and line it came from. The queues' capacity check, which no
 run of this setup reaches, is printed outside the run into ``lines/`` (``capacity_lines``).
 
 The run (``SCENARIO``): a prefill server at TP2 and a decode server at TP2 with DP attention
-(DP2: each DP rank its own KV pool), Mooncake, context 1,048,576 tokens, KV pool 681,280:
-two requests served, one prompt longer than the pool (``validate_input_length``'s abort: up
-to 0.5.21 the prefill still bootstraps and sends its one-token stub, from 0.5.22 it is
-retired before the handoff), one longer than the context (the tokenizer's rejection on both
-servers), one whose KV transfer fails, two an integrity check of the release catches, and one
-whose bootstrap never completes (decode cannot reach the prefill's bootstrap server: its
-handshake fails; the prefill times out in ``KVPoll.Bootstrapping``).
+(DP2: each DP rank its own KV pool; the pool line printed by DP0's first scheduler only, as the
+releases do), Mooncake, context 1,048,576 tokens, KV pool 681,280: two requests served, one
+prompt longer than the pool (``validate_input_length``'s abort: up to 0.5.19 the prefill still
+bootstraps and sends its one-token stub; 0.5.20 runs the stub's forward and then aborts its
+sender, sending nothing, so decode waits until its waiting timeout; from 0.5.21 it is retired at
+the bootstrap queue, its time stats still printed), one longer than the context (the tokenizer's
+rejection on both servers), one whose KV transfer fails, two an integrity check of the release
+catches, and one whose bootstrap never completes (decode cannot reach the prefill's bootstrap
+server: its handshake fails; the prefill times out in ``KVPoll.Bootstrapping``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from replay.sglang_print.servers import (
     Server,
     Setup,
     Spec,
+    aborts_after_forward,
     has_targets,
     retires,
     start_clock,
@@ -60,6 +63,8 @@ PERF0 = SETUP.perf0
 CONTEXT = SETUP.context
 POOL = 681_280  # the prefill pool, tokens
 MAX_REQ_INPUT_LEN = SETUP.max_req_input_len
+#: decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT in the run, seconds (SGLang's default is 300)
+WAITING_TIMEOUT = 1.5
 DECODE_POOL = 1_114_112  # the decode pool (each DP rank's): a 700,000-token prompt fits
 HOSTS = {"prefill": "10.0.0.11", "decode": "10.0.0.21"}
 SPECS = {"prefill": Spec("prefill-0", "prefill", HOSTS["prefill"], 30000, POOL),
@@ -110,6 +115,11 @@ def run(release: Release, out: Path) -> None:
         "pool_tokens": {"prefill": POOL, "decode": DECODE_POOL},
         "max_req_input_len": MAX_REQ_INPUT_LEN, "page_size": SETUP.page,
         "retires_rejected_at_intake": retires(release),
+        # what the release does with a prompt rejected at intake: "sent" (its one-token stub,
+        # up to 0.5.19), "aborted" (the stub's forward, then its sender aborted: 0.5.20),
+        # "retired" (at the bootstrap queue: 0.5.21 on)
+        "over_long_prompt": "retired" if retires(release) else "aborted" if aborts_after_forward(release) else "sent",
+        "decode_waiting_timeout_s": WAITING_TIMEOUT,
         "scenario": [dict(zip(("rid", "prompt_tokens", "output_tokens", "outcome", "decode_dp_rank", "at_s"), s,
                               strict=True)) for s in SCENARIO],
         "sources": dict(sorted(sources.items())),
@@ -191,6 +201,7 @@ class Scenario(Printer):
             if outcome == "over_pool":
                 aborted = self._validate(req, schedulers)
                 if retires(r):  # retired at the bootstrap queue: never prefilled nor sent
+                    self._retired(req, schedulers, at + 0.05)
                     self._finish(obj, rid, 1, 0, aborted, at + 0.05)
                     return
             t += 0.005
@@ -202,7 +213,8 @@ class Scenario(Printer):
             if hasattr(ts, "transfer_total_mb"):
                 ts.transfer_total_mb = len(req.origin_input_ids) * 0.0625
                 ts.transfer_speed_gb_s = 18.4
-            req.output_ids = [1]
+            # (0.5.20 aborts the stub after its forward, before the send: no output token, nothing sent)
+            req.output_ids = [] if aborted and aborts_after_forward(r) else [1]
             if outcome == "bootstrap_failed":
                 self._bootstrap_failed(req, room, schedulers, at + 0.01)
                 self._finish(obj, rid, prompt, 0, self._abort_json(self._last_error, 500),
@@ -219,7 +231,7 @@ class Scenario(Printer):
                 req.has_log_time_stats = False
                 self._log_time_stats(req)
             s.configure("")
-            self._finish(obj, rid, len(req.origin_input_ids), 1, aborted, t + 0.001)
+            self._finish(obj, rid, len(req.origin_input_ids), len(req.output_ids), aborted, t + 0.001)
             return
         # decode
         ts.decode_prealloc_queue_entry_time = PERF0 + t
@@ -228,6 +240,17 @@ class Scenario(Printer):
             CLOCK.at(t + 0.3)
             self._transfer_failed(req, room, schedulers, "decode", reason="Prefill bootstrap failed")
             self._finish(obj, rid, prompt, 0, self._abort_json(self._last_error, 500), t + 0.31)
+            return
+        if outcome == "over_pool" and aborts_after_forward(r):
+            # the prefill's sender aborts without telling decode (CommonKVSender.abort): decode
+            # waits for the KV until its waiting timeout fails the transfer (300 s by default;
+            # the run sets SGLANG_DISAGGREGATION_WAITING_TIMEOUT to keep its lines in time order)
+            wait = WAITING_TIMEOUT
+            CLOCK.at(t + wait)
+            reason = r.message(self._conn(), "in KVPoll.WaitingForInput")(bootstrap_room=room, elapsed=wait)
+            self.s.note("decode_waiting_timeout", self._conn(), "in KVPoll.WaitingForInput")
+            self._transfer_failed(req, room, schedulers, "decode", reason=reason)
+            self._finish(obj, rid, prompt, 0, self._abort_json(self._last_error, 500), t + wait + 0.01)
             return
         if outcome == "bootstrap_failed":
             self._bootstrap_failed(req, room, schedulers, t + 0.05)
@@ -252,6 +275,21 @@ class Scenario(Printer):
             self._log_time_stats(req)
         s.configure("")
         self._finish(obj, rid, prompt, output, None, t + 0.002)
+
+    def _retired(self, req: Any, schedulers: list[str], at: float) -> None:
+        """A request retired at the prefill bootstrap queue (0.5.21 on:
+        ``retire_unadmitted_request``) is still finished and streamed, so with time-stats logging
+        its line is printed, by the first scheduler of its TP group only (``attn_tp_rank == 0``),
+        with the time stats as the retirement leaves them: no attempt, no output, no time set
+        (the queue's entry time is stamped only after ``add`` returns)."""
+        CLOCK.at(at)
+        req.time_stats = self.time_stats(disagg_mode=self.dm.PREFILL)
+        req.prefill_attempt_count = 0
+        req.output_ids = []
+        self.s.configure(schedulers[0])
+        self._log_time_stats(req)
+        self.s.configure("")
+        self.s.note("retired_time_stats", "sglang.srt.disaggregation.prefill", "retire_unadmitted_request")
 
     def _integrity(self, req: Any, room: int, outcome: str, schedulers: list[str], t: float) -> bool:
         """A decode-side integrity check that fails, where the release has it; False where not

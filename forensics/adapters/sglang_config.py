@@ -9,8 +9,14 @@ which states the KV pool the server really got; and, from 0.5.23, the warning of
 ``managers/tp_worker.py`` ``KV pool holds N tokens, fewer than --context-length C``, which
 gives the same where the pool line is missing.
 
-Canonical record: a ``config`` at the pool line (one per DP rank: each has its own pool), for a
-prefill or decode server: ``pool_pages = max_total_num_tokens / page_size + 1`` (page 0 is
+Canonical record: a ``config`` at the pool line, for a prefill or decode server, one per KV
+pool. With DP attention every DP rank has its own pool of the same size, but the scheduler logs
+the line only where its global TP rank is 0 (``if tp_rank == 0``, every release; with DP attention
+the TP ranks run on across DP ranks), so DP0's first scheduler alone prints it: the server's
+``server_args`` say how many pools there are (``dp_size`` with ``enable_dp_attention``; from
+0.5.23, ``attn_dp_size``), and the line gives a config to each (``decode-0.dp0``, ``decode-0.dp1``).
+Without DP attention each DP replica's first scheduler is TP rank 0 of its own and prints its own.
+For each: ``pool_pages = max_total_num_tokens / page_size + 1`` (page 0 is
 reserved), so that ``(pool_pages - 1) * page_size`` is the pool in tokens. SGLang does not log
 its version: ``engine_version`` is the range of releases whose formats the file shows
 (:mod:`forensics.adapters.sglang_eras`), ``unknown`` where it shows none.
@@ -77,6 +83,7 @@ def learn(c: ConfigLine, line: LogLine, facts: Facts, options: Options) -> Confi
         role = _ROLES.get(str(args.get("disaggregation_mode")))
         if role is not None:
             facts.role = role
+        facts.dp_pools = _dp_pools(args)
         return ConfigLine("server_args")  # (the arguments are not needed again)
     return c
 
@@ -92,9 +99,21 @@ def translate(c: ConfigLine, line: LogLine, facts: Facts, options: Options, note
         return []
     if facts.page_size is None:
         raise Untranslatable("the pool line's page size is unknown: no server_args line in this file")
-    return [{
+    record = {
         "kind": "config", "ts": rfc3339(line.when()), "node": facts.node_of_line(line), "role": role,
         "engine": "sglang", "engine_version": facts.era or "unknown", "model": facts.model or "unknown",
         "context_length": c.context, "page_size": facts.page_size,
         "pool_pages": c.tokens // facts.page_size + 1,
-    }]
+    }
+    if facts.dp_pools > 1 and line.dp in (0, None):  # DP0's line, for every DP rank's pool
+        return [{**record, "node": f"{facts.node}.dp{d}"} for d in range(facts.dp_pools)]
+    return [record]
+
+
+def _dp_pools(args: dict[str, Any]) -> int:
+    """How many KV pools a server with DP attention has, from its arguments (1 without)."""
+    attn = args.get("attn_dp_size")
+    if isinstance(attn, int) and attn > 1:
+        return attn
+    dp = args.get("dp_size")
+    return dp if args.get("enable_dp_attention") is True and isinstance(dp, int) and dp > 1 else 1

@@ -283,6 +283,9 @@ class Facts:
     rejected_on_receive: dict[str, tuple[dt.datetime, int]] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)  # requests with a finish line in the file
     pool_seen: bool = False  # the file has the scheduler's pool line
+    #: KV pools of the server with DP attention (each DP rank its own, of the size the pool line
+    #: gives: only global TP rank 0, DP0's first scheduler, prints it); 1 without
+    dp_pools: int = 1
     received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
     era: str | None = None  # the releases whose formats the file shows (sglang_eras.era)
     rooms: dict[str, str] = field(default_factory=dict)  # rid -> its bootstrap room, as logged

@@ -29,7 +29,14 @@ Canonical records: on a prefill node (``type=prefill``) ``prefill_started``, ``p
 and the transfer ``completed`` with ``tokens = input len`` (and ``bytes`` from
 ``transfer_total``, in MiB); on a decode node the transfer ``completed`` (landing) and
 ``decode_started``. Where the request's transfer failed, no ``completed`` (nor, on decode,
-``decode_started``). The transfer id is ``room-B``, the bootstrap room both sides log; the
+``decode_started``). A prefill line with ``output_len=0`` made no output token, so sent nothing:
+0.5.20 runs a prompt rejected at intake as a one-token forward and then aborts its sender
+(``_retire_aborted_prefill_result``): ``prefill_started`` and ``prefill_done`` only. From 0.5.21
+such a prompt is retired at the bootstrap queue and still streamed, so its line comes with
+``attempts=0``, ``output_len=0`` and times never set (``entry_time`` near the host's boot): a
+retirement, no record at all (its rejection is the length abort's own line). Up to 0.5.19 the
+stub is prefilled and sent (``output len=1``): the handoff the incident is about. The transfer id
+is ``room-B``, the bootstrap room both sides log; the
 other side's node is not in the line and is written ``unknown``.
 """
 
@@ -58,6 +65,7 @@ class TimeStats(NamedTuple):
     room: str | None
     kind: str  # prefill, decode, unified (or what the release prints)
     input_len: int
+    output_len: int | None
     attempts: int | None
     durations: dict[str, float]  # prealloc, transfer, queue, forward, bootstrap, alloc_wait ...
     start: float | None  # perf_counter seconds (up to 0.5.11)
@@ -65,6 +73,20 @@ class TimeStats(NamedTuple):
     transfer_mib: float | None
     transfer_gbs: float | None
     retries: int | None
+
+    @property
+    def retired(self) -> bool:
+        """A prefill line of a request never prefilled: retired at the bootstrap queue (0.5.21 on:
+        a prompt rejected at intake, its times never set, no attempt made)."""
+        return self.kind == "prefill" and self.attempts == 0 and self.output_len == 0
+
+    @property
+    def sent(self) -> bool:
+        """Whether a prefill line's request had its KV sent: prefill made its first output token
+        (``output_len`` 1). None made (0) is a request aborted before its send, as 0.5.20 does
+        with a prompt rejected at intake after its one-token forward (``_retire_aborted_prefill_result``:
+        the sender aborted, nothing sent), or retired before any forward."""
+        return self.output_len is None or self.output_len > 0
 
     @property
     def steps(self) -> tuple[float, float, float, float] | None:
@@ -85,7 +107,7 @@ def read(line: LogLine, options: Options) -> TimeStats | None:
 #: The head's fields as every release from 0.5.5 lays them out, read in one match (any other
 #: layout is read field by field)
 _HEAD = re.compile(r"rid=(?P<rid>[^\s,=]+), bootstrap_room=(?P<bootstrap_room>[^\s,=]+), "
-                   r"input[ _]len=(?P<input_len>\d+), (?:cached_input_len=\d+, )?output[ _]len=\d+, "
+                   r"input[ _]len=(?P<input_len>\d+), (?:cached_input_len=\d+, )?output[ _]len=(?P<output_len>\d+), "
                    r"(?:attempts=(?P<attempts>\d+), )?type=(?P<type>[^\s,=]+)")
 
 
@@ -97,13 +119,15 @@ def _parse(msg: str) -> TimeStats | None:
     fields = m["fields"]
     laid_out = _HEAD.fullmatch(fields)
     if laid_out is not None:
-        rid, room, input_len, attempts, kind = laid_out.group("rid", "bootstrap_room", "input_len", "attempts", "type")
+        rid, room, input_len, output_len, attempts, kind = laid_out.group(
+            "rid", "bootstrap_room", "input_len", "output_len", "attempts", "type")
     else:
         head = {k.strip().replace(" ", "_"): v.strip() for k, v in _FIELD.findall(fields)}
         if "rid" not in head or "type" not in head or not head.get("input_len", "").isdigit():
             return None
-        rid, room, input_len, attempts, kind = (head["rid"], head.get("bootstrap_room"), head["input_len"],
-                                                head.get("attempts"), head["type"])
+        rid, room, input_len, output_len, attempts, kind = (
+            head["rid"], head.get("bootstrap_room"), head["input_len"], head.get("output_len"),
+            head.get("attempts"), head["type"])
     durations: dict[str, float] = {}
     numbers: dict[str, float] = {}
     for name, value, unit in _STAT.findall(m["stats"] or ""):
@@ -113,7 +137,8 @@ def _parse(msg: str) -> TimeStats | None:
             into[key[1]] = float(value) / 1000 if key[0] == "d" else float(value)
     return TimeStats(
         m["head"] == "Req Time Stats", rid, None if room in (None, "None") else room, kind, int(input_len),
-        _int(attempts), durations, numbers.get("start", numbers.get("start_time")), numbers.get("entry_time"),
+        _int(output_len), _int(attempts), durations, numbers.get("start", numbers.get("start_time")),
+        numbers.get("entry_time"),
         numbers.get("transfer_total"), numbers.get("transfer_speed"),
         int(numbers["#retries"]) if "#retries" in numbers else None,
     )
@@ -168,6 +193,8 @@ def learn(t: TimeStats, line: LogLine, facts: Facts, options: Options) -> TimeSt
             facts.steps[t.rid] = ((t.start, *steps), line.ts)
     elif t.kind == "prefill" and t.input_len > 1:
         facts.learn_prompt(t.rid, t.input_len, 1)
+    if t.kind == "prefill" and t.retired:
+        facts.marks.add("time_stats.retired")
     return t
 
 
@@ -188,6 +215,10 @@ def translate(t: TimeStats, line: LogLine, facts: Facts, options: Options, notes
                             "event": "completed", "node": node}
     d = t.durations
     if kind == "prefill":
+        if t.retired:  # never prefilled nor sent (its rejection is on its own line)
+            notes.add("retired", "{n} time-stats lines of prompts retired at the prefill bootstrap queue "
+                      "(no attempt, no output): read as retirements, not transfers")
+            return []
         started = done = end
         if t.entry is not None:  # entry into the bootstrap queue, then its steps
             at = _epoch(t.entry)
@@ -197,7 +228,7 @@ def translate(t: TimeStats, line: LogLine, facts: Facts, options: Options, notes
             started = min(started, done)
         done_records = [{"kind": "request", "ts": rfc3339(started), **base, "event": "prefill_started"},
                         {"kind": "request", "ts": rfc3339(done), **base, "event": "prefill_done"}]
-        if rid in facts.failed:  # the failure is on its own line; nothing completed
+        if rid in facts.failed or not t.sent:  # a failure on its own line, or aborted: nothing completed
             return done_records
         sent = {**xfer, "ts": rfc3339(max(done, end)), "src_node": node, "dst_node": UNKNOWN_NODE,
                 "tokens": t.input_len}

@@ -29,9 +29,11 @@ microseconds in the durations. What SGLang's logs cannot show is not printed: pa
 transfer that lands after decode gave up on it.
 
 A run the release could not have produced is refused: stubs handed off on a release that
-retires a length-rejected prompt at intake (0.5.21 on), or such a prompt retired on one that
-still sends it. Each server is printed in a process of its own (``python -m
-replay.sglang_print.run``), as each is its own process in a deployment.
+retires a length-rejected prompt at intake (0.5.21 on) or aborts it after its one-token forward
+(0.5.20: nothing sent, decode waits until its waiting timeout, which no engine of the replay
+models), or such a prompt retired at intake on one that does not. Each server is printed in a
+process of its own (``python -m replay.sglang_print.run``), as each is its own process in a
+deployment.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay.sglang_print.servers import CLOCK, Printer, retires
+from replay.sglang_print.servers import CLOCK, Printer, aborts_after_forward, retires
 
 #: How a simulated node is served: TP size of every server (each TP rank logs its time stats).
 TP_SIZE = 2
@@ -154,6 +156,7 @@ class SimulatedServer(Printer):
         super().__init__(server)
         self.address = address
         self.retires = retires(self.r)
+        self.aborts = aborts_after_forward(self.r)
 
     def play(self, requests: list[Timeline]) -> None:
         CLOCK.at(0.0)
@@ -190,6 +193,10 @@ class SimulatedServer(Printer):
             CLOCK.at(e["rejected"])
             aborted = self._validate(req, s.schedulers())
             handed_off = "transfer_completed" in e
+            if handed_off and self.aborts:
+                raise Refused(f"{t.rid}: its length-rejected prompt was handed off, which release "
+                              f"{self.r.version} never does (it runs the stub's forward, then aborts its sender "
+                              "before the send); print this run with a release before 0.5.20")
             if handed_off and self.retires:
                 raise Refused(f"{t.rid}: its length-rejected prompt was handed off, which release "
                               f"{self.r.version} never does (it retires such a prompt at intake); print "

@@ -276,15 +276,17 @@ class Printer:
     # -- what a run prints -----------------------------------------------------------
 
     def startup(self) -> None:
-        """What the server prints as it starts: ``server_args``, each DP rank's pool line (its
-        first scheduler prints it) and the pool warning, uvicorn's start-up."""
+        """What the server prints as it starts: ``server_args``, the pool line and the pool
+        warning, uvicorn's start-up. The scheduler prints the pool line where its global TP rank
+        is 0 (``if tp_rank == 0``, every release): with DP attention the ranks run on across the
+        DP ranks, so only DP0's first scheduler prints it, although every DP rank has a pool of
+        that size."""
         s = self.s
         s.configure("")
         self._server_args()
-        for d in range(s.spec.dp_size):
-            s.configure(s.schedulers(d if s.spec.dp_size > 1 else None)[0])
-            self._pool_line()
-            self._pool_warning()
+        s.configure(s.schedulers(0 if s.spec.dp_size > 1 else None)[0])
+        self._pool_line()
+        self._pool_warning()
         self._uvicorn_startup()
 
     def _server_args(self) -> None:
@@ -299,6 +301,8 @@ class Printer:
                   "disaggregation_bootstrap_port": setup.bootstrap_port, "host": spec.host, "port": spec.port,
                   "log_requests": True, "log_requests_level": 1, "log_requests_format": s.form,
                   "enable_request_time_stats_logging": True}
+        if "attn_dp_size" in fields:  # (0.5.23 resolves --enable-dp-attention --dp N to attn_dp_size N)
+            values.update(attn_dp_size=spec.dp_size, dp_size=1)
         values = {k: v for k, v in values.items() if k in fields}
         if "server_args.resolved_dict()" in r.source(engine) or "_server_args_for_logging" in r.source(engine):
             text = r.message(engine, "server_args=")(server_args=_Dict(values), _server_args_for_logging=dict)
@@ -527,6 +531,13 @@ def retires(r: Release) -> bool:
     (``PrefillBootstrapQueue.add`` calling ``retire_unadmitted_request``), rather than
     bootstrapping it and sending its one-token stub."""
     return "retire_unadmitted_request" in r.source("sglang.srt.disaggregation.prefill")
+
+
+def aborts_after_forward(r: Release) -> bool:
+    """Whether the release runs a request rejected at intake as its one-token forward and then
+    aborts it before the send (``_retire_aborted_prefill_result``: the sender aborted, nothing
+    sent; 0.5.20), rather than sending the stub (up to 0.5.19) or retiring it at intake."""
+    return "_retire_aborted_prefill_result" in r.source("sglang.srt.disaggregation.prefill") and not retires(r)
 
 
 def _level_after(r: Release, module: str, marker: str) -> str:

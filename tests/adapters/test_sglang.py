@@ -270,15 +270,15 @@ def test_both_time_stats_formats_count_back_from_the_finish() -> None:
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_logs"
 
 
-def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_20_logs_it(tmp_path: Path) -> None:
-    """sample_logs/glm53-incident-sglang was printed by SGLang 0.5.20's code (SOURCE.json; made
-    by ``simulate --sglang-version 0.5.20``, which needs the wheel, so it is not remade here):
+def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_19_logs_it(tmp_path: Path) -> None:
+    """sample_logs/glm53-incident-sglang was printed by SGLang 0.5.19's code (SOURCE.json; made
+    by ``simulate --sglang-version 0.5.19``, which needs the wheel, so it is not remade here):
     read as that format era with nothing quarantined, its replay names the victims the sample's
     page records name, all eight figures, with no disagreement."""
     import gzip
     shipped = SAMPLE / "glm53-incident-sglang"
     source = json.loads((shipped / "SOURCE.json").read_text())
-    assert (source["release"], source["sha256"][:12]) == ("0.5.20", "1573527042f4")
+    assert (source["release"], source["sha256"][:12]) == ("0.5.19", "425e87377e72")
     logs = sorted(shipped.glob("*.log.gz"))
     assert [p.name for p in logs] == [f"{r}-{i}.log.gz" for r in ("decode", "prefill") for i in range(4)]
     for path in logs:
@@ -289,7 +289,7 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_20_logs_
         for _ in adapter.translate(lambda ls=lines: enumerate(ls, 1), path, Options(), notes):
             pass
         (era,) = [t for t in notes.lines() if "in the format of SGLang" in t]
-        assert "0.5.20" in (releases_of(era.rsplit(" ", 1)[-1]) or []), (path.name, era)
+        assert "0.5.19" in (releases_of(era.rsplit(" ", 1)[-1]) or []), (path.name, era)
     logged = forensics.investigate([SAMPLE / "glm53-incident"], tmp_path / "logged.duckdb").exposure
     # the whole job, as README's command runs it: ingest, replays, fill, report
     job = run([shipped], tmp_path / "sglang.duckdb", tmp_path / "report.html", generated_at="2026-11-30T00:00:00Z",

@@ -3,14 +3,16 @@
 Each folder there was printed by one release's own code (scripts/make_sglang_fixtures.py runs
 the wheel's logging code on a scripted prefill/decode run; SOURCE.json names the release, the
 wheel's SHA-256 and the source line behind each line type). Releases covered: 0.5.5, 0.5.7,
-0.5.8, 0.5.11, 0.5.12, 0.5.18, 0.5.19, 0.5.21, 0.5.22 and 0.5.23, text request logs for all,
+0.5.8, 0.5.11, 0.5.12, 0.5.18, 0.5.19, 0.5.20, 0.5.21, 0.5.22 and 0.5.23, text request logs for all,
 JSON for those that have it (0.5.7 on: on stdout to 0.5.7, in --log-requests-target files from
 0.5.8), and the text form with SGLANG_LOG_MS=1 (milliseconds in each time; 0.5.7 on); and in
 lines/ the queues' capacity check, which the scripted run never reaches, printed outside it.
 
 What each request should become is worked out here from the scenario in SOURCE.json and what
-the release does (whether it retires a length-rejected prompt, which integrity checks it has),
-not from the adapter.
+the release does (what it does with a length-rejected prompt: sends its stub up to 0.5.19, aborts
+it after its forward in 0.5.20, retires it at intake from 0.5.21; which integrity checks it has),
+not from the adapter. With DP attention only DP0's first scheduler prints the pool line, as every
+release does; each DP rank still gets a config.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ QUIET = [re.compile(p) for p in (
     r"\] server_args=",
     r"\] KV pool holds \d+ tokens, fewer than",
     r"Input length \(\d+ tokens\) exceeds the maximum allowed length",  # its finish line records it
+    # a prompt retired at the prefill bootstrap queue (0.5.21 on): its time stats are no transfer
+    r"ReqTimeStats\(.*, output_len=0, attempts=0, type=prefill\)",
     r"\] \[http_server\] Error: The input",  # recorded with the receive line of the request it is tied to
     r"Context corruption detected|KV checksum mismatch req=",  # the finish line records the abort
     r"\] Some requests timed out when bootstrapping",  # a hint, once a process; the failure line says which
@@ -129,7 +133,10 @@ def test_each_request_becomes_what_the_release_did_with_it(release: str, form: s
     source = _source(release)
     con, found, found_ids = _ingest(release, form, tmp_path)
     assert found.ingest.records.quarantined == 0
-    retires, page = source["retires_rejected_at_intake"], source["page_size"]
+    page = source["page_size"]
+    # what the release does with a prompt rejected at intake: sent (its stub, up to 0.5.19),
+    # aborted (after the stub's forward, nothing sent: 0.5.20), retired (at intake: 0.5.21 on)
+    over_long = source["over_long_prompt"]
     checks = {"room_mismatch": "room_mismatch" in source["sources"],
               "checksum_mismatch": "checksum_mismatch" in source["sources"]}
 
@@ -174,8 +181,14 @@ def test_each_request_becomes_what_the_release_did_with_it(release: str, form: s
         elif outcome == "over_pool":
             (rejected,) = on(rid, "prefill-0", "rejected")
             assert (rejected["reason"], rejected["limit_tokens"]) == ("input_too_long", source["max_req_input_len"])
-            if retires:  # retired at the bootstrap queue: nothing sent, decode gives up
+            if over_long == "retired":  # at the bootstrap queue: never prefilled nor sent, decode gives up
                 assert sent(rid, "prefill-0") == [] and on(rid, decode, "decode_started") == []
+                assert on(rid, "prefill-0", "prefill_started") == []  # (its time stats: a retirement)
+                assert not requests[rid]["delivered"]
+            elif over_long == "aborted":  # the stub's forward ran, its sender aborted: decode times out
+                assert len(on(rid, "prefill-0", "prefill_done")) == 1 and sent(rid, "prefill-0") == []
+                assert on(rid, decode, "decode_started") == [] and len(sent(rid, decode, "failed")) == 1
+                assert [f["status"] for f in on(rid, decode, "finished")] == [500]
                 assert not requests[rid]["delivered"]
             else:  # the incident: the one-token stub is sent, decode reads its whole reservation
                 assert [t["tokens"] for t in sent(rid, "prefill-0")] == [1]
@@ -206,7 +219,7 @@ def test_each_request_becomes_what_the_release_did_with_it(release: str, form: s
     stubbed = {r["request_id"] for r in found_ids["handoff.rejected_but_transferred"].evidence.to_dicts()} \
         if "handoff.rejected_but_transferred" in found_ids else set()
     by_outcome = {s["outcome"]: s["rid"] for s in source["scenario"]}
-    assert stubbed == (set() if retires else {by_outcome["over_pool"]})
+    assert stubbed == ({by_outcome["over_pool"]} if over_long == "sent" else set())
     caught = found_ids.get("integrity.engine_caught_corruption")
     caught_ids = {r["request_id"] for r in caught.evidence.to_dicts()} if caught else set()
     assert caught_ids == {by_outcome[o] for o, has in checks.items() if has}

@@ -197,7 +197,7 @@ def test_the_sample_incident_by_the_cli_is_the_duckdb_case_and_its_report(spark:
 
 
 def test_engine_logs_are_adapted_on_spark_as_on_duckdb(spark: SparkSession, tmp_path: Path) -> None:
-    """SGLang 0.5.20's own log lines (the shipped sample), through the adapters in the file tasks."""
+    """SGLang 0.5.19's own log lines (the shipped sample), through the adapters in the file tasks."""
     both(spark, [ROOT / "sample_logs" / "glm53-incident-sglang"], tmp_path)
 
 
