@@ -27,8 +27,10 @@ bootstraps and sends its one-token stub; 0.5.20 runs the stub's forward and then
 sender, sending nothing, so decode waits until its waiting timeout; from 0.5.21 it is retired at
 the bootstrap queue, its time stats still printed), one longer than the context (the tokenizer's
 rejection on both servers), one whose KV transfer fails, two an integrity check of the release
-catches, and one whose bootstrap never completes (decode cannot reach the prefill's bootstrap
-server: its handshake fails; the prefill times out in ``KVPoll.Bootstrapping``).
+catches, one in flight on decode when the decode server dies and starts again (a second start-up
+in the same captured file, one more served by the new process after it), and one whose bootstrap
+never completes (decode cannot reach the prefill's bootstrap server: its handshake fails; the
+prefill times out in ``KVPoll.Bootstrapping``).
 """
 
 from __future__ import annotations
@@ -80,7 +82,11 @@ SCENARIO = [
     ("req-room", 2048, 16, "room_mismatch", 0, 12.0),  # releases that check it (0.5.11 on)
     ("req-sum", 2048, 16, "checksum_mismatch", 1, 14.0),  # releases with --disaggregation-enable-kv-checksum
     ("req-a3", 900, 8, "served", 0, 16.0),
-    ("req-boot", 3000, 16, "bootstrap_failed", 1, 16.5),  # last: the prefill gives up 300 s later
+    # the decode server dies with it in flight (its KV landed, decoding) and starts again: a second
+    # start-up inside the same captured file; the request ends with nothing more on decode
+    ("req-crash", 2500, 64, "decode_restart", 0, 16.2),
+    ("req-after", 700, 8, "served", 1, 16.6),  # served by the restarted process
+    ("req-boot", 3000, 16, "bootstrap_failed", 1, 17.5),  # last: the prefill gives up 300 s later
 ]
 
 
@@ -251,6 +257,10 @@ class Scenario(Printer):
             self.s.note("decode_waiting_timeout", self._conn(), "in KVPoll.WaitingForInput")
             self._transfer_failed(req, room, schedulers, "decode", reason=reason)
             self._finish(obj, rid, prompt, 0, self._abort_json(self._last_error, 500), t + wait + 0.01)
+            return
+        if outcome == "decode_restart":  # its KV lands, it decodes, the process dies: nothing more of it
+            CLOCK.at(t + 0.15)
+            self.startup()  # (the server started again: server_args, the pool line, uvicorn)
             return
         if outcome == "bootstrap_failed":
             self._bootstrap_failed(req, room, schedulers, t + 0.05)

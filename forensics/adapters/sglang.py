@@ -19,7 +19,9 @@ copy of this process (:func:`_theirs`): the same outcomes and notes, in the file
 from __future__ import annotations
 
 import array
+import bisect
 import contextlib
+import datetime as dt
 import functools
 import gc
 import itertools
@@ -53,6 +55,7 @@ from forensics.errors import UnreadableFile
 
 #: The line formats, in the order a line is offered to them.
 _FORMATS = (sglang_requests, sglang_timestats, sglang_mooncake, sglang_errors, sglang_config)
+_CONFIG = _FORMATS.index(sglang_config)
 #: What only an SGLang server prints: a file with any of these in its first lines is one (a
 #: rotated piece may hold nothing but error lines: the capacity and length checks', the integrity
 #: checks').
@@ -102,11 +105,51 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
             notes.add("role", "{n} file(s) say nothing of their server's role (no server_args, no time stats): "
                       "read as a unified server, whose finishes are the client's answers; pass --role prefill "
                       "or --role decode (finding evidence.role_unknown)")
+    if len(facts.boot_lines) > 1:
+        notes.add("restart", f"{{n}} restart(s) of the server inside one file (a server_args line each): each a "
+                  f"new boot of its node, its pool fresh; requests in flight at each, left unfinished: "
+                  f"{', '.join(map(str, facts.in_flight_at_restart))}", len(facts.boot_lines) - 1)
     try:
-        yield from _second_pass(lines, kept, facts, options, notes)
+        outcomes = _second_pass(lines, kept, facts, options, notes)
+        if len(facts.boot_lines) < 2 and len(facts.boot_times) > 1:  # a request-log file beside a restarted server
+            outcomes = _booted_beside(outcomes, facts)
+        yield from _booted(outcomes, facts.boot_lines)
     finally:
         if frozen:
             gc.unfreeze()
+
+
+def _booted(outcomes: Iterator[Outcome], boot_lines: list[int]) -> Iterator[Outcome]:
+    """Each record of a line after the file's k-th ``server_args`` line on boot k (from 0): a
+    server restarted inside one captured file is a new process, its pool afresh."""
+    if len(boot_lines) < 2:
+        yield from outcomes
+        return
+    for line_no, text, out in outcomes:
+        boot = bisect.bisect_right(boot_lines, line_no) - 1
+        if boot > 0 and isinstance(out, list):
+            for record in out:
+                record["boot"] = boot
+        yield line_no, text, out
+
+
+def _booted_beside(outcomes: Iterator[Outcome], facts: Facts) -> Iterator[Outcome]:
+    """The records of a --log-requests-target file (no start-up lines of its own) on the boots of
+    its server's log beside it: a request on the boot the server's lines about it were on, else the
+    boot whose start-up came before the record's time (at the start-up line's resolution; a record
+    in the same second as a whole-second restart is taken as before it)."""
+    starts = [(ts if precise else ts.replace(microsecond=0), precise) for ts, precise in facts.boot_times]
+    for line_no, text, out in outcomes:
+        if isinstance(out, list):
+            for record in out:
+                boot = facts.boot_of.get(record.get("request_id") or "")
+                if boot is None:
+                    at = dt.datetime.fromisoformat(record["ts"].replace("Z", "+00:00"))
+                    boot = sum(1 for ts, precise in starts[1:]
+                               if (at >= ts if precise else at.replace(microsecond=0) > ts))
+                if boot > 0:
+                    record["boot"] = boot
+        yield line_no, text, out
 
 
 def _second_pass(lines: Lines, kept: _Kept, facts: Facts, options: Options,
@@ -300,12 +343,21 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
     """The first pass over a file's lines, into ``facts`` (and, given ``kept``, what the second
     pass needs of each line, into it)."""
     facts.last_ts = None
-    for _, text, (line, k, value) in sglang_worker.read_ahead(iter(lines()), options, _reader(options)):
+    facts.boot_lines, facts.in_flight_at_restart = [], []  # (the lines of this file, not of one read before)
+    for line_no, text, (line, k, value) in sglang_worker.read_ahead(iter(lines()), options, _reader(options)):
         if k < 0 and value is not None:  # an access line: the HTTP status a client got
             facts.access[value] = facts.access.get(value, 0) + 1
             value = None
         elif k >= 0 and not isinstance(value, Untranslatable):
             value = _FORMATS[k].learn(value, line, facts, options)
+            if k == _CONFIG and value.what == "server_args":  # a process of the server starts
+                if facts.boot_lines:
+                    facts.in_flight_at_restart.append(len(facts.received_at.keys() - facts.finished))
+                facts.boot_lines.append(line_no)
+                if line.ts is not None:
+                    facts.boot_times.append((line.ts, line.precise))
+            elif len(facts.boot_lines) > 1 and isinstance(rid := getattr(value, "rid", None), str):
+                facts.boot_of[rid] = len(facts.boot_lines) - 1
         if line.ts is not None:
             facts.last_ts = line.ts
         if kept is not None and len(kept.lengths) < KEEP_LINES:

@@ -286,6 +286,16 @@ class Facts:
     #: KV pools of the server with DP attention (each DP rank its own, of the size the pool line
     #: gives: only global TP rank 0, DP0's first scheduler, prints it); 1 without
     dp_pools: int = 1
+    #: the lines (numbers) of the file's server_args lines: each starts a process of the server, so
+    #: from the second on a restart (a new boot: its pool fresh); and at each restart, the requests
+    #: received and not finished before it (in flight when the process ended)
+    boot_lines: list[int] = field(default_factory=list)
+    in_flight_at_restart: list[int] = field(default_factory=list)
+    #: the times of the server_args lines read (with whether to the fraction of a second), and the
+    #: boot each request's lines were on: what a --log-requests-target file beside the server's log
+    #: (no start-up lines of its own) takes its boots from
+    boot_times: list[tuple[dt.datetime, bool]] = field(default_factory=list)
+    boot_of: dict[str, int] = field(default_factory=dict)
     received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
     era: str | None = None  # the releases whose formats the file shows (sglang_eras.era)
     rooms: dict[str, str] = field(default_factory=dict)  # rid -> its bootstrap room, as logged

@@ -200,6 +200,11 @@ def test_each_request_becomes_what_the_release_did_with_it(release: str, form: s
                 (rejected,) = on(rid, node, "rejected")
                 assert (rejected["reason"], rejected["limit_tokens"]) == ("input_too_long", source["context_length"])
             assert not requests[rid]["delivered"] and sent(rid, "prefill-0") == []
+        elif outcome == "decode_restart":  # in flight on decode when its process died: nothing more there
+            assert [t["tokens"] for t in sent(rid, "prefill-0")] == [prompt], rid
+            # (its decode receive line, with no scheduler line naming its DP rank: the server's node)
+            assert [e["boot"] for e in on(rid, "decode-0", "admitted")] == [0]
+            assert on(rid, decode, "finished") == [] and not requests[rid]["delivered"]
         elif outcome in ("transfer_failed", "bootstrap_failed"):
             # the transfer fails (or its bootstrap: decode's handshake, the prefill's wait timing
             # out), each side a failed record of the same room, the two sides named by it
@@ -214,6 +219,15 @@ def test_each_request_becomes_what_the_release_did_with_it(release: str, form: s
             reason = {"room_mismatch": "bootstrap_room_mismatch", "checksum_mismatch": "kv_checksum_mismatch"}[outcome]
             assert [(f["status"], f["finish_reason"]) for f in on(rid, decode, "finished")] == [(500, reason)]
             assert not requests[rid]["delivered"]
+
+    # the decode server's second start-up in its file is a new boot of each of its pools, and what
+    # came after it is on that boot; the prefill server never restarted
+    boots = {(r["node"], r["boot"]) for r in _rows(con, "SELECT node, boot FROM configs")}
+    assert boots == {("prefill-0", 0), *((f"decode-0.dp{d}", b) for d in (0, 1) for b in (0, 1))}
+    restart = next(s["at_s"] for s in source["scenario"] if s["outcome"] == "decode_restart")
+    for s in source["scenario"]:
+        on_decode = [e["boot"] for e in events if e["request_id"] == s["rid"] and e["node"].startswith("decode-0")]
+        assert set(on_decode) <= {0 if s["at_s"] <= restart else 1}, s["rid"]
 
     assert "config.context_exceeds_pool" in found_ids
     stubbed = {r["request_id"] for r in found_ids["handoff.rejected_but_transferred"].evidence.to_dicts()} \
@@ -544,7 +558,7 @@ def test_what_clients_got_is_held_to_the_finish_lines(tmp_path: Path) -> None:
     with forensics.Case(tmp_path / "case.duckdb") as case:
         (differs,) = [f for f in case.findings() if f.id == "evidence.access_status_differs"]
     (text,) = differs.evidence["text"].to_list()
-    assert "access lines 2 x 200, 1 x 400, 5 x 500, 1 x 502; finish lines 3 x 200, 1 x 400, 5 x 500" in text
+    assert "access lines 3 x 200, 1 x 400, 5 x 500, 1 x 502; finish lines 4 x 200, 1 x 400, 5 x 500" in text
 
 
 @pytest.mark.parametrize("release", [r for r, f in SETS if f == "text"])
