@@ -177,6 +177,7 @@ class Scenario(Printer):
         s = self.s
         CLOCK.at(0.0)
         self.startup()
+        self.warmup(0.5)
         for rid, prompt, output, outcome, dp_rank, at in SCENARIO:
             self._request(rid, prompt, output, outcome, dp_rank, at)
         CLOCK.at(max(at for *_, at in SCENARIO) + 1.0 + (BOOTSTRAP_WAIT if s.role == "prefill" else 0.0))
@@ -260,7 +261,8 @@ class Scenario(Printer):
             return
         if outcome == "decode_restart":  # its KV lands, it decodes, the process dies: nothing more of it
             CLOCK.at(t + 0.15)
-            self.startup()  # (the server started again: server_args, the pool line, uvicorn)
+            self.startup()  # (the server started again: server_args, the pool line, uvicorn, its warmup)
+            self.warmup(t + 0.2)
             return
         if outcome == "bootstrap_failed":
             self._bootstrap_failed(req, room, schedulers, t + 0.05)

@@ -105,6 +105,9 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
             notes.add("role", "{n} file(s) say nothing of their server's role (no server_args, no time stats): "
                       "read as a unified server, whose finishes are the client's answers; pass --role prefill "
                       "or --role decode (finding evidence.role_unknown)")
+    if facts.warmups:
+        notes.add("warmup", "{n} requests the server sent itself (bootstrap host 2.2.2.2: its start-up warmup or "
+                  "a health check) left out: no client's request, no transfer", len(facts.warmups))
     if len(facts.boot_lines) > 1:
         notes.add("restart", f"{{n}} restart(s) of the server inside one file (a server_args line each): each a "
                   f"new boot of its node, its pool fresh; requests in flight at each, left unfinished: "
@@ -173,7 +176,10 @@ def _translated(line: LogLine, k: int, value: Any, facts: Facts, options: Option
                 notes: Notes) -> list[dict[str, Any]] | Untranslatable | None:
     """What the second pass makes of a line read as ``(line, k, value)``; the line's time taken
     as the last one seen."""
-    out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, notes)
+    if facts.warmups and getattr(value, "rid", None) in facts.warmups:  # the server's own request
+        out: list[dict[str, Any]] | Untranslatable | None = []
+    else:
+        out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, notes)
     if line.ts is not None:
         facts.last_ts = line.ts
     return _by_room(out, facts, notes) if options.request_ids == "room" and isinstance(out, list) else out

@@ -296,6 +296,9 @@ class Facts:
     #: (no start-up lines of its own) takes its boots from
     boot_times: list[tuple[dt.datetime, bool]] = field(default_factory=list)
     boot_of: dict[str, int] = field(default_factory=dict)
+    #: requests the server sent itself (bootstrap host 2.2.2.2: its start-up warmup, health
+    #: checks): no client's, so no record of them (counted in a file note)
+    warmups: set[str] = field(default_factory=set)
     received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
     era: str | None = None  # the releases whose formats the file shows (sglang_eras.era)
     rooms: dict[str, str] = field(default_factory=dict)  # rid -> its bootstrap room, as logged

@@ -127,6 +127,10 @@ _FAST_STATUS = re.compile(r"'status_code': (?:(?P<n>\d+)|<HTTPStatus\.\w+: (?P<e
 
 
 _FAST_ROOM = re.compile(r", bootstrap_room=(-?\d+|None)(?=[,)])")
+#: The bootstrap host SGLang gives the requests it sends itself, with no transfer behind them: the
+#: start-up warmup of a disaggregated server (one per DP rank from 0.5.18, room = the DP rank, a
+#: server-assigned rid) and its health checks (``entrypoints/http_server.py``, every release)
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 
 
 def _fast(msg: str) -> RequestLine | None:
@@ -153,6 +157,8 @@ def _fast(msg: str) -> RequestLine | None:
             return None
         if room.group(1) != "None":
             obj["bootstrap_room"] = int(room.group(1))
+    if f", bootstrap_host='{FAKE_BOOTSTRAP_HOST}'" in msg[:at if at >= 0 else len(msg)]:
+        obj["bootstrap_host"] = FAKE_BOOTSTRAP_HOST
     if m["what"] == "Receive":
         return RequestLine("received", m["rid"], obj, {})
     meta_at = msg.rfind("'meta_info': {", at if at >= 0 else 0)
@@ -258,6 +264,8 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
     room = r.obj.get("bootstrap_room")  # (dig's answer for a path of one key)
     if isinstance(room, int) and not isinstance(room, bool):
         facts.learn_room(r.rid, room)
+    if r.event == "received" and r.obj.get("bootstrap_host") == FAKE_BOOTSTRAP_HOST:
+        facts.warmups.add(r.rid)  # the server's own warmup (or health check): no client's request
     if r.event == "received":
         facts.open_receives[r.rid] = line.ts or facts.last_ts
         if line.ts is not None:

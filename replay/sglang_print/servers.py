@@ -289,6 +289,49 @@ class Printer:
         self._pool_warning()
         self._uvicorn_startup()
 
+    def warmup(self, at: float) -> bool:
+        """The start-up warmup of a disaggregated server, from 0.5.18 (``_execute_server_warmup``
+        in ``entrypoints/http_server.py``): one ``/generate`` per DP rank, sent by the server
+        itself to the fake bootstrap host 2.2.2.2 with the DP rank as its room and no rid (the
+        request's own ``normalize_batch_and_arguments`` assigns one: ``uuid4``, drawn here from a
+        seeded generator so that a run prints the same bytes), logged by the request logger and
+        answered 200, between the release's own start and end messages. False, printing nothing,
+        for a release whose warmup is the batched one of before 0.5.18 (not scripted)."""
+        import random
+        import uuid
+
+        r, s = self.r, self.s
+        mod = "sglang.srt.entrypoints.http_server"
+        if "routed_dp_rank" not in r.source(mod):
+            return False
+        CLOCK.at(at)
+        s.configure("")
+        log = logging.getLogger(mod)
+        log.info(r.message(mod, "Start of pd disaggregation warmup")())
+        s.note("warmup", mod, "Start of pd disaggregation warmup")
+        cls, draw = self.io.GenerateReqInput, random.Random(f"{s.spec.node}-warmup-{at}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        real = uuid.uuid4
+        uuid.uuid4 = lambda: uuid.UUID(int=draw.getrandbits(128), version=4)
+        try:
+            for dp in range(s.spec.dp_size):
+                kwargs = {"sampling_params": {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True},
+                          "bootstrap_host": "2.2.2.2", "bootstrap_room": dp, "input_ids": [10, 11, 12, 13],
+                          "routed_dp_rank": dp}
+                obj = cls(**{k: v for k, v in kwargs.items() if k in fields})
+                with contextlib.suppress(Exception):
+                    obj.normalize_batch_and_arguments()
+                self.request_logger.log_received_request(obj)
+                self._finish(obj, obj.rid, 4, 8 if s.role == "decode" else 1, None, at + 0.05 + 0.01 * dp)
+        finally:
+            uuid.uuid4 = real
+        CLOCK.at(at + 0.1)
+        s.configure("")
+        log.info(r.percent_message(mod, "Disaggregation warmup requests completed")(
+            num_dp_ranks=s.spec.dp_size, dp_size=s.spec.dp_size))
+        log.info(r.message(mod, "End of disaggregation warmup")())
+        return True
+
     def _server_args(self) -> None:
         r, s = self.r, self.s
         engine = "sglang.srt.entrypoints.engine"

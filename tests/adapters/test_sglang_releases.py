@@ -43,6 +43,8 @@ QUIET = [re.compile(p) for p in (
     r"\] server_args=",
     r"\] KV pool holds \d+ tokens, fewer than",
     r"Input length \(\d+ tokens\) exceeds the maximum allowed length",  # its finish line records it
+    # the start-up warmup's messages (0.5.18 on); its requests' own lines are recorded as nothing
+    r"\] (Start of pd disaggregation warmup|Disaggregation warmup requests completed|End of disaggregation warmup)",
     # a prompt retired at the prefill bootstrap queue (0.5.21 on): its time stats are no transfer
     r"ReqTimeStats\(.*, output_len=0, attempts=0, type=prefill\)",
     r"\] \[http_server\] Error: The input",  # recorded with the receive line of the request it is tied to
@@ -219,6 +221,12 @@ def test_each_request_becomes_what_the_release_did_with_it(release: str, form: s
             reason = {"room_mismatch": "bootstrap_room_mismatch", "checksum_mismatch": "kv_checksum_mismatch"}[outcome]
             assert [(f["status"], f["finish_reason"]) for f in on(rid, decode, "finished")] == [(500, reason)]
             assert not requests[rid]["delivered"]
+
+    # the scenario's requests and no other: the servers' warmups (0.5.18 on) are left out, said so
+    assert set(requests) == {s["rid"] for s in source["scenario"]}
+    warmed = "Start of pd disaggregation warmup" in (ROOT / release / "text" / "decode-0.log").read_text()
+    noted = {k for (k,) in con.execute("SELECT DISTINCT key FROM file_notes").fetchall()}
+    assert ("warmup" in noted) == warmed
 
     # the decode server's second start-up in its file is a new boot of each of its pools, and what
     # came after it is on that boot; the prefill server never restarted
@@ -558,7 +566,8 @@ def test_what_clients_got_is_held_to_the_finish_lines(tmp_path: Path) -> None:
     with forensics.Case(tmp_path / "case.duckdb") as case:
         (differs,) = [f for f in case.findings() if f.id == "evidence.access_status_differs"]
     (text,) = differs.evidence["text"].to_list()
-    assert "access lines 3 x 200, 1 x 400, 5 x 500, 1 x 502; finish lines 4 x 200, 1 x 400, 5 x 500" in text
+    # (4 of the 200s each side: the warmup of each DP rank, at start-up and at the restart)
+    assert "access lines 7 x 200, 1 x 400, 5 x 500, 1 x 502; finish lines 8 x 200, 1 x 400, 5 x 500" in text
 
 
 @pytest.mark.parametrize("release", [r for r, f in SETS if f == "text"])
@@ -571,10 +580,16 @@ def test_a_text_finish_takes_the_time_its_response_was_sent(release: str, tmp_pa
     con, _, _ = _ingest(release, "text", tmp_path)
     finished = {r["request_id"]: r["ts"] for r in _rows(
         con, "SELECT request_id, ts FROM records WHERE event = 'finished' AND node LIKE 'decode-0%'")}
-    has = "response_sent_to_client_ts" in (ROOT / release / "text" / "decode-0.log").read_text()
+    log = (ROOT / release / "text" / "decode-0.log").read_text()
+    has = "response_sent_to_client_ts" in log
     assert bool(sent) == has
+    # the server's own warmup requests (bootstrap host 2.2.2.2, 0.5.18 on) are no client's: no record
+    warmups = set(re.findall(r"Receive: obj=GenerateReqInput\(rid='([^']+)'.*bootstrap_host='2\.2\.2\.2'", log))
+    assert bool(warmups) == ("Start of pd disaggregation warmup" in log)
+    assert not warmups & finished.keys()
     for rid, at in sent.items():
-        assert abs(finished[rid].timestamp() - at) < 1e-6, rid
+        if rid not in warmups:
+            assert abs(finished[rid].timestamp() - at) < 1e-6, rid
 
 
 def test_the_collector_is_given_back_as_it_was_however_the_translation_ends() -> None:
