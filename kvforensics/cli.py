@@ -240,8 +240,9 @@ TenantFromOption = Annotated[str | None, typer.Option(
     "--tenant-from", help="Engine logs: the logged request's field holding the tenant, dotted "
     "(custom_labels.tenant).", rich_help_panel="Engine logs")]
 RequestIdsOption = Annotated[str, typer.Option(
-    "--request-ids", help="Engine logs: how a request's two servers are tied: rid (the id both log, the client's or "
-    "router's) or room (SGLang's bootstrap room, where each server assigned its own rid).",
+    "--request-ids", help="Engine logs: how a request's two servers are tied: auto (room for a file whose every "
+    "request id its server assigned, else rid), rid (the id both log, the client's or router's) or room (SGLang's "
+    "bootstrap room, where each server assigned its own rid).",
     rich_help_panel="Engine logs")]
 YearOption = Annotated[int | None, typer.Option(
     "--year", help="Engine logs: the year of log times written without one (SGLang's %m-%d).",
@@ -257,7 +258,7 @@ MaxExpansionOption = Annotated[int, typer.Option(
 
 
 def _adapter_options(node: str | None, role: str | None, tenant_map: Path | None, tenant_from: str | None,
-                     year: int | None, request_ids: str = "rid") -> Options:
+                     year: int | None, request_ids: str = "auto") -> Options:
     tenants = read_tenant_map(tenant_map) if tenant_map is not None else None
     return Options(node=node, role=role, tenants=tenants, tenant_from=tenant_from, year=year,
                    request_ids=request_ids)
@@ -274,7 +275,7 @@ def ingest(
     tenant_map: TenantMapOption = None,
     tenant_from: TenantFromOption = None,
     year: YearOption = None,
-    request_ids: RequestIdsOption = "rid",
+    request_ids: RequestIdsOption = "auto",
     max_line_bytes: MaxLineOption = Limits.max_line_bytes,
     max_expansion: MaxExpansionOption = Limits.max_expansion,
 ) -> None:
@@ -338,7 +339,7 @@ def investigate(
     tenant_map: TenantMapOption = None,
     tenant_from: TenantFromOption = None,
     year: YearOption = None,
-    request_ids: RequestIdsOption = "rid",
+    request_ids: RequestIdsOption = "auto",
     max_line_bytes: MaxLineOption = Limits.max_line_bytes,
     max_expansion: MaxExpansionOption = Limits.max_expansion,
     engine: Annotated[CaseEngine, typer.Option(

@@ -38,9 +38,11 @@ class Options:
     tenant_from: str | None = None  # dotted path of a field in the logged request (--tenant-from)
     year: int | None = None  # for log timestamps written without a year
     #: how the two sides of a request are tied: ``rid`` (the request id both servers log, the
-    #: client's or the router's) or ``room`` (SGLang's bootstrap room, for servers that each
-    #: assign their own rid: records then name the request ``room-B``) (--request-ids)
-    request_ids: str = "rid"
+    #: client's or the router's), ``room`` (SGLang's bootstrap room, for servers that each
+    #: assign their own rid: records then name the request ``room-B``), or ``auto``: ``room`` for
+    #: a file whose every request id is one its server assigned (a uuid4 hex) and has a room,
+    #: ``rid`` otherwise (--request-ids)
+    request_ids: str = "auto"
 
     def node_for(self, path: Path) -> str:
         """The node a file is from: ``--node``, else its name."""
@@ -49,8 +51,8 @@ class Options:
     def __post_init__(self) -> None:
         if self.role is not None and self.role not in ROLES:
             raise BadOption(f"--role must be one of {', '.join(ROLES)}, not {self.role!r}")
-        if self.request_ids not in ("rid", "room"):
-            raise BadOption(f"--request-ids must be rid or room, not {self.request_ids!r}")
+        if self.request_ids not in ("auto", "rid", "room"):
+            raise BadOption(f"--request-ids must be auto, rid or room, not {self.request_ids!r}")
 
 
 class Untranslatable(ValueError):

@@ -84,6 +84,10 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
             for _, beside in _requests_beside(path, facts.node):  # its --log-requests-target folder
                 theirs = _learn(beside, Facts(node=facts.node), options)
                 facts.finished |= theirs.finished
+                facts.received |= theirs.received  # (their ids: whether the server assigned them)
+                facts.warmups |= theirs.warmups
+                for rid, room in theirs.rooms.items():
+                    facts.rooms.setdefault(rid, room)
                 for rid, at in theirs.finish_ts.items():
                     facts.finish_ts.setdefault(rid, at)
                 for rid, at in theirs.received_at.items():
@@ -105,6 +109,11 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
             notes.add("role", "{n} file(s) say nothing of their server's role (no server_args, no time stats): "
                       "read as a unified server, whose finishes are the client's answers; pass --role prefill "
                       "or --role decode (finding evidence.role_unknown)")
+    facts.by_room = options.request_ids == "room" or (options.request_ids == "auto" and _server_assigned(facts))
+    if facts.by_room and options.request_ids == "auto":
+        notes.add("request_ids", "{n} file(s) whose server assigned every request id itself (a uuid4 hex each, no "
+                  "client's or router's): requests named by bootstrap room (room-B), which both servers of a "
+                  "request log, as --request-ids room does (--request-ids rid keeps the rids)")
     if facts.warmups:
         notes.add("warmup", "{n} requests the server sent itself (bootstrap host 2.2.2.2: its start-up warmup or "
                   "a health check) left out: no client's request, no transfer", len(facts.warmups))
@@ -182,7 +191,7 @@ def _translated(line: LogLine, k: int, value: Any, facts: Facts, options: Option
         out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, notes)
     if line.ts is not None:
         facts.last_ts = line.ts
-    return _by_room(out, facts, notes) if options.request_ids == "room" and isinstance(out, list) else out
+    return _by_room(out, facts, notes) if facts.by_room and isinstance(out, list) else out
 
 
 def _kept_lines(it: Iterator[tuple[int, str]], kept: _Kept, forked: sglang_worker.Forked | None, facts: Facts,
@@ -264,6 +273,18 @@ class _Recorded(Notes):
 
     def add(self, key: str, text: str, n: int = 1) -> None:
         self.added.append((key, text, n))
+
+
+#: An id SGLang assigns a request itself where the client gives none (``uuid.uuid4().hex``, io_struct)
+_SERVER_RID = re.compile(r"[0-9a-f]{32}")
+
+
+def _server_assigned(facts: Facts) -> bool:
+    """Whether every request the file received (its warmups aside) has an id its server assigned
+    and a bootstrap room: then the two servers of a request logged two ids, and only the room ties
+    them (a client's id on both is named by the room just as well)."""
+    rids = [rid for rid in facts.received if rid not in facts.warmups]
+    return bool(rids) and all(_SERVER_RID.fullmatch(rid) and rid in facts.rooms for rid in rids)
 
 
 def _by_room(records: list[dict[str, Any]], facts: Facts, notes: Notes) -> list[dict[str, Any]]:
@@ -358,7 +379,7 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
             value = _FORMATS[k].learn(value, line, facts, options)
             if k == _CONFIG and value.what == "server_args":  # a process of the server starts
                 if facts.boot_lines:
-                    facts.in_flight_at_restart.append(len(facts.received_at.keys() - facts.finished))
+                    facts.in_flight_at_restart.append(len(facts.received - facts.finished))
                 facts.boot_lines.append(line_no)
                 if line.ts is not None:
                     facts.boot_times.append((line.ts, line.precise))

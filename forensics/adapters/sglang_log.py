@@ -299,6 +299,9 @@ class Facts:
     #: requests the server sent itself (bootstrap host 2.2.2.2: its start-up warmup, health
     #: checks): no client's, so no record of them (counted in a file note)
     warmups: set[str] = field(default_factory=set)
+    received: set[str] = field(default_factory=set)  # every request the file has a receive line of
+    #: the file's records name requests by bootstrap room (``room-B``), not by rid (--request-ids)
+    by_room: bool = False
     received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
     era: str | None = None  # the releases whose formats the file shows (sglang_eras.era)
     rooms: dict[str, str] = field(default_factory=dict)  # rid -> its bootstrap room, as logged

@@ -267,6 +267,7 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
     if r.event == "received" and r.obj.get("bootstrap_host") == FAKE_BOOTSTRAP_HOST:
         facts.warmups.add(r.rid)  # the server's own warmup (or health check): no client's request
     if r.event == "received":
+        facts.received.add(r.rid)
         facts.open_receives[r.rid] = line.ts or facts.last_ts
         if line.ts is not None:
             facts.received_at.setdefault(r.rid, line.ts)
@@ -397,7 +398,7 @@ def _received(base: dict[str, Any], r: RequestLine, facts: Facts, options: Optio
             f"the prompt length of {r.rid} is not in this file (no finish, time-stats or length-error line)")
     tenants = options.tenants or {}
     tenant: str | None = tenants.get(r.rid) or facts.tenant.get(r.rid)
-    if tenant is None and options.request_ids == "room" and r.rid in facts.rooms:
+    if tenant is None and facts.by_room and r.rid in facts.rooms:
         tenant = tenants.get(f"room-{facts.rooms[r.rid]}")
     if tenant is None:
         tenant = "unknown"

@@ -476,20 +476,24 @@ def test_the_replay_of_each_release_run_follows_its_logs_without_disagreement(re
     assert result.outcomes_changed == 0
 
 
-def _own_rids(release: str, form: str, out: Path) -> dict[str, str]:
-    """A copy of a set whose decode server assigned its own rids (as SGLang does where neither
-    the client nor the router gives one): each scenario rid replaced in the decode files by
-    another id. The rest of each line is as the release printed it. The new id of each rid."""
+def _own_rids(release: str, form: str, out: Path, sides: tuple[str, ...] = ("decode",)) -> dict[str, str]:
+    """A copy of a set whose decode server (or each of ``sides``) assigned its own rids (as SGLang
+    does where neither the client nor the router gives one): each scenario rid replaced in that
+    server's files by another id, a uuid4-like hex of its own on each side. The rest of each line
+    is as the release printed it. The new id of each rid on decode."""
     import hashlib
     import shutil
 
     shutil.copytree(ROOT / release / form, out)
-    new = {s["rid"]: hashlib.sha256(s["rid"].encode()).hexdigest()[:32] for s in _source(release)["scenario"]}
-    pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, new)) + r")(?![\w-])")
-    for path in out.rglob("*.log"):
-        if path.name.startswith("decode") or path.parent.name.startswith("decode"):
-            path.write_text(pattern.sub(lambda m: new[m[1]], path.read_text()))
-    return new
+    rids = [s["rid"] for s in _source(release)["scenario"]]
+    pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, rids)) + r")(?![\w-])")
+    for side in sides:
+        new = {rid: hashlib.sha256(f"{side}:{rid}".encode() if side != "decode" else rid.encode()).hexdigest()[:32]
+               for rid in rids}
+        for path in out.rglob("*.log"):
+            if path.name.startswith(side) or path.parent.name.startswith(side):
+                path.write_text(pattern.sub(lambda m, new=new: new[m[1]], path.read_text()))
+    return {rid: hashlib.sha256(rid.encode()).hexdigest()[:32] for rid in rids}
 
 
 @pytest.mark.parametrize(("release", "form"), [("0.5.11", "text"), ("0.5.19", "json"), ("0.5.23", "text")])
@@ -534,6 +538,35 @@ def test_servers_that_assign_their_own_rids_are_tied_by_bootstrap_room(release: 
     assert result.not_replayed == 0 and result.disagreements == ()
     assert result.exposure == replay(cases["shared"], logged_engine_of(cases["shared"]) or "sglang-placeholder",
                                      tmp_path / "replay2").exposure
+
+
+@pytest.mark.parametrize(("release", "form"), [("0.5.11", "text"), ("0.5.19", "json"), ("0.5.23", "text")])
+def test_servers_that_each_assigned_every_rid_are_tied_by_room_without_being_told(release: str, form: str,
+                                                                                  tmp_path: Path) -> None:
+    """No client's or router's rid at all: both servers logged ids of their own (uuid4 hex) for
+    every request. With no option the adapter names each request by its bootstrap room, as
+    --request-ids room does, says so in a note, and no transfer is left untied; --request-ids rid
+    still forces the rids (and the finding then says the sides are not tied)."""
+    _own_rids(release, form, tmp_path / "own", sides=("prefill", "decode"))
+    auto, forced, by_rid = (tmp_path / f"{n}.duckdb" for n in ("auto", "forced", "by_rid"))
+    forensics.investigate([tmp_path / "own"], auto)
+    forensics.investigate([tmp_path / "own"], forced, options=Options(request_ids="room"))
+    forensics.investigate([tmp_path / "own"], by_rid, options=Options(request_ids="rid"))
+    kept = "kind, node, ts, request_id, event, status, tokens, prompt_tokens, output_tokens, transfer_id"
+    rows = {}
+    for case in (auto, forced):
+        with forensics.Case(case) as c:
+            assert not any(f.id == "evidence.request_ids_differ" for f in c.findings())
+        con = duckdb.connect(str(case), read_only=True)
+        rows[case] = sorted(map(str, con.execute(f"SELECT {kept} FROM records").fetchall()))
+        noted = {k for (k,) in con.execute("SELECT DISTINCT key FROM file_notes").fetchall()}
+        assert ("request_ids" in noted) == (case == auto)
+        served = con.execute("SELECT count(*) FROM requests WHERE delivered AND request_id LIKE 'room-%'").fetchone()
+        assert served is not None and served[0] > 0
+        con.close()
+    assert rows[auto] == rows[forced]
+    with forensics.Case(by_rid) as c:
+        assert any(f.id == "evidence.request_ids_differ" for f in c.findings())
 
 
 def test_what_clients_got_is_held_to_the_finish_lines(tmp_path: Path) -> None:
