@@ -145,7 +145,21 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
             [SCHEMA_VERSION],
         )
         con.execute("COMMIT")
+    else:
+        _late_tables(con)
     return con
+
+
+#: Tables the schema gained after a case of its version could have been written: a case opened
+#: read-only without them sees them empty (a temporary table; the file is not written).
+LATE_TABLES = ("received_conflicts",)
+
+
+def _late_tables(con: duckdb.DuckDBPyConnection) -> None:
+    for table in LATE_TABLES:
+        if not has_table(con, table):
+            columns = ", ".join(f"{c} {t}" for c, t in schema_columns()[table])
+            con.execute(f"CREATE TEMP TABLE {table} ({columns})")
 
 
 def _has_any_table(con: duckdb.DuckDBPyConnection) -> bool:
@@ -205,8 +219,9 @@ PARQUET_KIND = "kvforensics Parquet case"
 #: ``case_meta``, made from the manifest) and the analysis's (``forensics/sql/analysis.sql``).
 CASE_TABLES = (
     "files", "refused_files", "file_notes", "config_records", "request_records", "kv_records",
-    "transfer_records", "quarantine", "duplicates", "source_lines", "replays", "replay_disagreements",
-    "replay_exposures", "requests", "page_reads", "uninitialized_reads", "exposures", "exposure_summary",
+    "transfer_records", "quarantine", "duplicates", "received_conflicts", "source_lines", "replays",
+    "replay_disagreements", "replay_exposures", "requests", "page_reads", "uninitialized_reads", "exposures",
+    "exposure_summary",
 )
 
 

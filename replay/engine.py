@@ -207,7 +207,7 @@ class NodeEngine:
         self.pool = PagePool(config.pool_pages)
         self.held = {}
         self.batch = []
-        self.tags = np.full(config.pool_pages, -1, dtype=np.int64)
+        self.tags = np.full(0, -1, dtype=np.int64)
 
     def forget(self, rid: str) -> None:
         """Let go of what the node holds of ``rid`` once none of its events is left to come: a
@@ -220,6 +220,15 @@ class NodeEngine:
             if h.allocs:
                 self._leave(rid)
         self.tag_ids.pop(rid, None)
+
+    def page_tags(self) -> np.ndarray:
+        """Each page's tag (-1: none written), over the pages allocated so far (grown as the pool
+        hands out pages it never had, so it follows the pages used, not the pool's size)."""
+        if len(self.tags) < self.pool.fresh:
+            grown = np.full(max(self.pool.fresh, 2 * len(self.tags)), -1, dtype=np.int64)
+            grown[:len(self.tags)] = self.tags
+            self.tags = grown
+        return self.tags
 
     def check(self) -> None:
         """The allocator invariant over what every request holds now."""
@@ -256,7 +265,7 @@ class NodeEngine:
             if tag is None:
                 tag = self.tag_ids[rid] = self._next_tag
                 self._next_tag += 1
-            self.tags[pages] = tag
+            self.page_tags()[pages] = tag
 
     def _finish(self, ts: str, rid: str, outcome: tuple[int, str]) -> None:
         status, reason = outcome
@@ -443,7 +452,7 @@ class NodeEngine:
             failure = COVERAGE_MISMATCH
         elif self.behaviour == "page-tags":
             tag = self.tag_ids.get(rid, -2)
-            if not bool(np.all(self.tags[h.prompt] == tag)):
+            if not bool(np.all(self.page_tags()[h.prompt] == tag)):
                 failure = TAG_MISMATCH
         if failure is not None and self._disagrees(rid, "model_fails_served", f"{failure[0]} {failure[1]}"):
             failure = None
@@ -527,7 +536,7 @@ class NodeEngine:
                 continue
             tag = self.tag_ids.get(rid, -2)
             pages = h.pages()
-            if any(bool(np.any(self.tags[p] != tag)) for p in pages):
+            if any(bool(np.any(self.page_tags()[p] != tag)) for p in pages):
                 self._finish(ts, rid, TAG_MISMATCH)
                 self._free(ts, rid)
                 h.ended = True

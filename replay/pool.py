@@ -14,6 +14,11 @@ free list may be short. The rule depends on the call, as in SGLang's ``mem_cache
   larger than the free list.
 
 Pages are numpy arrays in allocation order: a request's pages stay in the order it got them.
+
+Memory follows the pages the replay has touched, not the pool's size (a config may say 2^40
+pages): the pages never allocated yet are the free list's tail, ``fresh .. pool_pages-1``
+ascending, kept as that range. Every page on the release list or on the free list's head was
+allocated once, so lies below ``fresh``, and a merge's sort leaves the range where it is.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ class PagePool:
         if pool_pages < 2:
             raise ValueError(f"a pool needs at least 2 pages (page 0 is reserved), not {pool_pages}")
         self.pool_pages = pool_pages
-        self._free: Pages = np.arange(1, pool_pages, dtype=np.int64)
+        self._free: Pages = np.empty(0, dtype=np.int64)  # the free list's head: pages allocated before
         self._head = 0
+        self.fresh = 1  # the free list's tail: pages fresh .. pool_pages-1, never allocated
         self._released: list[Pages] = []
         self._n_released = 0
         self.merges = 0
@@ -51,12 +57,12 @@ class PagePool:
     @property
     def available(self) -> int:
         """Pages an allocation can take now (free and released)."""
-        return len(self._free) - self._head + self._n_released
+        return self.free_count + self._n_released
 
     @property
     def free_count(self) -> int:
         """Pages on the free list itself (released pages not counted until a merge)."""
-        return len(self._free) - self._head
+        return len(self._free) - self._head + self.pool_pages - self.fresh
 
     def merge_and_sort_free(self) -> None:
         """The release list joins the free list, all sorted ascending (a no-op when empty)."""
@@ -69,9 +75,14 @@ class PagePool:
         self.merges += 1
 
     def _take(self, n: int) -> Pages:
-        out = self._free[self._head:self._head + n]
-        self._head += n
-        return out
+        head = self._free[self._head:self._head + n]
+        self._head += len(head)
+        if len(head) == n:
+            return head
+        more = n - len(head)
+        tail = np.arange(self.fresh, self.fresh + more, dtype=np.int64)
+        self.fresh += more
+        return np.concatenate([head, tail]) if len(head) else tail
 
     def alloc(self, n: int) -> Pages:
         """``n`` pages from the head of the free list, merging the release list if short."""
@@ -113,9 +124,11 @@ class PagePool:
             return None
         return self._take(new_pages)
 
-    def free_list(self) -> Pages:
-        """The free list in its order (a copy)."""
-        return self._free[self._head:].copy()
+    def free_list(self, first: int | None = None) -> Pages:
+        """The free list in its order (a copy), or its ``first`` pages."""
+        head = self._free[self._head:] if first is None else self._free[self._head:self._head + first]
+        stop = self.pool_pages if first is None else min(self.pool_pages, self.fresh + max(0, first - len(head)))
+        return np.concatenate([head, np.arange(self.fresh, stop, dtype=np.int64)])
 
     def released_pages(self) -> Pages:
         """The pages waiting on the release list, sorted."""
@@ -130,10 +143,11 @@ class PagePool:
             self._n_released += len(pages)
 
     def check(self, held: Iterable[Pages]) -> None:
-        """The allocator invariant: free, released and held pages are each page 1..n-1 once."""
+        """The allocator invariant: free, released and held pages are each page 1..n-1 once (the
+        free list's tail, pages never allocated, is ``fresh`` on: the rest are each below it once)."""
         parts = [self._free[self._head:], *self._released, *held]
         everything = np.sort(np.concatenate(parts)) if parts else np.empty(0, np.int64)
-        expected = np.arange(1, self.pool_pages, dtype=np.int64)
+        expected = np.arange(1, self.fresh, dtype=np.int64)
         if len(everything) != len(expected) or not np.array_equal(everything, expected):
             dup = everything[1:][np.diff(everything) == 0][:5].tolist()
             raise AssertionError(

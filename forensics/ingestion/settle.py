@@ -2,8 +2,10 @@
 
 The staged lines (those the SQL validator read) join the fast path's in the record tables or
 quarantine; then repeats move to ``duplicates`` and conflicts on ``(node, boot, seq)`` and pages
-beyond the pool move to ``quarantine``. The statements are in ``sql/settle.sql``; what is built
-here is only what varies with the schema (a kind's table and columns).
+beyond the pool move to ``quarantine``, and last a ``received`` of a request id that names another
+tenant or prompt length than the one kept (:func:`resolve_received`). The statements are in
+``sql/settle.sql``; what is built here is only what varies with the schema (a kind's table and
+columns).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from forensics.ingestion import source
 from forensics.ingestion.validate import stage_sql
 from forensics.schema import KINDS, Reason
-from forensics.store import one, sql_blocks
+from forensics.store import one, schema_columns, sql_blocks
 
 RECORD_TABLES = {kind: f"{kind}_records" for kind in KINDS}
 #: A (node, boot) whose seq span exceeds its records by this factor is left to the SQL check.
@@ -31,6 +33,7 @@ def settle(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tupl
     to quarantine (:func:`settle_across`)."""
     place(con, file_id, columns)
     settle_across(con, file_id)
+    resolve_received(con, file_id)
 
 
 def place(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tuple[str, ...]]) -> None:
@@ -165,6 +168,92 @@ def _conflict_detail(alias: str) -> str:
     return (
         f"'conflicts on (node, boot, seq) = (' || {a}.node || ', ' || {a}.boot || ', ' || {a}.seq"
         f" || ') with file ' || {a}.w_file || ' line ' || {a}.w_line"
+    )
+
+
+def resolve_received(con: duckdb.DuckDBPyConnection, file_id: int | None) -> None:
+    """Of the ``received`` records of one request id naming other tenants or prompt lengths, keep
+    the one whose canonical JSON sorts first and those that agree with it; quarantine the others as
+    conflicts, held in ``received_conflicts`` (log-schema.md section 4).
+
+    Looks at the ids the file brings a received of (``None``: every id, as the Spark path does once
+    every node is settled). A held record whose claim a later file's winner agrees with goes back
+    to records, so the case ends alike whatever the order of its files. Unlike the rules of
+    :func:`settle_across`, this one spans nodes: a router's received and an engine's meet here.
+    """
+    con.execute(_SQL["received_disputed"], {"file_id": file_id})
+    if not count(con, "disputed"):
+        con.execute("DROP TABLE disputed")
+        return
+    con.execute("CREATE OR REPLACE TEMP TABLE received_rivals AS SELECT * FROM request_records "
+                "SEMI JOIN disputed USING (request_id) WHERE event = 'received'")
+    with texts(con, "received_rivals"):
+        con.execute(_SQL["received_lines"])
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE claimants AS "
+        "SELECT l.c_file AS file_id, l.c_line AS line_no, l.c_hash AS rec_hash, c.canon, "
+        "l.c_request AS request_id, l.c_tenant AS tenant_id, l.c_prompt AS prompt_tokens, FALSE AS held "
+        f"FROM ({stage_sql('received_lines', with_canon=True)}) c JOIN received_lines l USING (line_no) "
+        "UNION ALL SELECT file_id, line_no, rec_hash, canon, request_id, tenant_id, prompt_tokens, TRUE "
+        "FROM received_conflicts SEMI JOIN disputed USING (request_id) WHERE NOT duplicate"
+    )
+    con.execute(_SQL["received_winners"])
+    con.execute(_SQL["received_restored"])
+    con.execute(_SQL["received_losers"])
+    _restore_held(con)
+    _hold_losers(con)
+    # every held record of these ids names the claim kept now, in its row and its quarantine detail
+    con.execute("UPDATE received_conflicts h SET kept_file = w.w_file, kept_line = w.w_line, "
+                "kept_tenant_id = w.w_tenant, kept_prompt_tokens = w.w_prompt "
+                "FROM received_winners w WHERE h.request_id = w.request_id")
+    con.execute(f"UPDATE quarantine q SET detail = {_received_detail('h')} FROM received_conflicts h "
+                "WHERE q.file_id = h.file_id AND q.line_no = h.line_no AND q.rec_hash = h.rec_hash "
+                "AND q.reason = 'conflict' AND h.request_id IN (SELECT request_id FROM disputed)")
+    for table in ("disputed", "received_rivals", "received_lines", "claimants", "received_winners", "restored",
+                  "losers"):
+        con.execute(f"DROP TABLE {table}")
+
+
+def _restore_held(con: duckdb.DuckDBPyConnection) -> None:
+    """The held records whose claim won (``restored``) back where they would have been."""
+    if not count(con, "restored"):
+        return
+    cols = ", ".join(c for c, _ in schema_columns()["request_records"])
+    con.execute(f"INSERT INTO request_records ({cols}) SELECT {cols} FROM restored WHERE NOT to_duplicates")
+    con.execute("INSERT INTO duplicates SELECT file_id, line_no, rec_hash, doc FROM restored WHERE to_duplicates")
+    con.execute("DELETE FROM quarantine q USING restored r WHERE q.file_id = r.file_id AND q.line_no = r.line_no "
+                "AND q.rec_hash = r.rec_hash AND q.reason = 'conflict'")
+    con.execute("DELETE FROM received_conflicts h USING restored r WHERE h.file_id = r.file_id "
+                "AND h.line_no = r.line_no AND h.part = r.part AND h.duplicate = r.duplicate")
+
+
+def _hold_losers(con: duckdb.DuckDBPyConnection) -> None:
+    """The losing records (``losers``) and their duplicates held in ``received_conflicts``, then
+    moved to quarantine."""
+    if not count(con, "losers"):
+        return
+    kept = "l.canon, l.kept_file, l.kept_line, l.kept_tenant_id, l.kept_prompt_tokens"
+    con.execute(f"INSERT INTO received_conflicts BY NAME SELECT r.*, FALSE AS duplicate, {kept} "
+                "FROM request_records r JOIN losers l ON r.rec_hash = l.rec_hash")
+    con.execute(
+        "INSERT INTO received_conflicts BY NAME SELECT r.* REPLACE (d.file_id AS file_id, d.line_no AS line_no, "
+        f"0::SMALLINT AS part, d.doc AS doc), TRUE AS duplicate, {kept} "
+        "FROM duplicates d JOIN losers l ON d.rec_hash = l.rec_hash JOIN request_records r ON r.rec_hash = l.rec_hash"
+    )
+    _quarantine_lines(con, "losers", Reason.CONFLICT, _received_detail("l"), ["request"])
+
+
+def _received_detail(alias: str) -> str:
+    """SQL for a received conflict's detail: what differs and where the kept record is (never the
+    record's values: its text is in ``raw``, the ids in the finding's evidence)."""
+    a = alias
+    prompt_too = f"{a}.prompt_tokens IS DISTINCT FROM {a}.kept_prompt_tokens"
+    differs = (f"CASE WHEN {a}.tenant_id IS DISTINCT FROM {a}.kept_tenant_id THEN "
+               f"CASE WHEN {prompt_too} THEN 'tenant_id and prompt_tokens' ELSE 'tenant_id' END "
+               "ELSE 'prompt_tokens' END")
+    return (
+        f"'received of a request id received with another ' || {differs} || ' at file ' || {a}.kept_file"
+        f" || ' line ' || {a}.kept_line || ', which is kept: two requests that cannot be told apart'"
     )
 
 

@@ -36,7 +36,8 @@ _RFC3339 = (r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2
             r"([0-5][0-9]:[0-5][0-9]|59:60)(\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])")
 #: The times a record may give: later and earlier ones are no incident's (and break analyses).
 PLAUSIBLE_TIMES = ("1970-01-01 00:00:00+00", "2201-01-01 00:00:00+00")
-_PAGES = r"[0-9]{1,12}(-[0-9]{1,12})?(,[0-9]{1,12}(-[0-9]{1,12})?)*"
+#: A page id has at most 13 digits: the last of a pool of 2^40 pages (schema.PLAUSIBLE_COUNT) has 13.
+_PAGES = r"[0-9]{1,13}(-[0-9]{1,13})?(,[0-9]{1,13}(-[0-9]{1,13})?)*"
 _INT = r"-?(0|[1-9][0-9]*)"
 _WS = "' ' || chr(9) || chr(10) || chr(13)"
 #: Lines DuckDB's lenient parser accepts but strict JSON may not: trailing commas, and the

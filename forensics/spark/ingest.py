@@ -12,7 +12,12 @@ first depends on the file alone; each rule of the second on one node's records a
    came earlier or that was refused taking no number);
 3. a task per node puts that node's records in a DuckDB case of its own, file by file in that
    order, settling each as the DuckDB path does (with the text of their files, for a record that
-   goes to quarantine takes its line along).
+   goes to quarantine takes its line along);
+4. the one rule that spans nodes, a request id ``received`` with two tenants or prompt lengths
+   (:func:`~forensics.ingestion.settle.resolve_received`), runs once on the driver over the
+   received records of the ids in dispute (few: none in a sound log set), in a DuckDB case of
+   their records, duplicates and lines; it ends as the DuckDB path's file-by-file settling does,
+   since that ends alike whatever the order of the files.
 
 What the tasks hand each other are rows of :func:`ingest_wire` (every table's columns side by side,
 a row of one table at a time, a record hash as its hex text), so Spark moves them without
@@ -35,7 +40,7 @@ import pyarrow.compute as pc
 from forensics.adapters import Options
 from forensics.ingestion.pipeline import ingest_alone
 from forensics.ingestion.readers import LogFile
-from forensics.ingestion.settle import RECORD_TABLES, settle_across
+from forensics.ingestion.settle import RECORD_TABLES, resolve_received, settle_across
 from forensics.ingestion.validate import prepare
 from forensics.spark.wire import Wire, select_text
 from forensics.store import connect, scan, schema_columns
@@ -47,7 +52,9 @@ if TYPE_CHECKING:
 #: per file), and those a node's task does.
 FILE_TABLES = (*RECORD_TABLES.values(), "quarantine", "source_lines", "files", "file_notes", "refused_files")
 NODE_TABLES = (*RECORD_TABLES.values(), "quarantine", "duplicates")
-_TABLES = (*FILE_TABLES, "duplicates")
+_TABLES = (*FILE_TABLES, "duplicates", "received_conflicts")
+#: What the driver's settling of received conflicts hands back.
+RECEIVED_TABLES = ("request_records", "quarantine", "duplicates", "received_conflicts")
 
 
 @cache
@@ -207,5 +214,64 @@ def settle_nodes(spark: SparkSession, rows: DataFrame, numbered: Numbered, stage
     return spark.read.parquet(str(stage))
 
 
+def settle_received(spark: SparkSession, settled: DataFrame, read_rows: DataFrame, numbered: Numbered,
+                    stage: Path) -> DataFrame:
+    """``settled`` (:func:`settle_nodes`) with the received records of the ids in dispute settled
+    (:func:`~forensics.ingestion.settle.resolve_received`): their request records and duplicates
+    replaced by what the DuckDB path keeps, and their quarantine rows and
+    ``received_conflicts``, written to ``stage`` and read back. ``read_rows``: the file tasks' rows,
+    numbered (their ``source_lines``)."""
+    from pyspark.sql import functions as F
+
+    from forensics.spark.analysis import spark_schema
+
+    wire = ingest_wire()
+    tbl, rid, event = F.col("tbl"), F.col(wire.names["request_records", "request_id"]), F.col(
+        wire.names["request_records", "event"])
+    claim = F.struct(F.col(wire.names["request_records", "tenant_id"]),
+                     F.col(wire.names["request_records", "prompt_tokens"]))
+    received = settled.filter((tbl == "request_records") & (event == "received"))
+    disputed = received.groupBy(rid.alias("rid")).agg(F.countDistinct(claim).alias("n")).filter("n > 1")
+    ids = sorted(r["rid"] for r in disputed.collect())
+    if not ids:
+        return settled
+    rec_hash, file_id = wire.names["request_records", "rec_hash"], wire.names["files", "file_id"]
+    rivals = received.filter(rid.isin(ids))
+    hashes = sorted({r[rec_hash] for r in rivals.select(rec_hash).collect()})
+    mine = tbl.isin("request_records", "duplicates") & F.col(rec_hash).isin(hashes)
+    held = settled.filter(mine).toArrow()
+    files = sorted({f for f in held.column(file_id).to_pylist() if f is not None})
+    lines = read_rows.filter((tbl == "source_lines") & F.col(file_id).isin(files)).toArrow()
+    both = pa.concat_tables([t.select(wire.schema.names).cast(wire.schema) for t in (held, lines)])
+    out = list(_settled_received(both, numbered.files))
+    again = spark.createDataFrame(pa.Table.from_batches(out, schema=wire.schema), spark_schema(wire.schema)) \
+        if out else None
+    kept = settled.filter(~mine)
+    whole = kept if again is None else kept.unionByName(again)
+    whole.write.mode("overwrite").parquet(str(stage))
+    return spark.read.parquet(str(stage))
+
+
+def _settled_received(rows: pa.Table, files: pa.Table) -> Iterator[pa.RecordBatch]:
+    """The received records of the ids in dispute (wire rows of their request records, duplicates,
+    quarantine, with the ``source_lines`` of their files) settled in a DuckDB case of their own:
+    its :data:`RECEIVED_TABLES`, as wire rows."""
+    with tempfile.TemporaryDirectory(prefix="kvforensics-received-") as tmp:
+        con = connect(Path(tmp) / "received.duckdb")
+        try:
+            prepare(con)
+            scan(con, files, "case_files", "INSERT INTO files SELECT * FROM case_files")
+            tables = rows.column("tbl")
+            for table in ("request_records", "duplicates", "source_lines"):
+                ingest_wire().insert(con, table, rows.filter(pc.equal(tables, table)))
+            resolve_received(con, None)
+            for table in RECEIVED_TABLES:
+                for batch in con.sql(f"SELECT {_select(table)} FROM {table}").to_arrow_table().to_batches(BATCH_ROWS):
+                    if batch.num_rows:
+                        yield ingest_wire().to_wire(table, batch, -1)
+        finally:
+            con.close()
+
+
 __all__ = ["FILE_TABLES", "NODE_TABLES", "Numbered", "ingest_wire", "number_files", "numbered_rows", "read_file",
-           "read_files", "settle_node", "settle_nodes"]
+           "read_files", "settle_node", "settle_nodes", "settle_received"]

@@ -31,7 +31,14 @@ from forensics.ingestion.readers import Limits, LogFile, PassedOver, discover
 from forensics.ingestion.settle import RECORD_TABLES
 from forensics.spark.analysis import COLUMNS, analyse, spark_session
 from forensics.spark.findings import run_findings
-from forensics.spark.ingest import ingest_wire, number_files, numbered_rows, read_files, settle_nodes
+from forensics.spark.ingest import (
+    ingest_wire,
+    number_files,
+    numbered_rows,
+    read_files,
+    settle_nodes,
+    settle_received,
+)
 from forensics.store import connect, is_parquet_case, write_parquet_manifest
 from forensics.text import path_text, shown
 from forensics.version import __version__
@@ -44,6 +51,7 @@ ORDER = {
     **{t: ("file_id", "line_no", "part") for t in RECORD_TABLES.values()},
     "quarantine": ("file_id", "line_no", "reason"),
     "duplicates": ("file_id", "line_no"),
+    "received_conflicts": ("file_id", "line_no", "part", "duplicate"),
     "source_lines": ("file_id", "first_line"),
     "requests": ("request_id",),
     "exposures": ("node", "boot", "reader_request", "victim_request"),
@@ -148,10 +156,12 @@ def _run(spark: SparkSession, logs: list[LogFile], skipped: list[PassedOver], op
         _write_arrow(work / name, getattr(numbered, name))
     read_rows = numbered_rows(spark, wire, numbered)
     settled = settle_nodes(spark, read_rows, numbered, stage / "nodes")
+    settled = settle_received(spark, settled, read_rows, numbered, stage / "received")
     clock.lap("settle")
     for table in RECORD_TABLES.values():
         _write_wire(settled, table, work)
     _write_wire(settled, "duplicates", work)
+    _write_wire(settled, "received_conflicts", work)
     _write_wire(settled.unionByName(read_rows), "quarantine", work)
     _write_wire(read_rows, "source_lines", work)
     clock.lap("write_records")

@@ -189,6 +189,24 @@ GROUP BY transfer_id
 HAVING count(DISTINCT request_id) > 1
 ORDER BY transfer_id;
 
+-- name: evidence.request_id_conflict
+-- severity: high
+-- partition: case
+-- title: {count} request id(s) were received for two tenants or two prompt lengths: the others are quarantined, and the exposures of these ids are in doubt
+-- Two received records of one request id named other tenants or prompt lengths: two requests
+-- that cannot be told apart. The one whose canonical JSON sorts first is kept (with those that
+-- agree with it) and the others are quarantined as conflicts (log-schema.md section 4), so every
+-- figure counts the id once, for the kept tenant; what the id's records say (its pages, its
+-- exposures, as reader or victim) may be the other request's. Each row: the id, the claim kept,
+-- the claims quarantined, and how many records made them.
+SELECT request_id, min(kept_tenant_id) AS kept_tenant_id, min(kept_prompt_tokens) AS kept_prompt_tokens,
+       list(DISTINCT tenant_id ORDER BY tenant_id) AS quarantined_tenant_ids,
+       list(DISTINCT prompt_tokens ORDER BY prompt_tokens) AS quarantined_prompt_tokens,
+       count(*) AS quarantined_records
+FROM received_conflicts
+GROUP BY request_id
+ORDER BY request_id;
+
 -- name: evidence.access_status_differs
 -- severity: high
 -- partition: case

@@ -164,6 +164,43 @@ CREATE TABLE IF NOT EXISTS duplicates (
   doc VARCHAR
 );
 
+-- The `received` records quarantined as a conflict (log-schema.md section 4): a second received
+-- of a request id naming another tenant_id or prompt_tokens than the one kept (the received whose
+-- canonical JSON sorts first, and those agreeing with it). Each is its record as it would stand in
+-- request_records (a duplicate line of one: `duplicate`, its own file and line), with its
+-- canonical JSON and the kept record's place and claim, so that a later file whose received
+-- sorts first can turn the outcome over (the same whatever the file order), and the finding
+-- evidence.request_id_conflict names every such id.
+CREATE TABLE IF NOT EXISTS received_conflicts (
+  file_id INTEGER NOT NULL,
+  line_no BIGINT NOT NULL,
+  part SMALLINT NOT NULL,
+  ts TIMESTAMPTZ NOT NULL,
+  node VARCHAR NOT NULL,
+  boot BIGINT NOT NULL,
+  seq BIGINT,
+  request_id VARCHAR,
+  event VARCHAR,
+  tenant_id VARCHAR,
+  prompt_tokens BIGINT,
+  max_new_tokens BIGINT,
+  prefill_node VARCHAR,
+  decode_node VARCHAR,
+  reason VARCHAR,
+  limit_tokens BIGINT,
+  status BIGINT,
+  finish_reason VARCHAR,
+  output_tokens BIGINT,
+  rec_hash UHUGEINT NOT NULL,
+  doc VARCHAR,
+  duplicate BOOLEAN NOT NULL,
+  canon VARCHAR NOT NULL,
+  kept_file INTEGER NOT NULL,
+  kept_line BIGINT NOT NULL,
+  kept_tenant_id VARCHAR,
+  kept_prompt_tokens BIGINT
+);
+
 -- Every text input file's lines as read (line ends and all; a leading BOM left out), in pieces
 -- of about a MiB, each a zstd frame: the verbatim line of every record, duplicate and quarantined
 -- line, without a string per record (forensics/ingestion/source.py reads them back; Case.verbatim).

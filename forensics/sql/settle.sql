@@ -83,3 +83,56 @@ SELECT kv.file_id, kv.line_no, kv.rec_hash,
        || ' of the config at file ' || c_file || ' line ' || c_line AS detail
 FROM kv ASOF JOIN cfg ON kv.node = cfg.node AND kv.ord >= cfg.ord
 WHERE kv.max_page >= cfg.pool_pages;
+
+-- name: received_disputed
+-- The request ids the file brings a `received` record of ($file_id NULL: every file) whose
+-- received records, kept and held in received_conflicts, name two tenants or two prompt lengths.
+CREATE OR REPLACE TEMP TABLE disputed AS
+WITH ids AS (
+  SELECT DISTINCT request_id FROM request_records
+  WHERE event = 'received' AND ($file_id IS NULL OR file_id = $file_id)
+), claims AS (
+  SELECT request_id, tenant_id, prompt_tokens FROM request_records SEMI JOIN ids USING (request_id)
+  WHERE event = 'received'
+  UNION ALL
+  SELECT request_id, tenant_id, prompt_tokens FROM received_conflicts SEMI JOIN ids USING (request_id)
+)
+SELECT request_id FROM claims GROUP BY request_id
+HAVING count(DISTINCT struct_pack(tenant_id, prompt_tokens)) > 1;
+
+-- name: received_lines
+-- The received records of the disputed ids as read (`texts`), to recompute their canonical JSON.
+CREATE OR REPLACE TEMP TABLE received_lines AS
+SELECT row_number() OVER () AS line_no, 0 AS part, coalesce(t.text, r.doc) AS raw, r.doc,
+       r.file_id AS c_file, r.line_no AS c_line, r.rec_hash AS c_hash,
+       r.request_id AS c_request, r.tenant_id AS c_tenant, r.prompt_tokens AS c_prompt
+FROM received_rivals r LEFT JOIN texts t USING (file_id, line_no);
+
+-- name: received_winners
+-- Per disputed id, the claim kept: the received record whose canonical JSON sorts first.
+CREATE OR REPLACE TEMP TABLE received_winners AS
+SELECT request_id, w.file_id AS w_file, w.line_no AS w_line, w.tenant_id AS w_tenant,
+       w.prompt_tokens AS w_prompt
+FROM (SELECT request_id,
+             arg_min(struct_pack(file_id, line_no, tenant_id, prompt_tokens),
+                     struct_pack(canon, file_id, line_no)) AS w
+      FROM claimants GROUP BY request_id);
+
+-- name: received_losers
+-- The kept received records (not held) whose claim is not the winner's.
+CREATE OR REPLACE TEMP TABLE losers AS
+SELECT c.*, w.w_file AS kept_file, w.w_line AS kept_line, w.w_tenant AS kept_tenant_id,
+       w.w_prompt AS kept_prompt_tokens
+FROM claimants c JOIN received_winners w USING (request_id)
+WHERE NOT c.held
+  AND (c.tenant_id IS DISTINCT FROM w.w_tenant OR c.prompt_tokens IS DISTINCT FROM w.w_prompt);
+
+-- name: received_restored
+-- The held records whose claim is now the winner's: back to records (the first of a record hash
+-- not already there) or duplicates.
+CREATE OR REPLACE TEMP TABLE restored AS
+SELECT h.*, h.duplicate OR h.rec_hash IN (SELECT rec_hash FROM request_records)
+         OR row_number() OVER (PARTITION BY h.rec_hash ORDER BY h.duplicate, h.file_id, h.line_no, h.part) > 1
+         AS to_duplicates
+FROM received_conflicts h JOIN received_winners w USING (request_id)
+WHERE h.tenant_id IS NOT DISTINCT FROM w.w_tenant AND h.prompt_tokens IS NOT DISTINCT FROM w.w_prompt;

@@ -55,6 +55,9 @@ _LEDGER = {
     # (a conflict's detail names the winner's file_id: the files are numbered alike, or it differs)
     "quarantine": "SELECT f.path, q.line_no, q.reason, q.detail, q.raw, q.rec_hash::VARCHAR "
                   "FROM quarantine q JOIN files f USING (file_id)",
+    "received_conflicts": "SELECT f.path, r.line_no, r.part, r.duplicate, r.request_id, r.tenant_id, "
+                          "r.prompt_tokens, r.kept_tenant_id, r.kept_prompt_tokens, r.canon, r.rec_hash::VARCHAR "
+                          "FROM received_conflicts r JOIN files f USING (file_id)",
     "source_lines": "SELECT f.path, s.first_line, s.line_count, md5(s.text) "
                     "FROM source_lines s JOIN files f USING (file_id)",
     "requests": "SELECT * FROM requests",
@@ -108,6 +111,11 @@ def _kv(node: str, seq: int, op: str = "alloc", pages: str = "1-3", rid: str = "
     return {"kind": "kv", "ts": TS, "node": node, "seq": seq, "request_id": rid, "op": op, "pages": pages, **extra}
 
 
+def _received(rid: str, tenant: str, node: str = "router", **extra: Any) -> dict[str, Any]:
+    return {"kind": "request", "ts": TS, "node": node, "request_id": rid, "event": "received", "tenant_id": tenant,
+            "prompt_tokens": 10, **extra}
+
+
 def _config(node: str, seq: int = 0, pool: int = 16) -> dict[str, Any]:
     return {"kind": "config", "ts": TS, "node": node, "seq": seq, "role": "decode", "engine": "sglang",
             "engine_version": "0.5.21", "model": "glm-5.3", "context_length": 64, "page_size": 4, "pool_pages": pool}
@@ -116,15 +124,19 @@ def _config(node: str, seq: int = 0, pool: int = 16) -> dict[str, Any]:
 def test_hostile_files_end_alike_line_for_line(spark: SparkSession, tmp_path: Path) -> None:
     """Broken lines, repeats within and across files, a conflict whose winner comes in a later
     file, a page beyond a pool whose config comes in a later file, the same bytes twice, a damaged
-    file, and every format (JSON Lines plain, .gz and .zst, CSV, Parquet)."""
+    file, and every format (JSON Lines plain, .gz and .zst, CSV, Parquet); and a request id received
+    for two tenants, the router's record (and its repeat) losing to another tenant's in a later
+    file and coming back when an engine's record agreeing with it comes in a file after that."""
     logs = tmp_path / "logs"
     a = [_config("decode-0"), _kv("decode-0", 1), _kv("decode-0", 2, "write", source="transfer"),
-         _kv("decode-0", 3, rid="zz"), _kv("decode-0", 2, "write", source="transfer"), _kv("decode-0", 4, "free")]
+         _kv("decode-0", 3, rid="zz"), _kv("decode-0", 2, "write", source="transfer"), _kv("decode-0", 4, "free"),
+         _received("zz", "acme"), _received("zz", "acme"), _received("yy", "acme")]
     write_jsonl(logs / "a.jsonl", a)
     with (logs / "a.jsonl").open("a") as fh:
         fh.write('{"kind": "kv", broken\n' + json.dumps(_kv("decode-0", -1)) + "\n")
     shutil.copy(logs / "a.jsonl", logs / "a2.jsonl")  # the same bytes: one piece of evidence
-    b = [_kv("decode-0", 3, rid="aa"),  # beats a.jsonl's seq 3 (its canonical JSON sorts first)
+    b = [_received("zz", "initech", seq=1), _received("yy", "initech", seq=2),  # they beat a.jsonl's
+         _kv("decode-0", 3, rid="aa"),  # beats a.jsonl's seq 3 (its canonical JSON sorts first)
          _kv("decode-0", 1), _kv("decode-1", 1, pages="20"), _kv("decode-1", 2, "read", pages="1")]
     (logs / "b.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in b).encode()))
     c = [_config("decode-1"), _kv("decode-1", 3, "free", pages="1")]
@@ -137,6 +149,7 @@ def test_hostile_files_end_alike_line_for_line(spark: SparkSession, tmp_path: Pa
     (logs / "e.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
         "".join(json.dumps(_kv("decode-2", i, "alloc", pages=str(i))) + "\n" for i in range(5)).encode()))
     (logs / "f.jsonl.gz").write_bytes(gzip.compress(b'{"kind": "kv"}\n' * 50)[:40])  # damaged: refused
+    write_jsonl(logs / "g.jsonl", [_received("zz", "acme", node="engine")])  # sorts first: acme's back
     partial = tmp_path / ".spark-case.partial"  # what a run killed mid-way left
     (partial / "kv_records").mkdir(parents=True)
     (partial / "kv_records" / "part-00000.parquet").write_bytes(b"half a file")
@@ -153,6 +166,9 @@ def test_hostile_files_end_alike_line_for_line(spark: SparkSession, tmp_path: Pa
     finally:
         con.close()
     assert {"not_json", "negative_seq", "conflict", "page_out_of_range"} <= set(why)
+    assert [(f["request_id"], f["kept_tenant_id"], f["quarantined_records"]) for f in dict(
+        (i, rows) for i, _, rows in findings_of(found.case))["evidence.request_id_conflict"]] == [
+        ("yy", "initech", 1), ("zz", "acme", 1)]
 
 
 def test_the_sample_incident_by_the_cli_is_the_duckdb_case_and_its_report(spark: SparkSession, tmp_path: Path) -> None:

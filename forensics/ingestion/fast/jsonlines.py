@@ -593,13 +593,14 @@ def _range_at(buf: np.ndarray, p: int, end: int) -> tuple[int, int, int, bool]:
 
 @njit(cache=True, nogil=True)
 def _page_id(buf: np.ndarray, p: int, end: int) -> tuple[int, int, bool]:
-    """A page id of 1 to 12 digits at ``p``: (value, where it ends, whether there was one)."""
+    """A page id of 1 to 13 digits at ``p`` (a pool has at most 2^40 pages, the last one's id
+    13 digits): (value, where it ends, whether there was one)."""
     v = 0
     q = p
-    while q < end and q - p < 13 and 48 <= _at(buf, q) <= 57:
+    while q < end and q - p < 14 and 48 <= _at(buf, q) <= 57:
         v = v * 10 + (_at(buf, q) - 48)
         q += 1
-    return v, q, 1 <= q - p <= 12
+    return v, q, 1 <= q - p <= 13
 
 
 # --- the schema's rules, for lines that are plain ----------------------------------------------
