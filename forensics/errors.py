@@ -47,6 +47,10 @@ class BadOption(KvfError):
     """A command option outside what it admits."""
 
 
+class BadValue(BadOption):
+    """An option's value that no case could make right (a pool smaller than one page): a usage error."""
+
+
 class EngineMissing(KvfError):
     """An engine the command needs is not installed here (PySpark, Java)."""
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from forensics.errors import CaseError, CaseLocked
+from forensics.errors import BadValue, CaseError, CaseLocked
 from forensics.text import shown
 
 if TYPE_CHECKING:
@@ -110,18 +112,8 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
         p = Path(target)
         check_case_path(p, create=create and not read_only)
         if not p.exists():
-            p.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        con = duckdb.connect(target, read_only=read_only)
-    except duckdb.IOException as exc:
-        text = str(exc)
-        if "lock" in text.lower():
-            holder = text.split("Conflicting lock is held in", 1)[-1].strip() if "Conflicting" in text else ""
-            extra = f" ({holder})" if holder else ""
-            raise CaseLocked(f"{target}: the case is open in another process{extra}") from exc
-        raise CaseError(f"{target}: cannot open the case ({text.splitlines()[0]})") from exc
-    except duckdb.Error as exc:
-        raise CaseError(f"{target}: not a DuckDB case file ({str(exc).splitlines()[0]})") from exc
+            _create_case(p)
+    con = _open(target, read_only=read_only)
     session(con)
     if target != ":memory:":
         con.execute(f"SET memory_limit = '{CASE_MEMORY}'")
@@ -130,6 +122,9 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
     fresh = version is None and not _has_any_table(con)
     if version != SCHEMA_VERSION and not (fresh and not read_only):
         con.close()
+        if version is None and fresh:  # (a case is made whole now; an older kvforensics stopped early left these)
+            raise CaseError(f"{target}: an empty DuckDB database, not a kvforensics case (yet: an ingest stopped "
+                            "before it wrote the case schema leaves one); run the ingest again to make it one")
         if version is None:
             raise CaseError(f"{target}: a DuckDB database but not a kvforensics case (it has no case schema); "
                             "left untouched")
@@ -138,13 +133,7 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
             "(ingest the case's files into a new case)"
         )
     if not read_only:
-        con.execute("BEGIN")
-        con.execute(sql_text("schema.sql"))
-        con.execute(
-            "INSERT INTO case_meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
-            [SCHEMA_VERSION],
-        )
-        con.execute("COMMIT")
+        _write_schema(con)
     else:
         _late_tables(con)
     return con
@@ -160,6 +149,101 @@ def _late_tables(con: duckdb.DuckDBPyConnection) -> None:
         if not has_table(con, table):
             columns = ", ".join(f"{c} {t}" for c, t in schema_columns()[table])
             con.execute(f"CREATE TEMP TABLE {table} ({columns})")
+
+
+def _open(target: str, *, read_only: bool, name: str | None = None) -> duckdb.DuckDBPyConnection:
+    """DuckDB's connection to ``target``, its failures as errors a user can act on (said of ``name``,
+    the case's path, where ``target`` is a file the case is made in)."""
+    name = name or target
+    try:
+        target.encode("utf-8")
+    except UnicodeEncodeError:  # (DuckDB fails on it with std::bad_cast)
+        raise BadValue(f"{shown(name)}: not a path DuckDB can open (its name has bytes that are not UTF-8); "
+                       "name the case another way") from None
+    try:
+        return duckdb.connect(target, read_only=read_only)
+    except duckdb.IOException as exc:
+        text = str(exc)
+        if "lock" in text.lower():
+            holder = text.split("Conflicting lock is held in", 1)[-1].strip() if "Conflicting" in text else ""
+            extra = f" ({holder})" if holder else ""
+            raise CaseLocked(f"{name}: the case is open in another process{extra}") from exc
+        refused = system_refusal(exc)
+        if refused is not None:
+            raise OSError(refused.errno, refused.strerror, name) from exc
+        raise CaseError(f"{name}: cannot open the case ({text.splitlines()[0]})") from exc
+    except duckdb.Error as exc:
+        raise CaseError(f"{name}: not a DuckDB case file ({str(exc).splitlines()[0]})") from exc
+
+
+def _write_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """The case schema, in one transaction (its statements create only what is missing)."""
+    con.execute("BEGIN")
+    con.execute(sql_text("schema.sql"))
+    con.execute("INSERT INTO case_meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING", [SCHEMA_VERSION])
+    con.execute("COMMIT")
+
+
+def _create_case(path: Path) -> None:
+    """A new case at ``path``, whole before it has the name: made beside it and linked to it, so
+    that a stop while it is made (Ctrl-C, a kill, a full disk) leaves no file there without the
+    case schema (which every command refuses), and a case another process made meanwhile is kept."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    made = path.with_name(f".{path.name}.{os.getpid()}.new")
+    try:
+        con = _open(str(made), read_only=False, name=str(path))
+        try:
+            _write_schema(con)
+        except duckdb.Error as exc:
+            refused = system_refusal(exc)
+            if refused is None:
+                raise
+            raise OSError(refused.errno, refused.strerror, str(path)) from exc  # (said of the case, not of `made`)
+        finally:
+            con.close()
+        _name(made, path)
+    finally:
+        for left in (made, made.with_name(f"{made.name}.wal")):
+            if os.path.lexists(left):  # (unlink(missing_ok) fails on a read-only folder, hiding why)
+                left.unlink()
+
+
+#: What ``link`` fails with on a file system without hard links (FAT, some network shares).
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK})
+
+
+def _name(made: Path, path: Path) -> None:
+    """Give the file ``made`` the name ``path``, unless a file has it already."""
+    try:
+        os.link(made, path)
+    except FileExistsError:
+        pass  # another process made the case first: it is the one opened
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        if not path.exists():  # (no hard links here: a case made in the same instant may be replaced)
+            os.replace(made, path)
+
+
+#: The system's own words for each error number (``No space left on device``), as DuckDB quotes them.
+_STRERRORS = {os.strerror(n): n for n in errno.errorcode}
+#: Where DuckDB says the system refused it a file: ``Could not write file "PATH": No space left on device``.
+_REFUSED_FILE = re.compile(r'(?:file|directory) "(?P<path>[^"]+)"(?: - [^:"]*)?: (?P<why>[^"\n]+?)\s*$', re.M)
+
+
+def system_refusal(exc: BaseException) -> OSError | None:
+    """The system's refusal behind a failure (a full disk, a file size limit, a read-only folder)
+    where DuckDB quotes one, looking through the failures it led to (a COMMIT that failed, then a
+    ROLLBACK that found no transaction); None where DuckDB failed of its own accord."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, duckdb.Error):
+            for found in _REFUSED_FILE.finditer(str(seen)):
+                number = _STRERRORS.get(found["why"])
+                if number is not None:
+                    return OSError(number, found["why"], found["path"])
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _has_any_table(con: duckdb.DuckDBPyConnection) -> bool:

@@ -1,16 +1,109 @@
 """The ``kvforensics`` command: a thin skin over the library, one call per command."""
 
+# ruff: noqa: E402  (the stops are armed before the slow imports: a stop while they load is said too)
 from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM) ending the command: raised where it arrived, said at the top."""
+
+
+class _Stop:
+    """The stop signal the process got, if any, and what it interrupted."""
+
+    signum: int | None = None
+    step = "the start-up"
+    leaves = "nothing was written"
+    started = False  # a command runs (before, while the modules load, there is nothing to clean up)
+    said = False
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+#: What a stop interrupted, by the module it arrived in (the outermost that names a step: a replay
+#: ingests its own logs), and what that leaves; a module takes the first prefix it has.
+STOP_STEPS = (
+    ("forensics.ingestion", "the ingest", "the case is consistent: each file ingested before it is in, whole"),
+    ("forensics.exposure", "the analysis", "the case is consistent: its records are in, its analysis the last "
+                                            "one finished"),
+    ("forensics.spark", "the Spark job", "the Parquet case is the last one finished, whole"),
+    ("replay.simulate", "the simulation", "no log set was written"),
+    ("replay", "the replay", "the case is consistent: as it was before the replay"),
+    ("reports", "the report", "the case is consistent and no report was written"),
+)
+
+
+def _on_stop(signum: int, frame: FrameType | None) -> None:
+    """Raise :class:`Stopped` where a stop signal arrived, for the first one only (a second lets
+    the first one's cleanup finish). Not inside numba's or llvmlite's code: compiled code calls
+    back into it (numba's constants unpickled, llvmlite's object cache), and an exception raised
+    there crashes the process (a segmentation fault); the signal is sent again a moment later,
+    until it finds the process back in code of its own."""
+    if _Stop.signum is not None:
+        return
+    modules = []  # of the frames running code (a module being imported is no step of its own)
+    while frame is not None:
+        if frame.f_code.co_name != "<module>":
+            modules.append(str(frame.f_globals.get("__name__", "")))
+        frame = frame.f_back
+    if any(m.startswith(("numba.", "llvmlite.")) for m in modules):
+        again = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return
+    _Stop.signum = signum
+    steps = [step for m in modules if (step := _step_of(m)) is not None]
+    if steps:
+        _Stop.step, _Stop.leaves = steps[-1]
+    elif _Stop.started:
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "the command")
+        _Stop.step, _Stop.leaves = f"'{command}'", "the case is consistent"
+    if not _Stop.started:
+        _say_stopped()
+        raise SystemExit(128 + signum)
+    raise Stopped()
+
+
+def _step_of(module: str) -> tuple[str, str] | None:
+    """The step code of ``module`` runs in, and what a stop in it leaves (:data:`STOP_STEPS`)."""
+    return next(((step, leaves) for prefix, step, leaves in STOP_STEPS
+                 if module == prefix or module.startswith(prefix + ".")), None)
+
+
+def _say_stopped() -> int:
+    """Say, once, what the stop interrupted and that a re-run finishes it; the exit code (128 + signal)."""
+    assert _Stop.signum is not None
+    if not _Stop.said:
+        _Stop.said = True
+        name = signal.Signals(_Stop.signum).name
+        print(f"kvforensics: stopped by {name} during {_Stop.step}; {_Stop.leaves}; run the same command again "
+              "to finish", file=sys.stderr, flush=True)
+    return 128 + _Stop.signum
+
+
+def _arm(handlers: list[Any]) -> list[Any]:
+    """Handle the stop signals with ``handlers``, one each; the handlers they had. (Only the main
+    thread may: imported in another, the command's stops are left as they are.)"""
+    if threading.current_thread() is not threading.main_thread():
+        return handlers
+    return [signal.signal(s, signal.SIG_DFL if h is None else h) for s, h in zip(STOP_SIGNALS, handlers, strict=True)]
+
+
+_BEFORE = _arm([_on_stop] * len(STOP_SIGNALS))  # (given back once the modules are in: main() arms its own)
 
 import io
 import json
 import logging
-import os
-import sys
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from types import FrameType
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import duckdb
 import polars as pl
@@ -19,29 +112,42 @@ from typer.core import TyperGroup
 
 import forensics
 from forensics.adapters import ADAPTERS, Options, read_tenant_map
-from forensics.errors import BadOption, KvfError, OutputExists
-from forensics.ingestion.readers import Limits
+from forensics.errors import BadOption, BadValue, KvfError, OutputExists
+from forensics.ingestion.readers import KEPT_OF_LONG_LINE, Limits
+from forensics.schema import PLAUSIBLE_COUNT
+from forensics.store import system_refusal
 from forensics.text import csv_cell, shown
 from replay.engine import BEHAVIOURS
 from replay.simulate import Deployment
 
+try:  # click as typer runs it (newer typers carry a copy of their own)
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:
+    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
+
+_arm(_BEFORE)
+
 #: Exit codes, documented in the README: every failure is one line on stderr and one of these.
 EXIT_ERROR = 1  # the toolkit refused: a bad path, option, case or query (the message says which)
-EXIT_USAGE = 2  # the command line itself is wrong (unknown option, missing argument)
+EXIT_USAGE = 2  # the command line itself is wrong (unknown option, missing argument, a value out of range)
 EXIT_OS = 3  # the system refused a read or a write (permissions, a full disk, a vanished file)
 EXIT_DATABASE = 4  # DuckDB failed outside the toolkit's checks
 EXIT_INTERNAL = 5  # a bug in kvforensics: --debug shows the traceback to report
 EXIT_REFUSED_FILES = 6  # the command finished, but some input files could not be read (listed, why)
 EXIT_DISAGREES = 7  # a confirming replay finished, but the model could not follow the logs everywhere (listed)
+EXIT_NO_RECORDS = 8  # the input held no record at all: nothing to analyse (the files named are listed)
 EXIT_PIPE = 141  # the output was closed before it was all written (| head): nothing is said
+# a stop signal ends a command with 128 + its number (130 SIGINT, 143 SIGTERM), said in one line (_say_stopped)
 EXIT_CODES = {EXIT_ERROR: "error", EXIT_USAGE: "usage", EXIT_OS: "system error", EXIT_DATABASE: "database error",
               EXIT_INTERNAL: "internal error"}
 
 
 def failure(exc: BaseException) -> tuple[int, str]:
     """The exit code and the one line a failure is reported with."""
+    if not isinstance(exc, KvfError | OSError) and (refused := system_refusal(exc)) is not None:
+        exc = refused  # DuckDB quoting the system's refusal (a full disk): the system's error it is
     if isinstance(exc, KvfError):
-        code, text = EXIT_ERROR, str(exc)
+        code, text = EXIT_USAGE if isinstance(exc, BadValue) else EXIT_ERROR, str(exc)
     elif isinstance(exc, RecursionError | MemoryError):
         code, text = EXIT_ERROR, (f"the input is nested or sized beyond what can be held ({type(exc).__name__}); "
                                   "--debug shows where")
@@ -56,23 +162,48 @@ def failure(exc: BaseException) -> tuple[int, str]:
     return code, f"kvforensics: {EXIT_CODES[code]}: {shown(first)}"
 
 
+def usage_line(exc: UsageError) -> str:
+    """The one line a wrong command line is reported with (click's own takes four, in a box)."""
+    where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+    return f"kvforensics: {EXIT_CODES[EXIT_USAGE]}: {shown(' '.join(exc.format_message().split()))}{where}"
+
+
 class _Commands(TyperGroup):
-    """The command group: a failure inside any command becomes one line and an exit code."""
+    """The command group: a failure inside any command becomes one line and an exit code; a stop
+    signal, one line saying what it interrupted."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except UsageError as exc:  # (kvforensics --no-such-option)
+            _usage_exit(exc)
 
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:
             return super().invoke(ctx)
+        except UsageError as exc:
+            _usage_exit(exc)
         except (typer.Exit, typer.Abort, typer.TyperException):  # the command line's own: exits as typer says
             raise
         except BrokenPipeError:  # the reader went away (| head): stop quietly, as the shell's tools do
             _quiet_stdout()
             raise typer.Exit(EXIT_PIPE) from None
-        except Exception as exc:
-            if ctx.obj is _DEBUG:
+        except BaseException as exc:
+            if _Stop.signum is not None:  # whatever it surfaced as (DuckDB: "Query interrupted")
+                raise typer.Exit(_say_stopped()) from None
+            if not isinstance(exc, Exception) or ctx.obj is _DEBUG:
                 raise
             code, line = failure(exc)
             typer.echo(line, err=True)
             raise typer.Exit(code) from None
+
+
+def _usage_exit(exc: UsageError) -> NoReturn:
+    """Report a wrong command line in one line and exit; no arguments at all still show the help."""
+    if isinstance(exc, NoArgsIsHelpError):
+        raise exc
+    typer.echo(usage_line(exc), err=True)
+    raise typer.Exit(EXIT_USAGE) from None
 
 
 _DEBUG = object()
@@ -102,9 +233,12 @@ def _options(
 ) -> None:
     """Find every LLM response that attended to another request's KV-cache pages.
 
-    Exit codes: 0 done; 1 the toolkit refused (bad path, option, case or query); 2 usage; 3 the
-    system refused a read or write; 4 DuckDB failed; 5 a bug (--debug shows its traceback);
-    141 the output was closed early (| head).
+    Exit codes: 0 done; 1 the toolkit refused (bad path, option, case or query); 2 usage (the
+    command line is wrong: an unknown option, a value out of range); 3 the system refused a read or
+    write (a full disk, a permission); 4 DuckDB failed; 5 a bug (--debug shows its traceback); 6
+    some input files could not be read (listed, the rest in the case); 7 a confirming replay
+    disagrees with the logs (listed); 8 no records found in the input; 130, 143 stopped by SIGINT,
+    SIGTERM (said, the case consistent: a re-run finishes it); 141 the output was closed early (| head).
     """
     if debug or os.environ.get("KVFORENSICS_DEBUG"):
         ctx.obj = _DEBUG
@@ -112,7 +246,31 @@ def _options(
 
 T = TypeVar("T")
 
-DbOption = Annotated[Path, typer.Option("--db", help="The case database (a DuckDB file).")]
+#: The largest count or size an option takes: the schema's bound on any count in a log (past it
+#: nothing can be real). Out of range, an option is a usage error.
+MOST = PLAUSIBLE_COUNT
+#: The largest row number or id DuckDB holds (BIGINT).
+MOST_ID = 2**63 - 1
+
+
+def _case_path(value: Path | None) -> Path | None:
+    """A case path DuckDB can open: its name all UTF-8 (DuckDB fails on other bytes)."""
+    try:
+        str(value).encode("utf-8")
+    except UnicodeEncodeError:
+        raise typer.BadParameter(f"{shown(value)}: a name with bytes that are not UTF-8, which DuckDB cannot "
+                                 "open; name the case another way") from None
+    return value
+
+
+def _positive(value: float) -> float:
+    """A float option that must be more than 0 (an option's min admits its bound)."""
+    if value <= 0:
+        raise typer.BadParameter(f"must be more than 0, not {value}")
+    return value
+
+
+DbOption = Annotated[Path, typer.Option("--db", help="The case database (a DuckDB file).", callback=_case_path)]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 PathsArg = Annotated[
     list[Path], typer.Argument(help="Log files or folders (JSON Lines, CSV, Parquet; .gz, .zst).")
@@ -216,12 +374,20 @@ def _print_counts(result: forensics.IngestResult) -> None:
         typer.echo(f"see them with: kvforensics quarantine --db {shown(result.db)}")
 
 
-def _refused_exit(result: forensics.IngestResult) -> None:
-    """Exit with :data:`EXIT_REFUSED_FILES`, saying so on stderr, where files could not be read."""
+def _input_exit(result: forensics.IngestResult, paths: list[Path]) -> None:
+    """Exit with :data:`EXIT_REFUSED_FILES`, saying so on stderr, where files could not be read; else
+    with :data:`EXIT_NO_RECORDS` where the input held no record at all (an answer, not eight zeros)."""
     if result.refused:
+        rest = "no other held a record" if result.empty else "the rest are in the case"
         typer.echo(f"kvforensics: {len(result.refused)} of the files could not be read (listed above with why); "
-                   "the rest are in the case", err=True)
+                   f"{rest}", err=True)
         raise typer.Exit(EXIT_REFUSED_FILES)
+    if result.empty:
+        n = len(result.files)
+        held = f"{n} log file{'s' if n != 1 else ''}, none with a record" if n else "no log file"
+        typer.echo(f"kvforensics: no records found in {', '.join(shown(p) for p in paths)} ({held}); "
+                   "nothing to analyse", err=True)
+        raise typer.Exit(EXIT_NO_RECORDS)
 
 
 FormatOption = Annotated[str | None, typer.Option(
@@ -245,16 +411,16 @@ RequestIdsOption = Annotated[str, typer.Option(
     "bootstrap room, where each server assigned its own rid).",
     rich_help_panel="Engine logs")]
 YearOption = Annotated[int | None, typer.Option(
-    "--year", help="Engine logs: the year of log times written without one (SGLang's %m-%d).",
+    "--year", min=1, max=9999, help="Engine logs: the year of log times written without one (SGLang's %m-%d).",
     rich_help_panel="Engine logs")]
 
 
 MaxLineOption = Annotated[int, typer.Option(
-    "--max-line-bytes", help="The longest line read; a longer one is quarantined (unreadable) with its start kept, "
-    "never held whole.", rich_help_panel="Bounds")]
+    "--max-line-bytes", min=KEPT_OF_LONG_LINE, max=MOST, help="The longest line read; a longer one is quarantined "
+    "(unreadable) with its start kept, never held whole.", rich_help_panel="Bounds")]
 MaxExpansionOption = Annotated[int, typer.Option(
-    "--max-expansion", help="How many times its size a compressed file may decompress to; past it the file is "
-    "refused as a decompression bomb.", rich_help_panel="Bounds")]
+    "--max-expansion", min=1, max=MOST, help="How many times its size a compressed file may decompress to; past "
+    "it the file is refused as a decompression bomb.", rich_help_panel="Bounds")]
 
 
 def _adapter_options(node: str | None, role: str | None, tenant_map: Path | None, tenant_from: str | None,
@@ -291,7 +457,7 @@ def ingest(
         _print_json(result.as_dict())
     else:
         _print_counts(result)
-    _refused_exit(result)
+    _input_exit(result, paths)
 
 
 class Audience(StrEnum):
@@ -324,7 +490,7 @@ class CaseEngine(StrEnum):
 def investigate(
     paths: PathsArg,
     db: Annotated[Path | None, typer.Option("--db", help="The case database (a DuckDB file); not with --engine "
-                                            "spark, which writes --out-dir.")] = None,
+                                            "spark, which writes --out-dir.", callback=_case_path)] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also replay where the logs allow it and write the HTML report here.")
     ] = None,
@@ -349,7 +515,7 @@ def investigate(
         "--master", help="With --engine spark: Spark's master URL (local[N]: N cores of this machine).",
         rich_help_panel="Spark")] = "local[*]",
     partitions: Annotated[int, typer.Option(
-        "--partitions", min=1, help="With --engine spark: the partitions of Spark's shuffles.",
+        "--partitions", min=1, max=2**31 - 1, help="With --engine spark: the partitions of Spark's shuffles.",
         rich_help_panel="Spark")] = 8,
     out_dir: Annotated[Path | None, typer.Option(
         "--out-dir", help="With --engine spark: the folder the Parquet case is written to (new, or a Parquet "
@@ -384,11 +550,13 @@ def investigate(
         limits=limits, options=options)))
     if as_json:
         _print_json(found.as_dict())
-        _refused_exit(found.investigation.ingest)
+        _input_exit(found.investigation.ingest, paths)
         for r in found.replays:
             _disagreement_exit(r)
         return
     _print_counts(found.investigation.ingest)
+    if found.investigation.ingest.empty:
+        _input_exit(found.investigation.ingest, paths)
     typer.echo("")
     _print_tiers(found)
     for r in found.replays:
@@ -417,7 +585,7 @@ def investigate(
 
             typer.echo(f"its complete lists (CSV, Parquet): {shown(folder_for(found.report.out))}")
     typer.echo(f"\nnext: kvforensics exposures --db {shown(db)}")
-    _refused_exit(found.investigation.ingest)
+    _input_exit(found.investigation.ingest, paths)
     for r in found.replays:
         _disagreement_exit(r)
 
@@ -442,7 +610,7 @@ def _investigate_on_spark(paths: list[Path], out_dir: Path, out: Path | None, *,
     finally:
         con.close()
     done = None
-    if out is not None:
+    if out is not None and not found.ingest.empty:
         from reports.render import report as write_report
 
         done = write_report(out_dir, out, audience=audience, pseudonymize_key=pseudonymize_key,
@@ -450,9 +618,11 @@ def _investigate_on_spark(paths: list[Path], out_dir: Path, out: Path | None, *,
     if as_json:
         _print_json({**found.as_dict(), "nodes_without_page_records": list(missing),
                      **({"report": done.as_dict()} if done is not None else {})})
-        _refused_exit(found.ingest)
+        _input_exit(found.ingest, paths)
         return
     _print_counts(found.ingest)
+    if found.ingest.empty:
+        _input_exit(found.ingest, paths)
     typer.echo("")
     _print_figures(found.exposure)
     if missing:
@@ -463,7 +633,7 @@ def _investigate_on_spark(paths: list[Path], out_dir: Path, out: Path | None, *,
     if done is not None:
         typer.echo(f"\nreport: {done.out}")
     typer.echo(f"\ncase (Parquet): {shown(out_dir)}\nnext: kvforensics exposures --db {shown(out_dir)}")
-    _refused_exit(found.ingest)
+    _input_exit(found.ingest, paths)
 
 
 @app.command()
@@ -564,17 +734,12 @@ def request(
 @app.command()
 def page(
     node: Annotated[str, typer.Argument(help="The node, e.g. decode-0.")],
-    page_id: Annotated[int, typer.Argument(metavar="PAGE", help="The page id.")],
+    page_id: Annotated[int, typer.Argument(metavar="PAGE", min=0, max=MOST_ID, help="The page id.")],
     db: DbOption,
-    boot: Annotated[int | None, typer.Option(help="Only this boot of the node.")] = None,
+    boot: Annotated[int | None, typer.Option(min=0, max=MOST_ID, help="Only this boot of the node.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
 ) -> None:
     """A page's timeline on a node: holds, writes and reads in (boot, seq) order."""
-
-    if not 0 <= page_id < 2**63:
-        raise BadOption(f"PAGE must be a page id, 0 or more and below 2^63, not {page_id}")
-    if boot is not None and not 0 <= boot < 2**63:
-        raise BadOption(f"--boot must be 0 or more and below 2^63, not {boot}")
 
     def query() -> pl.DataFrame:
         with forensics.Case(db) as case:
@@ -602,7 +767,7 @@ def sql(
     query: Annotated[str, typer.Argument(help="One read-only SQL query over the case's tables.")],
     db: DbOption,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
-    limit: Annotated[int, typer.Option(help="Print at most this many rows.", min=1)] = 1000,
+    limit: Annotated[int, typer.Option(help="Print at most this many rows.", min=1, max=MOST_ID)] = 1000,
     no_limit: Annotated[bool, typer.Option("--no-limit", help="Print every row, however many.")] = False,
 ) -> None:
     """Run one read-only SQL query over the case (tables in docs/tables.md).
@@ -650,31 +815,30 @@ PLACEHOLDER = Engine("sglang-placeholder")
 @app.command()
 def simulate(
     out: Annotated[Path, typer.Option("--out", help="Folder for the log set (must be new or empty).")],
-    requests: Annotated[
-        int | None, typer.Option(help="Requests to simulate (default 1000; with --trace, the whole trace).")
-    ] = None,
+    requests: Annotated[int | None, typer.Option(
+        min=1, max=MOST, help="Requests to simulate (default 1000; with --trace, the whole trace).")] = None,
     engine: Annotated[Engine, typer.Option(help="Engine behaviour.")] = PLACEHOLDER,
-    seed: Annotated[int, typer.Option(help="Seed of every random choice.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MOST_ID, help="Seed of every random choice.")] = 0,
     trace: Annotated[
         Path | None, typer.Option(help="A Mooncake (.jsonl) or Azure (.csv) trace to take arrivals from.")
     ] = None,
-    length_scale: Annotated[float, typer.Option(help="Multiply every prompt length by this.")] = 1.0,
-    over_long: Annotated[
-        float | None,
-        typer.Option(help="Share of prompts made longer than prefill admits (default 0.02; 0 with --trace)."),
-    ] = None,
-    late_writes: Annotated[
-        float, typer.Option(help="Share of transfers that land after decode timed out and freed.")
-    ] = 0.0,
-    rate: Annotated[float, typer.Option(help="Synthetic arrivals per second.")] = 4.0,
-    context_length: Annotated[int, typer.Option(help="Context window, tokens.")] = Deployment.context_length,
-    prefill_pool_tokens: Annotated[
-        int, typer.Option(help="Prefill KV pool, tokens.")
-    ] = Deployment.prefill_pool_tokens,
-    decode_pool_tokens: Annotated[int, typer.Option(help="Decode KV pool, tokens.")] = Deployment.decode_pool_tokens,
-    page_size: Annotated[int, typer.Option(help="Tokens per KV page.")] = Deployment.page_size,
-    prefill_nodes: Annotated[int, typer.Option(help="Prefill nodes.")] = Deployment.prefill_nodes,
-    decode_nodes: Annotated[int, typer.Option(help="Decode nodes.")] = Deployment.decode_nodes,
+    length_scale: Annotated[float, typer.Option(
+        min=0, max=MOST, callback=_positive, help="Multiply every prompt length by this.")] = 1.0,
+    over_long: Annotated[float | None, typer.Option(
+        min=0, max=1, help="Share of prompts made longer than prefill admits (default 0.02; 0 with --trace).")] = None,
+    late_writes: Annotated[float, typer.Option(
+        min=0, max=1, help="Share of transfers that land after decode timed out and freed.")] = 0.0,
+    rate: Annotated[float, typer.Option(
+        min=0, max=MOST, callback=_positive, help="Synthetic arrivals per second.")] = 4.0,
+    context_length: Annotated[int, typer.Option(
+        min=1, max=MOST, help="Context window, tokens.")] = Deployment.context_length,
+    prefill_pool_tokens: Annotated[int, typer.Option(
+        min=1, max=MOST, help="Prefill KV pool, tokens.")] = Deployment.prefill_pool_tokens,
+    decode_pool_tokens: Annotated[int, typer.Option(
+        min=1, max=MOST, help="Decode KV pool, tokens.")] = Deployment.decode_pool_tokens,
+    page_size: Annotated[int, typer.Option(min=1, max=MOST, help="Tokens per KV page.")] = Deployment.page_size,
+    prefill_nodes: Annotated[int, typer.Option(min=1, max=MOST, help="Prefill nodes.")] = Deployment.prefill_nodes,
+    decode_nodes: Annotated[int, typer.Option(min=1, max=MOST, help="Decode nodes.")] = Deployment.decode_nodes,
     sglang_logs: Annotated[Path | None, typer.Option(
         "--sglang-logs", help="Also write here what SGLang servers would have logged of the run "
         "(new or empty folder), with tenants.json for --tenant-map.")] = None,
@@ -743,24 +907,25 @@ def simulate(
 def replay(
     db: DbOption,
     engine: Annotated[Engine, typer.Option(help="Engine behaviour to replay under.")] = PLACEHOLDER,
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", help="Folder for the replayed log set and its case (an earlier replay's is replaced)."),
-    ] = None,
-    prefill_pool_tokens: Annotated[
-        int | None, typer.Option(help="What if the prefill KV pool had this many tokens.")
-    ] = None,
-    context_length: Annotated[int | None, typer.Option(help="What if the context window were this.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Folder for the replayed log set and its case (an earlier replay's is replaced).",
+        callback=_case_path)] = None,
+    prefill_pool_tokens: Annotated[int | None, typer.Option(
+        min=1, max=MOST, help="What if the prefill KV pool had this many tokens.")] = None,
+    context_length: Annotated[int | None, typer.Option(
+        min=1, max=MOST, help="What if the context window were this.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Replay the case's request and transfer records (never its page records) through the reference engine.
 
     Prints the replay's exposure figures and, where the case has page records, the agreement.
     """
+    from kvforensics.job import check_what_if
     from replay.replay import WhatIf, default_out
     from replay.replay import replay as run_replay
 
     what_if = WhatIf(prefill_pool_tokens=prefill_pool_tokens, context_length=context_length)
+    check_what_if(db, what_if)
     target = out or default_out(db, str(engine), what_if)
     result = (run_replay(db, str(engine), target, what_if=what_if))
     if as_json:
@@ -813,8 +978,16 @@ def _disagreement_exit(result: Any) -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    _say_what_is_compiled()
-    app()
+    _arm([_on_stop] * len(STOP_SIGNALS))
+    _Stop.started = True
+    try:
+        _say_what_is_compiled()
+        app()
+    except (SystemExit, Stopped):
+        _arm([signal.SIG_IGN] * len(STOP_SIGNALS))  # the outcome is decided: a stop now changes nothing
+        if _Stop.signum is not None:  # one that arrived outside a command, or was swallowed on its way
+            raise SystemExit(_say_stopped()) from None
+        raise
 
 
 def _say_what_is_compiled() -> None:

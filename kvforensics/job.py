@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.adapters import Options
+from forensics.errors import BadValue
 from forensics.exposure.tiers import (
     Filled,
     certainty,
@@ -77,6 +78,22 @@ class JobResult:
         return out
 
 
+def check_what_if(db: Path | str, what_if: WhatIf) -> None:
+    """Refuse, before any replay, a what-if prefill pool that holds no page on a prefill node of
+    the case (each pool needs a page besides page 0, which is reserved)."""
+    if what_if.prefill_pool_tokens is None:
+        return
+    con = connect(db, read_only=True, create=False)
+    try:
+        row = one(con, "SELECT max(page_size) FROM configs WHERE role = 'prefill'")
+    finally:
+        con.close()
+    page = row[0] if row else None
+    if page is not None and what_if.prefill_pool_tokens < page:
+        raise BadValue(f"--prefill-pool-tokens {what_if.prefill_pool_tokens} holds no page of the case's prefill "
+                       f"nodes ({page} tokens a page); give at least {page}")
+
+
 def replayable(db: Path | str) -> str | None:
     """Why the case cannot be replayed, or None when it can (engine configs and requests)."""
     con = connect(db, read_only=True, create=False)
@@ -113,6 +130,8 @@ def run(
     if out is not None:
         check_outputs(Path(out), audience)  # refused before hours of work, not after
     found = investigate(paths, db, progress=progress, format=format, options=options, limits=limits)
+    if found.ingest.empty:  # nothing to replay or report: the empty input is the answer
+        return JobResult(found, replay_skipped="no records")
     missing, gaps = _evidence_gaps(db)
     replays: tuple[ReplayResult, ...] = ()
     filled = None

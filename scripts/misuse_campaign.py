@@ -13,7 +13,11 @@ import argparse
 import gzip
 import json
 import os
+import random
+import re
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,15 +51,22 @@ class Run:
         return (self.out + self.err).decode("utf-8", "replace")
 
 
-def kvf(*args: str | Path, cwd: Path) -> Run:
+def kvf(*args: str | Path, cwd: Path, via: list[str] | None = None, preexec: Callable[[], None] | None = None,
+        stop: tuple[float, signal.Signals] | None = None) -> Run:
+    """``kvforensics ARGS`` (``via``: run by another command, as ``python -c SCRIPT``); ``preexec``
+    runs in the child before it starts, ``stop`` is a signal sent after so many seconds."""
     start = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([KVF, *map(str, args)], cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([*(via or [KVF]), *map(str, args)], cwd=cwd, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, preexec_fn=preexec)
         deadline = start + TIMEOUT
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
+            if stop is not None and time.monotonic() > start + stop[0]:
+                proc.send_signal(stop[1])
+                stop = None
             if time.monotonic() > deadline:
                 proc.kill()
                 pid, status, usage = os.wait4(proc.pid, 0)
@@ -216,7 +227,9 @@ def bad_arguments(d: Path) -> tuple[Run, bool]:
     runs = [kvf("sql", "", "--db", d / "c.duckdb", cwd=d), kvf("page", "decode-0", "99999999999999999999",
             "--db", d / "c.duckdb", cwd=d), kvf("report", "--db", d / "c.duckdb", "--out", d, cwd=d),
             kvf("report", "--db", d / "c.duckdb", "--out", "/proc/nope/r.html", cwd=d)]
-    return runs[-1], all(r.code in (1, 3) and len(r.err.strip().splitlines()) == 1 for r in runs)
+    codes = [r.code for r in runs]  # (PAGE out of range: a usage error)
+    return runs[-1], codes[:3] == [1, 2, 1] and codes[3] in (1, 3) and all(len(r.err.strip().splitlines()) == 1
+                                                                          for r in runs)
 
 
 @case
@@ -318,6 +331,217 @@ def quarantine_details_hold_no_values(d: Path) -> tuple[Run, bool]:
     kvf("ingest", d / "a.jsonl", "--db", d / "c.duckdb", cwd=d)
     r = kvf("quarantine", "--db", d / "c.duckdb", "--format", "csv", cwd=d)
     return r, r.code == 0 and b"SECRET" not in r.out and r.out.count(b"\n") == 4
+
+
+# --- issue #44: nothing passed over quietly, empty inputs, the system's refusals, stops, usage ----
+
+#: ``kvforensics`` with the files and folders named before ``--`` refused by the system as it opens or
+#: lists them: for root, whom permissions do not stop.
+DENIED = """
+import errno, os, sys
+cut = sys.argv.index("--")
+denied = {os.path.abspath(p) for p in sys.argv[1:cut]}
+real_open, real_scandir = os.open, os.scandir
+def check(path):
+    if os.path.abspath(os.fsdecode(path)) in denied:
+        raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
+def opened(path, *args, **kwargs):
+    check(path)
+    return real_open(path, *args, **kwargs)
+def listed(path="."):
+    check(path)
+    return real_scandir(path)
+os.open, os.scandir = opened, listed
+from kvforensics.cli import main
+sys.argv = ["kvforensics", *sys.argv[cut + 1:]]
+main()
+"""
+
+
+def kvf_denied(denied: list[Path], *args: str | Path, cwd: Path) -> Run:
+    """``kvforensics ARGS`` with ``denied`` unreadable: by permission, or as root by :data:`DENIED`."""
+    if os.geteuid() != 0:
+        for path in denied:
+            path.chmod(0)
+        try:
+            return kvf(*args, cwd=cwd)
+        finally:
+            for path in denied:
+                path.chmod(0o755)
+    return kvf(*denied, "--", *args, cwd=cwd, via=[sys.executable, "-c", DENIED])
+
+
+def one_line(r: Run) -> bool:
+    return len(r.err.decode("utf-8", "replace").strip().splitlines()) == 1 and "Traceback" not in r.text
+
+
+@case
+def unreadable_file_and_folder(d: Path) -> tuple[Run, bool]:
+    logs = Path(shutil.copytree(SAMPLE, d / "logs"))
+    (logs / "sub").mkdir()
+    shutil.move(logs / "decode-3.jsonl", logs / "sub" / "decode-3.jsonl")
+    runs = [kvf_denied([logs / "router.jsonl", logs / "sub"], "investigate", logs, "--db", d / "c.duckdb", cwd=d),
+            kvf_denied([logs / "router.jsonl"], "ingest", logs / "router.jsonl", "--db", d / "n.duckdb", cwd=d)]
+    import duckdb
+
+    con = duckdb.connect(str(d / "c.duckdb"), read_only=True)
+    refused = con.execute("SELECT count(*) FROM refused_files WHERE why LIKE '%Permission denied%'").fetchall()
+    con.close()
+    ok = (all(r.code == 6 and one_line(r) for r in runs) and refused == [(2,)]
+          and "sub: refused, nothing of it ingested: a folder that cannot be listed" in runs[0].text)
+    return runs[0], ok
+
+
+@case
+def inputs_without_records(d: Path) -> tuple[Run, bool]:
+    (d / "empty").mkdir()
+    (d / "blank.jsonl").write_text("\n \n")
+    (d / "bad.jsonl").write_text("not json\n")
+    runs = [kvf("investigate", d / "empty", "--db", d / "a.duckdb", "--out", d / "a.html", cwd=d),
+            kvf("ingest", d / "blank.jsonl", "--db", d / "b.duckdb", cwd=d),
+            kvf("investigate", d / "bad.jsonl", "--db", d / "c.duckdb", cwd=d)]
+    ok = (all(r.code == 8 and one_line(r) and "no records found in" in r.text for r in runs[:2])
+          and "exposed_responses" not in runs[0].text and not (d / "a.html").exists()
+          and runs[2].code == 0 and "1 quarantined" in runs[2].text)
+    return runs[0], ok
+
+
+@case
+def full_disk(d: Path) -> tuple[Run, bool]:
+    disk = d / "disk"
+    disk.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True).returncode == 0
+
+    def file_size_limit() -> None:  # (else: files past 1 MB refused by the system, EFBIG)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    try:
+        runs = [kvf(command, SAMPLE, "--db", disk / "c.duckdb", cwd=d, preexec=None if mounted else file_size_limit)
+                for command in ("ingest", "investigate")]
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)], check=True)
+    cause = "No space left on device" if mounted else "File too large"
+    return runs[0], all(r.code == 3 and one_line(r) and f"{disk}/c.duckdb" in r.text and cause in r.text
+                        for r in runs)
+
+
+@case
+def db_folder_read_only(d: Path) -> tuple[Run, bool]:
+    folder = d / "ro"
+    folder.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    if not mounted:
+        folder.chmod(0o555)
+    try:
+        r = kvf("ingest", SAMPLE / "router.jsonl", "--db", folder / "c.duckdb", cwd=d)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(folder)], check=True)
+        folder.chmod(0o755)
+    return r, r.code == 3 and one_line(r) and f"{folder}/c.duckdb: " in r.text
+
+
+@case
+def db_path_not_utf8(d: Path) -> tuple[Run, bool]:
+    r = kvf("ingest", SAMPLE / "router.jsonl", "--db", d / os.fsdecode(b"c\xff.duckdb"), cwd=d)
+    return r, r.code == 2 and one_line(r) and "--db" in r.text and list(d.iterdir()) == []
+
+
+#: Every numeric option, the arguments its command needs, and what it admits (least, most; floats
+#: may not be nan).
+NUMERIC = {
+    "--year": (["ingest", "LOG", "--db", "DB"], 1, 9999),
+    "--max-line-bytes": (["ingest", "LOG", "--db", "DB"], 4096, 2**40),
+    "--max-expansion": (["investigate", "LOG", "--db", "DB"], 1, 2**40),
+    "--partitions": (["investigate", "LOG", "--engine", "spark", "--out-dir", "OUT"], 1, 2**31 - 1),
+    "--boot": (["page", "decode-0", "1", "--db", "DB"], 0, 2**63 - 1),
+    "--limit": (["sql", "SELECT 1", "--db", "DB"], 1, 2**63 - 1),
+    **{o: (["simulate", "--out", "OUT", "--requests", "3"], 1, 2**40) for o in (
+        "--context-length", "--prefill-pool-tokens", "--decode-pool-tokens", "--page-size", "--prefill-nodes",
+        "--decode-nodes")},
+    "--requests": (["simulate", "--out", "OUT"], 1, 2**40), "--seed": (["simulate", "--out", "OUT"], 0, 2**63 - 1),
+    **{o: (["simulate", "--out", "OUT", "--requests", "3"], 0.0, 2.0**40) for o in ("--length-scale", "--rate")},
+    **{o: (["simulate", "--out", "OUT", "--requests", "3"], 0.0, 1.0) for o in ("--over-long", "--late-writes")},
+    **{f"replay {o}": (["replay", "--db", "DB"], 1, 2**40) for o in ("--prefill-pool-tokens", "--context-length")},
+}
+
+
+@case
+def numbers_out_of_range(d: Path) -> tuple[Run, bool]:
+    """Property-based: for every numeric option, values drawn below its least and past its most
+    (and nan, inf for floats); each is a usage error in one line naming the option."""
+    rng = random.Random(44)
+    runs = []
+    for name, (args, least, most) in NUMERIC.items():
+        option = name.split()[-1]
+        if isinstance(least, float):
+            values = [rng.choice(["nan", "inf", "-inf"]), str(least - rng.uniform(1e-6, 1e9)),
+                      str(most + rng.uniform(1e-3, 1e300))]
+        else:
+            values = [str(least - rng.randint(1, 2**70)), str(most + rng.randint(1, 2**70))]
+        for value in values:
+            filled = [str(d / "w" / "c.duckdb") if a == "DB" else str(d / "w" / "o") if a == "OUT"
+                      else str(SAMPLE / "router.jsonl") if a == "LOG" else a for a in args]
+            r = kvf(*filled, option, value, cwd=d)
+            runs.append((r, r.code == 2 and one_line(r) and f"'{option}'" in r.text))
+    return next((r for r, held in runs if not held), runs[0][0]), all(held for _, held in runs)
+
+
+@case
+def usage_errors_in_one_line(d: Path) -> tuple[Run, bool]:
+    runs = [kvf(*args, cwd=d) for args in (["--nope"], ["nope"], ["ingest"], ["ingest", "--nope"],
+                                           ["sql", "SELECT 1"], ["replay", "--db", d / "c.duckdb", "--engine", "x"])]
+    help_text = " ".join(kvf("--help", cwd=d).out.decode().split())
+    listed = all(f" {code} " in help_text for code in ("6", "7", "8")) and "130, 143" in help_text
+    return runs[0], listed and all(r.code == 2 and one_line(r) and r.text.startswith("kvforensics: usage: ")
+                                   for r in runs)
+
+
+def case_tables(db: Path) -> dict[str, list[tuple[object, ...]]]:
+    """Every table of a case, rows sorted, without what differs from run to run (times, versions, paths)."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    out = {}
+    for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall():
+        columns = [f'"{c}"' for (c,) in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [table]
+        ).fetchall() if c not in ("ingested_at", "refused_at", "toolkit_version", "out")]
+        out[table] = sorted(con.execute(f'SELECT {", ".join(columns)} FROM "{table}"').fetchall(), key=repr)
+    con.close()
+    return out
+
+
+@case
+def stops_at_random_times(d: Path) -> tuple[Run, bool]:
+    """Property-based: SIGINT or SIGTERM at random times through ``investigate --out`` (start-up,
+    ingest, analysis, replays, report): each run ends done (0) or with one line saying what the stop
+    interrupted (130, 143), and the same command run again makes the tables an uninterrupted run does."""
+    kvf("simulate", "--out", d / "logs", "--requests", "1000", "--seed", "1", cwd=d)
+    whole = kvf("investigate", d / "logs", "--db", d / "ref" / "c.duckdb", "--out", d / "ref" / "r.html", cwd=d)
+    reference = case_tables(d / "ref" / "c.duckdb")
+    rng = random.Random(44)
+    worst, held, stopped = whole, whole.code == 0, 0
+    for i in range(6):
+        folder = d / f"run{i}"
+        args = ("investigate", d / "logs", "--db", folder / "c.duckdb", "--out", folder / "r.html")
+        sig = rng.choice([signal.SIGINT, signal.SIGTERM])
+        r = kvf(*args, cwd=d, stop=(rng.uniform(0.05, whole.seconds), sig))
+        said = re.fullmatch(rf"kvforensics: stopped by {sig.name} during [^;]+; [^\n]+; run the same command again "
+                            r"to finish\n", r.err.decode("utf-8", "replace"))
+        if r.code == 128 + sig and said:
+            stopped += 1
+            again = kvf(*args, cwd=d)
+            ok = again.code == 0 and case_tables(folder / "c.duckdb") == reference
+        else:
+            ok = r.code == 0 and not r.err
+        if not ok:
+            worst, held = r, False
+    return worst, held and stopped > 0
 
 
 def main() -> int:

@@ -157,6 +157,12 @@ class IngestResult:
         """The files that could not be read (nothing of them is in the case)."""
         return tuple(f for f in self.files if f.status == "refused")
 
+    @property
+    def empty(self) -> bool:
+        """Whether the files named held no record at all: nothing to analyse, which is an answer
+        of its own (a file of malformed lines is not empty: its records are quarantined)."""
+        return self.records.read == 0
+
     def as_dict(self) -> dict[str, object]:
         """As JSON-ready data."""
         return {
@@ -189,15 +195,16 @@ def ingest(
     :data:`~forensics.ingestion.readers.FAST_FROM_BYTES` (None). ``limits``: the reader's bounds
     (the longest line, how far a compressed file may expand).
 
-    A file that cannot be read (damaged compression, a bomb, changed while read) is refused: it
-    is rolled back, listed with why in the result and in the case's ``refused_files``, and the
-    other files are ingested.
+    A file that cannot be read (damaged compression, a bomb, changed while read, no permission to
+    open it, in a folder that cannot be listed) is refused: it is rolled back, listed with why in
+    the result and in the case's ``refused_files``, and the other files are ingested.
     """
     if format is not None:
         adapters.get(format)
     logs, skipped = discover([Path(p) for p in paths], format, fast=fast, limits=limits)
     with _ordinary_pages():
-        return _ingest(db, logs, skipped, progress, options or Options())
+        return _ingest(db, logs, skipped, progress, options or Options(),
+                       searched=[Path(p) for p in paths if Path(p).is_dir()])
 
 
 def ingest_alone(log: LogFile, db: Path | str, options: Options | None = None) -> IngestResult:
@@ -214,8 +221,8 @@ Settler = Callable[[duckdb.DuckDBPyConnection, int, dict[str, tuple[str, ...]]],
 
 
 def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], progress: Progress | None,
-            options: Options, settler: Settler = settle) -> IngestResult:
-    """:func:`ingest` of the files found."""
+            options: Options, settler: Settler = settle, searched: Sequence[Path] = ()) -> IngestResult:
+    """:func:`ingest` of the files found (in the folders ``searched``)."""
     con = connect(db)
     try:
         # the files are read, split and hashed while the case gets ready (the stage's statement
@@ -238,14 +245,15 @@ def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], prog
             finally:
                 for digest in hashes:
                     digest.cancel()
-        final = _with_counts(con, results)
+        final = _with_counts(con, results) + [_unopened(con, p) for p in skipped if p.refused]
+        _forget_listed(con, searched, {r.path for r in final if r.status == "refused"})
         # a file named twice, or two paths with the same bytes, is one piece of evidence
         distinct = {r.sha256: r.counts for r in final if r.status != "refused"}
         total = sum(distinct.values(), Counts())
         return IngestResult(
             db=str(db),
             files=tuple(final),
-            skipped=tuple(skipped),
+            skipped=tuple(p for p in skipped if not p.refused),
             records=total,
             case=case_counts(con),
         )
@@ -355,11 +363,33 @@ def _ingest_or_refuse(
             hashed = hashing.result()
         except UnreadableFile:
             hashed = Hashed("", _size_or_zero(log.path), 0)
-        con.execute("DELETE FROM refused_files WHERE path = ?", [path_text(log.path)])
-        con.execute("INSERT INTO refused_files VALUES (?, ?, ?, ?, ?, ?)",
-                    [path_text(log.path), hashed.size, hashed.sha256 or None, why, dt.datetime.now(dt.UTC),
-                     __version__])
+        _refuse(con, path_text(log.path), hashed.size, hashed.sha256 or None, why)
         return FileResult(status="refused", why=why, **_identity(log, hashed))
+
+
+def _unopened(con: duckdb.DuckDBPyConnection, passed: PassedOver) -> FileResult:
+    """A file or folder the system would not open (:func:`~forensics.ingestion.readers.discover`),
+    refused as a damaged file is: in ``refused_files``, and in the result with why."""
+    size = _size_or_zero(Path(passed.path))
+    _refuse(con, passed.path, size, None, passed.why)
+    return FileResult(path=passed.path, sha256="", size=size, format="unknown", compression="unknown",
+                      status="refused", counts=Counts(), why=passed.why)
+
+
+def _forget_listed(con: duckdb.DuckDBPyConnection, searched: Sequence[Path], refused: set[str]) -> None:
+    """Take off ``refused_files`` the folders refused before, under a folder ``searched`` now, that
+    were listed this time (their files are read as any other): a file is taken off as it is read."""
+    under = [Path(path_text(folder)) for folder in searched]
+    for (path,) in con.execute("SELECT path FROM refused_files").fetchall():
+        if path not in refused and os.path.isdir(path) and any(Path(path).is_relative_to(f) for f in under):
+            con.execute("DELETE FROM refused_files WHERE path = ?", [path])
+
+
+def _refuse(con: duckdb.DuckDBPyConnection, path: str, size: int, sha256: str | None, why: str) -> None:
+    """``path`` in ``refused_files``, in place of an earlier refusal of it."""
+    con.execute("DELETE FROM refused_files WHERE path = ?", [path])
+    con.execute("INSERT INTO refused_files VALUES (?, ?, ?, ?, ?, ?)",
+                [path, size, sha256, why, dt.datetime.now(dt.UTC), __version__])
 
 
 def _size_or_zero(path: Path) -> int:
@@ -409,11 +439,21 @@ def _ingest_file(
         con.execute("DELETE FROM refused_files WHERE path = ?", [path_text(log.path)])
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        _roll_back(con)
         raise
-    finally:
-        con.execute("DROP TABLE IF EXISTS stage")
+    con.execute("DROP TABLE IF EXISTS stage")
     return FileResult(status="ingested", ignored=ignored[0], notes=tuple(notes.lines()), **_identity(log, hashed))
+
+
+def _roll_back(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll the file's transaction back, and its stage with it. Where the transaction has ended
+    already (a COMMIT the disk refused), there is nothing to roll back, and the error that ended
+    it is the one to report, not the ROLLBACK's."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.TransactionException:
+        pass
+    con.execute("DROP TABLE IF EXISTS stage")
 
 
 def _identity(log: LogFile, hashed: Hashed) -> dict[str, Any]:

@@ -78,10 +78,13 @@ EXPANSION_FLOOR = 16 << 20
 
 @dataclass(frozen=True)
 class PassedOver:
-    """A file inside a folder that is not read, and why."""
+    """A file inside a folder that is not read, and why; ``refused``: one that could not be read (a
+    file or folder the system would not open), which ingest refuses as it does a damaged file,
+    unlike what is not a log file."""
 
     path: str
     why: str
+    refused: bool = False
 
     def as_dict(self) -> dict[str, str]:
         """As JSON-ready data."""
@@ -113,10 +116,12 @@ def discover(
 
     A file named explicitly must be a regular file and a log file; inside folders, files of other
     kinds (READMEs, checksums) and anything that is not a regular file (a FIFO, a device, a
-    socket, a broken link) are passed over and listed. Each file's format is recognised from
-    its name and first lines, or is ``adapter`` where one is forced (``--format``); ``fast``
-    says whether plain JSON lines may take the compiled fast path (None: where they add up to
-    :data:`FAST_FROM_BYTES`). Either path gives the same records. ``limits``: the reader's bounds.
+    socket, a broken link) are passed over and listed. A file or folder the system will not open
+    (no permission), named or inside a folder, is passed over as refused: ingest refuses it as it
+    does a damaged file. Each file's format is recognised from its name and first lines, or is
+    ``adapter`` where one is forced (``--format``); ``fast`` says whether plain JSON lines may take
+    the compiled fast path (None: where they add up to :data:`FAST_FROM_BYTES`). Either path gives
+    the same records. ``limits``: the reader's bounds.
     """
     found: list[LogFile] = []
     skipped: list[PassedOver] = []
@@ -124,34 +129,13 @@ def discover(
         if not os.path.lexists(path):
             raise InputNotFound(f"{shown(path)}: no such file or folder")
         if path.is_dir():
-            for child in sorted(path.rglob("*")):
-                if any(part.startswith(".") for part in child.relative_to(path).parts) or child.is_dir():
-                    continue
-                special = not_regular(child)
-                if special is not None:
-                    skipped.append(PassedOver(path_text(child), special))
-                    continue
-                try:
-                    log = identify(child, explicit=False, adapter=adapter)
-                except UnreadableFile as exc:
-                    skipped.append(PassedOver(path_text(child), str(exc).split(": ", 1)[-1]))
-                    continue
-                if log is None:
-                    skipped.append(PassedOver(path_text(child), "not a log file"))
-                else:
-                    found.append(log)
+            children, unlisted = _tree(path)
+            skipped += unlisted
+            looked = [_look_at(child, adapter, explicit=False) for child in children]
         else:
-            special = not_regular(path)
-            if special is not None:
-                raise UnreadableFile(f"{shown(path)}: {special}; only regular files are read")
-            log = identify(path, explicit=True, adapter=adapter)
-            if log is None:
-                raise UnrecognisedFile(
-                    f"{shown(path)}: not a log file this tool reads (canonical JSON Lines, CSV or Parquet, "
-                    f"or an engine log an adapter recognises: {', '.join(adapters.ADAPTERS)}; "
-                    "optionally .gz or .zst); name one with --format"
-                )
-            found.append(log)
+            looked = [_look_at(path, adapter, explicit=True)]
+        found += [x for x in looked if isinstance(x, LogFile)]
+        skipped += [x for x in looked if isinstance(x, PassedOver)]
     found = [dataclasses.replace(log, limits=limits or Limits()) for log in found]
     if fast is None:  # the fast path where it pays: loading its machine code alone takes a second
         plain = [log for log in found if log.adapter == "canonical" and log.format == "jsonl"]
@@ -163,18 +147,63 @@ def discover(
     return found, skipped
 
 
+def _tree(folder: Path) -> tuple[list[Path], list[PassedOver]]:
+    """Everything under ``folder`` but its folders (hidden names left out; links to folders listed,
+    not followed), in a stable order, and the folders in it that could not be listed, refused."""
+    children: list[Path] = []
+    unlisted: list[PassedOver] = []
+
+    def refuse(exc: OSError) -> None:
+        unlisted.append(PassedOver(path_text(exc.filename), f"a folder that cannot be listed ({exc.strerror})",
+                                   refused=True))
+
+    for top, folders, files in os.walk(folder, onerror=refuse):
+        inside = Path(top)
+        children += [inside / name for name in files if not name.startswith(".")]
+        children += [inside / name for name in folders if not name.startswith(".") and (inside / name).is_symlink()]
+        folders[:] = [name for name in folders if not name.startswith(".")]
+    return sorted(children), sorted(unlisted, key=lambda p: p.path)
+
+
+def _look_at(path: Path, adapter: str | None, *, explicit: bool) -> LogFile | PassedOver:
+    """``path`` as a log file to read, or passed over with why: refused where the system will not
+    open it, as a damaged file is; listed where it is no log file or no regular file, an error
+    where it was named (``explicit``)."""
+    try:
+        special = not_regular(path)
+        log = identify(path, explicit=explicit, adapter=adapter) if special is None else None
+    except UnreadableFile as exc:
+        return PassedOver(path_text(path), str(exc).removeprefix(f"{shown(path)}: "), refused=True)
+    if special is not None:
+        if explicit:
+            raise UnreadableFile(f"{shown(path)}: {special}; only regular files are read")
+        return PassedOver(path_text(path), special)
+    if log is None:
+        if explicit:
+            raise UnrecognisedFile(
+                f"{shown(path)}: not a log file this tool reads (canonical JSON Lines, CSV or Parquet, "
+                f"or an engine log an adapter recognises: {', '.join(adapters.ADAPTERS)}; "
+                "optionally .gz or .zst); name one with --format"
+            )
+        return PassedOver(path_text(path), "not a log file")
+    return log
+
+
 def not_regular(path: Path) -> str | None:
-    """Why ``path`` is not read, if it is not a regular file (links followed): None if it is one."""
+    """Why ``path`` is not read, if it is not a regular file (links followed): None if it is one.
+    :class:`UnreadableFile` where the system will not even say what it is (no permission)."""
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
         return "a broken symbolic link" if path.is_symlink() else "no such file"
     except OSError as exc:
-        return f"cannot be read ({exc.strerror})"
+        raise UnreadableFile(f"{shown(path)}: cannot be read ({exc.strerror})") from exc
     if stat.S_ISREG(mode):
         return None
+    if stat.S_ISDIR(mode):  # (met only as a link inside a folder: a folder named is searched)
+        return "a link to a folder, not followed"
     for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return f"not a regular file ({what})"
     return "not a regular file"

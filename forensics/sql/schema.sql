@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS files (
 );
 
 -- Files the last ingest that named them could not read (damaged compression, a decompression
--- bomb, a file changed while read): nothing else of them is in the case. A later ingest that
+-- bomb, a file changed while read, no permission; a folder that cannot be listed): nothing else
+-- of them is in the case. A later ingest that
 -- reads one takes it off this list.
 CREATE TABLE IF NOT EXISTS refused_files (
   path VARCHAR NOT NULL,

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import forensics
-from kvforensics.cli import EXIT_ERROR, EXIT_INTERNAL, EXIT_REFUSED_FILES, app
+from kvforensics.cli import EXIT_ERROR, EXIT_INTERNAL, EXIT_NO_RECORDS, EXIT_REFUSED_FILES, app
 
 RUNNER = CliRunner()
 EXAMPLE = FIXTURES / "examples" / "placeholder" / "events.jsonl"
-SANE_EXITS = {0, 1, 2, 3, 4, EXIT_REFUSED_FILES, 141}
+SANE_EXITS = {0, 1, 2, 3, 4, EXIT_REFUSED_FILES, EXIT_NO_RECORDS, 141}
 
 
 @pytest.fixture(scope="module")

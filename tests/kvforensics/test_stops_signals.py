@@ -1,0 +1,216 @@
+"""Every stop is said: SIGINT and SIGTERM, sent to the command at each of its steps, end it with one
+line on stderr (what was interrupted, that the case is consistent, that the same command run again
+finishes it) and exit 130 or 143; run again, the command finishes the case into the tables an
+uninterrupted run makes. The signals are real, sent to a running ``kvforensics``."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+import forensics.store
+from kvforensics.cli import EXIT_ERROR, app
+from replay.simulate import simulate_to
+
+KVF = str(Path(sys.executable).with_name("kvforensics"))
+#: The command as its console script runs it, saying on stderr when each step begins ("step: NAME"),
+#: so that a signal can be sent while that step works.
+MARKED = """
+import sys
+import forensics.investigation
+import kvforensics.job
+from kvforensics.cli import main
+
+def marked(name, step):
+    def run(*args, **kwargs):
+        print(f"step: {name}", file=sys.stderr, flush=True)
+        return step(*args, **kwargs)
+    return run
+
+forensics.investigation.analyse = marked("analysis", forensics.investigation.analyse)
+kvforensics.job.replay = marked("replay", kvforensics.job.replay)
+kvforensics.job.report = marked("report", kvforensics.job.report)
+sys.argv = ["kvforensics", *sys.argv[1:]]
+main()
+"""
+#: Columns that differ between two runs of one command: when, by which version, into which folder.
+RUN_COLUMNS = {"ingested_at", "refused_at", "toolkit_version", "out"}
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log set the whole job takes seconds over (each step long enough to be stopped in)."""
+    out = tmp_path_factory.mktemp("stops") / "logs"
+    simulate_to(out, requests=400, seed=1)
+    return out
+
+
+def _uninterrupted(logs: Path, folder: Path, *more: str) -> Path:
+    db = folder / "case.duckdb"
+    subprocess.run([KVF, "investigate", str(logs), "--db", str(db), *more], check=True, capture_output=True)
+    return db
+
+
+@pytest.fixture(scope="module")
+def analysed(logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The case ``investigate`` makes uninterrupted."""
+    return _uninterrupted(logs, tmp_path_factory.mktemp("analysed"))
+
+
+@pytest.fixture(scope="module")
+def reported(logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The case ``investigate --out`` makes uninterrupted (its replays included)."""
+    folder = tmp_path_factory.mktemp("reported")
+    return _uninterrupted(logs, folder, "--out", str(folder / "r.html"))
+
+
+def tables(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table of a case, its rows sorted, without the columns that differ from run to run."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        out = {}
+        for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall():
+            columns = [f'"{c}"' for (c,) in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [table]
+            ).fetchall() if c not in RUN_COLUMNS]
+            out[table] = sorted(con.execute(f'SELECT {", ".join(columns)} FROM "{table}"').fetchall(), key=repr)
+        return out
+    finally:
+        con.close()
+
+
+def stop(args: list[str], until: Callable[[subprocess.Popen[str], list[str]], bool], sig: signal.Signals,
+         *, after: float = 0.0) -> tuple[int, list[str]]:
+    """Run ``args``, send ``sig`` once ``until(process, its stderr lines so far)`` holds (and
+    ``after`` seconds more); its exit code and the lines it said on stderr (step marks left out)."""
+    lines: list[str] = []
+    with subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+
+        def read() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.append(line)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not until(proc, lines):
+            assert proc.poll() is None, f"ended before the signal: {lines}"
+            assert time.monotonic() < deadline, "the step never began"
+            time.sleep(0.005)
+        time.sleep(after)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+        reader.join()
+    return code, [line.rstrip("\n") for line in lines if not line.startswith("step: ")]
+
+
+def loading(proc: subprocess.Popen[str], lines: list[str]) -> bool:
+    """The command is loading its modules (DuckDB's is in; polars, typer and the library to come)."""
+    return "_duckdb" in Path(f"/proc/{proc.pid}/maps").read_text()
+
+
+def step_began(name: str) -> Callable[[subprocess.Popen[str], list[str]], bool]:
+    """The step ``name`` has begun (said by :data:`MARKED`)."""
+    return lambda proc, lines: f"step: {name}\n" in lines
+
+
+def said_one_stop(code: int, lines: list[str], sig: signal.Signals, step: str) -> None:
+    assert code == 128 + sig, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"kvforensics: stopped by {sig.name} during {step};"), lines
+    assert lines[0].endswith("run the same command again to finish"), lines
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_stop_while_the_command_starts_is_said_and_writes_nothing(logs: Path, tmp_path: Path,
+                                                                   sig: signal.Signals) -> None:
+    db = tmp_path / "case.duckdb"
+    code, lines = stop([KVF, "investigate", str(logs), "--db", str(db)], loading, sig)
+    said_one_stop(code, lines, sig, "the start-up")
+    assert "nothing was written" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_in_the_ingest_leaves_whole_files_and_a_rerun_finishes_the_case(
+    logs: Path, analysed: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "case.duckdb"
+    code, lines = stop([KVF, "investigate", str(logs), "--db", str(db)], lambda *_: db.exists(), signal.SIGINT,
+                       after=0.05)
+    said_one_stop(code, lines, signal.SIGINT, "the ingest")
+    assert "the case is consistent" in lines[0]
+    subprocess.run([KVF, "investigate", str(logs), "--db", str(db)], check=True, capture_output=True)
+    assert tables(db) == tables(analysed)
+
+
+def test_a_stop_in_the_analysis_is_said_and_a_rerun_finishes_the_case(
+    logs: Path, analysed: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "case.duckdb"
+    args = ["investigate", str(logs), "--db", str(db)]
+    code, lines = stop([sys.executable, "-c", MARKED, *args], step_began("analysis"), signal.SIGTERM, after=0.05)
+    said_one_stop(code, lines, signal.SIGTERM, "the analysis")
+    subprocess.run([KVF, *args], check=True, capture_output=True)
+    assert tables(db) == tables(analysed)
+
+
+@pytest.mark.parametrize(("step", "sig"), [("replay", signal.SIGINT), ("report", signal.SIGTERM)],
+                         ids=["replay-SIGINT", "report-SIGTERM"])
+def test_a_stop_in_the_whole_job_is_said_and_a_rerun_finishes_it(
+    logs: Path, reported: Path, tmp_path: Path, step: str, sig: signal.Signals
+) -> None:
+    db, out = tmp_path / "case.duckdb", tmp_path / "r.html"
+    args = ["investigate", str(logs), "--db", str(db), "--out", str(out)]
+    code, lines = stop([sys.executable, "-c", MARKED, *args], step_began(step), sig, after=0.05)
+    said_one_stop(code, lines, sig, f"the {step}")
+    assert "the case is consistent" in lines[0] and not out.exists()
+    subprocess.run([KVF, *args], check=True, capture_output=True)
+    assert tables(db) == tables(reported) and out.is_file()
+
+
+def test_a_stop_in_a_simulation_is_said_and_leaves_its_folder_empty_for_a_rerun(tmp_path: Path) -> None:
+    out = tmp_path / "logs"
+
+    def writing(proc: subprocess.Popen[str], lines: list[str]) -> bool:
+        return any(p.name.startswith(".logs.writing-") for p in tmp_path.iterdir())
+
+    code, lines = stop([KVF, "simulate", "--out", str(out), "--requests", "1000000"], writing, signal.SIGTERM,
+                       after=0.2)
+    said_one_stop(code, lines, signal.SIGTERM, "the simulation")
+    assert "no log set was written" in lines[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["logs"] and list(out.iterdir()) == []
+
+
+def test_a_case_is_never_named_before_its_schema_is_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop while a new case is made leaves nothing at its path (and nothing beside it): the
+    schema goes into a file beside it, which takes the case's name only once whole."""
+    def stopped(con: duckdb.DuckDBPyConnection) -> None:
+        con.execute("CREATE TABLE case_meta (key VARCHAR)")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(forensics.store, "_write_schema", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        forensics.store.connect(tmp_path / "case.duckdb")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_database_an_older_stop_left_is_said_and_the_ingest_makes_it_a_case(tmp_path: Path) -> None:
+    db = tmp_path / "case.duckdb"
+    duckdb.connect(str(db)).close()  # (what an ingest stopped before its schema left, before cases were made whole)
+    runner = CliRunner()
+    refused = runner.invoke(app, ["sql", "SELECT count(*) FROM files", "--db", str(db)])
+    assert refused.exit_code == EXIT_ERROR and "run the ingest again" in refused.stderr
+    example = Path(__file__).parents[1] / "fixtures" / "examples" / "placeholder" / "events.jsonl"
+    assert runner.invoke(app, ["ingest", str(example), "--db", str(db)]).exit_code == 0
+    assert runner.invoke(app, ["sql", "SELECT count(*) FROM files", "--db", str(db)]).exit_code == 0
