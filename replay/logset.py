@@ -1,4 +1,6 @@
-"""Writing canonical log sets: one JSON Lines file per node, seq numbered per node."""
+"""Writing canonical log sets: one JSON Lines file per node, seq numbered per node (or, packed,
+the nodes' records in files of about a million records each: a replay of ten thousand nodes is
+then a few files to ingest, not ten thousand)."""
 
 from __future__ import annotations
 
@@ -46,18 +48,27 @@ def record_line(record: dict[str, Any]) -> str:
     return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
 
 
+#: A packed log set's records a file: a file ends at the first node flushed past this many.
+PART_RECORDS = 1 << 20
+
+
 class LogSet:
     """Records of every node, numbered per node by ``emit``: kept in emission order until written,
     or, with ``into`` (a folder), written to each node's file as they are emitted (a replay holds
-    none of them)."""
+    none of them). ``packed``: the nodes share files (``part-NNNNN.jsonl``), a new one started once
+    a node is flushed into a file of :data:`PART_RECORDS` records or more (the order of a node's
+    records is its seq, never its file)."""
 
-    def __init__(self, into: Path | None = None) -> None:
+    def __init__(self, into: Path | None = None, *, packed: bool = False) -> None:
         self.lines: dict[str, list[str]] = {}
         self._seq: dict[str, int] = {}
         self._used: set[str] = set()  # file names written
         self._into = into
         self._open: dict[str, IO[str]] = {}
         self.records = 0
+        self._packed = packed
+        self._part: IO[str] | None = None  # packed: the file being written
+        self._part_records = 0
 
     def emit(self, record: dict[str, Any], *, numbered: bool = True) -> None:
         """Add a record to its node's file, numbered by the node's next seq unless ``numbered`` is false."""
@@ -70,6 +81,7 @@ class LogSet:
             fh = self._open.get(node) or self._start(node, self._into)
             fh.write(record_line(record))
             fh.write("\n")
+            self._part_records += 1
         else:
             self.lines.setdefault(node, []).append(record_line(record))
         self.records += 1
@@ -81,21 +93,47 @@ class LogSet:
     def write(self, out: Path) -> list[Path]:
         """One ``NODE.jsonl`` per node in ``out`` (with ``into``: the files there, closed); the
         files written, in node order."""
-        return [self.flush(node, out) for node in sorted(set(self.lines) | set(self._open))]
+        written = [self.flush(node, out) for node in sorted(set(self.lines) | set(self._open))]
+        self.close()
+        return list(dict.fromkeys(written))
 
     def flush(self, node: str, out: Path) -> Path:
         """Write ``node``'s records to its file in ``out`` and let them go (a replay writes each
-        node's as soon as it is done with it); the file written."""
+        node's as soon as it is done with it); the file written (packed: left open for the next
+        node until it holds :data:`PART_RECORDS`)."""
         fh = self._open.pop(node, None) or self._start(node, out)
         for line in self.lines.pop(node, []):
             fh.write(line)
             fh.write("\n")
-        fh.close()
+            self._part_records += 1
+        if not self._packed or self._part_records >= PART_RECORDS:
+            self._close(fh)
         return Path(fh.name)
 
+    def close(self) -> None:
+        """Close every file still open (packed: the last part)."""
+        for fh in {id(f): f for f in [*self._open.values(), *([self._part] if self._part else [])]}.values():
+            self._close(fh)
+        self._open.clear()
+
+    def _close(self, fh: IO[str]) -> None:
+        fh.close()
+        if fh is self._part:
+            self._part = None
+            self._open = {n: f for n, f in self._open.items() if f is not fh}
+        self._part_records = 0
+
     def _start(self, node: str, out: Path) -> IO[str]:
-        """Open ``node``'s file in ``out``, under a name no other node of this set has."""
+        """Open ``node``'s file in ``out``, under a name no other node of this set has (packed:
+        the part being written, or the next one)."""
         out.mkdir(parents=True, exist_ok=True)
+        if self._packed:
+            if self._part is None:
+                self._part = (out / f"part-{len(self._used):05d}.jsonl").open("w", encoding="utf-8", newline="\n")
+                self._used.add(self._part.name)
+                self._part_records = 0
+            self._open[node] = self._part
+            return self._part
         name = _file_name(node)
         while name in self._used:  # two node names made safe alike: keep both files
             name += "_"

@@ -193,13 +193,16 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
             extra, not_replayed = _arrival_events(unlogged, configs)
             _make_room(out)
             logs = out / "logs"
-            log = LogSet(into=logs)
+            log = LogSet(into=logs, packed=True)
+            queries = _NodeQueries(con, roles)
             for node in sorted(set(configs) | _nodes_with_events(con)):
                 if only is not None and node not in only and roles.get(node) in ("prefill", "decode"):
                     continue
-                _replay_node(con, node, configs.get(node, []), roles.get(node), engine, what_if, log,
+                _replay_node(queries, node, configs.get(node, []), roles.get(node), engine, what_if, log,
                              unlogged, extra.get(node, []), mode == "confirm", disagreements, schedule, clocks)
                 log.flush(node, logs)
+            queries.close()
+            log.close()
             logs.mkdir(parents=True, exist_ok=True)
         finally:
             con.close()
@@ -443,29 +446,80 @@ class _Row(NamedTuple):
 
 
 def _events_sql(fields: str) -> str:
-    return (f"SELECT {fields}, row_number() OVER (ORDER BY {_ORDER}) AS _i FROM records "
-            "WHERE kind IN ('request', 'transfer') AND node = $node")
+    """SQL: every node's request and transfer records, ``_i`` numbering each node's in its order."""
+    return (f"SELECT {fields}, row_number() OVER (PARTITION BY node ORDER BY {_ORDER}) AS _i FROM records "
+            "WHERE kind IN ('request', 'transfer')")
 
 
-def _node_events(con: duckdb.DuckDBPyConnection, node: str) -> Iterator[_Row]:
-    """One node's request and transfer records, in its order, read in batches."""
-    cur = _reader(con)
-    try:
-        for row in _batches(cur, f"""
-                WITH ev AS ({_events_sql(_EVENT_SQL)})
-                SELECT {', '.join(f'ev.{f}' for f in _EVENT_FIELDS)}, s.request_id IS NOT NULL AS _served,
-                       ev._i = max(ev._i) OVER (PARTITION BY ev.request_id) AS _last, {_PLAN_SQL},
-                       max(CASE WHEN ev.kind = 'request' AND ev.event = 'finished' AND ev.status BETWEEN 200 AND 299
-                                THEN ev._i END) OVER (PARTITION BY ev.request_id, ev.boot) AS _finish_i, ev._i
-                FROM ev LEFT JOIN memory.main.replay_plans p USING (request_id)
-                LEFT JOIN memory.main.replay_served s USING (request_id)
-                ORDER BY ev._i""", {"node": node}):
-            out = _row(row[:-2])
-            # where it and its request's delivered finish come in the node's order
-            out.record["_finish_i"], out.record["_i"] = row[-2], row[-1]
-            yield out
-    finally:
-        cur.close()
+class _ByNode:
+    """The rows of a query ordered by node first, handed out a node at a time: one query for
+    every node, not one a node (a replay of ten thousand nodes ran 40 ms of queries a node). The
+    nodes are asked for in the order the query gives them (Python's and DuckDB's string orders
+    agree: code points); a node asked for takes its rows, a node passed over is skipped."""
+
+    def __init__(self, rows: Iterator[tuple[Any, ...]]) -> None:
+        self._rows = rows
+        self._next = next(rows, None)
+
+    def of(self, node: str) -> Iterator[tuple[Any, ...]]:
+        """``node``'s rows, without the node (the rows of nodes before it skipped)."""
+        while self._next is not None and self._next[0] < node:
+            self._next = next(self._rows, None)
+        while self._next is not None and self._next[0] == node:
+            row, self._next = self._next, next(self._rows, None)
+            yield row[1:]
+
+
+class _NodeQueries:
+    """What the replay reads of each node, for every node in a query each (:class:`_ByNode`):
+    its events in its order, the transfer ends other nodes logged for it, and on decode nodes
+    the spans and horizons its step clock is fitted to. ``roles``: the engine nodes' roles."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, roles: dict[str, str]) -> None:
+        con.execute("CREATE OR REPLACE TABLE memory.main.replay_roles (node VARCHAR, role VARCHAR)")
+        con.executemany("INSERT INTO memory.main.replay_roles VALUES (?, ?)",
+                        sorted((n, r) for n, r in roles.items() if r in ("prefill", "decode")))
+        self._cursors: list[duckdb.DuckDBPyConnection] = []
+        self.events = self._query(con, _events_query())
+        self.carried = self._query(con, _carried_sql())
+        self.horizons = self._query(con, _HORIZONS_SQL)
+        self.spans = self._query(con, _SPANS_SQL)
+        self.resolution = {node: 1_000_000 if whole_ms else 1_000 for node, whole_ms in con.execute(
+            "SELECT node, bool_and(epoch_us(ts) % 1000 = 0) FROM records WHERE kind = 'request' "
+            "GROUP BY node").fetchall()}
+
+    def _query(self, con: duckdb.DuckDBPyConnection, sql: str) -> _ByNode:
+        cur = _reader(con)
+        self._cursors.append(cur)
+        return _ByNode(_batches(cur, sql))
+
+    def close(self) -> None:
+        for cur in self._cursors:
+            cur.close()
+
+
+def _events_query() -> str:
+    """SQL: every node's request and transfer records in its order, each with its request's plan,
+    whether the logs show it served, whether it is the request's last on the node, and where it
+    and its request's delivered finish come in the node's order."""
+    return f"""
+    WITH ev AS ({_events_sql(_EVENT_SQL)})
+    SELECT ev.node AS _node, {', '.join(f'ev.{f}' for f in _EVENT_FIELDS)}, s.request_id IS NOT NULL AS _served,
+           ev._i = max(ev._i) OVER (PARTITION BY ev.node, ev.request_id) AS _last, {_PLAN_SQL},
+           max(CASE WHEN ev.kind = 'request' AND ev.event = 'finished' AND ev.status BETWEEN 200 AND 299
+                    THEN ev._i END) OVER (PARTITION BY ev.node, ev.request_id, ev.boot) AS _finish_i, ev._i
+    FROM ev LEFT JOIN memory.main.replay_plans p USING (request_id)
+    LEFT JOIN memory.main.replay_served s USING (request_id)
+    ORDER BY ev.node, ev._i"""
+
+
+def _node_events(rows: Iterator[tuple[Any, ...]]) -> Iterator[_Row]:
+    """One node's request and transfer records, in its order (its rows of :func:`_events_query`)."""
+    for row in rows:
+        out = _row(row[:-2])
+        # where it and its request's delivered finish come in the node's order
+        out.record["_finish_i"], out.record["_i"] = row[-2], row[-1]
+        yield out
 
 
 def _row(row: tuple[Any, ...]) -> _Row:
@@ -478,15 +532,61 @@ def _row(row: tuple[Any, ...]) -> _Row:
     return _Row(record, bool(row[_N_EVENT + 1]), None if plan_row[-1] is None else plan_row, bool(row[_N_EVENT]))
 
 
-def _kinds(events: set[tuple[str, str]]) -> str:
+def _kinds(events: set[tuple[str, str]], prefix: str = "") -> str:
     """SQL: a record is one of ``events`` (kind, event)."""
-    return "(" + " OR ".join(f"(kind = '{k}' AND event = '{e}')" for k, e in sorted(events)) + ")"
+    return "(" + " OR ".join(f"({prefix}kind = '{k}' AND {prefix}event = '{e}')" for k, e in sorted(events)) + ")"
 
 
-def _carried_to(con: duckdb.DuckDBPyConnection, node: str, role: str | None) -> Iterator[tuple[int, _Row]]:
+def _carried_sql() -> str:
+    """SQL: for every engine node, the transfer ends it did not log itself but another node did,
+    for its side (:func:`_carried_to`), ordered by node and then by the place each may go from."""
+    order = ", ".join(f"r.{c}" for c in _ORDER.replace(" NULLS LAST", "").split(", "))
+    order = order.replace("r.seq", "r.seq NULLS LAST")
+    return f"""
+        WITH node_ev AS ({_events_sql('request_id, kind, event, node')}),
+        mine AS (
+          SELECT ev.node, ev.request_id,
+                 coalesce(max(ev._i) FILTER (WHERE {_kinds(_BEFORE_TRANSFER_END, 'ev.')}), 0) AS _lo, n.role
+          FROM node_ev ev JOIN memory.main.replay_roles n USING (node)
+          WHERE ev.request_id IS NOT NULL GROUP BY ev.node, ev.request_id, n.role
+        ), logged_ends AS (
+          SELECT n.node AS _node, {', '.join(f'r.{f}' if f != 'ts' else 'epoch_us(r.ts) AS ts' for f in _EVENT_FIELDS)},
+                 r.file_id, r.line_no, r.part, FALSE AS _implied,
+                 row_number() OVER (PARTITION BY n.node, r.request_id, r.transfer_id, r.event
+                                    ORDER BY r.node, {order}) AS k
+          FROM records r JOIN memory.main.replay_roles n
+            ON (n.role = 'prefill' AND r.src_node = n.node) OR (n.role = 'decode' AND r.dst_node = n.node)
+          WHERE r.kind = 'transfer' AND r.event IN ('completed', 'failed')
+        ), implied AS (
+          SELECT *, row_number() OVER (PARTITION BY request_id ORDER BY node, {_ORDER}) AS k_any,
+                 row_number() OVER (PARTITION BY request_id, node ORDER BY {_ORDER}) AS k_here
+          FROM (SELECT * REPLACE ('transfer' AS kind, 'completed' AS event, node AS dst_node)
+                FROM records r WHERE kind = 'request' AND event = 'decode_started' AND request_id IS NOT NULL
+                  AND NOT EXISTS (
+                    SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.event IN ('completed', 'failed')
+                      AND x.request_id = r.request_id))
+        ), ends AS (
+          SELECT * FROM logged_ends
+          UNION ALL BY NAME
+          SELECT m.node AS _node, {', '.join(f'i.{f}' if f != 'ts' else 'epoch_us(i.ts) AS ts' for f in _EVENT_FIELDS)},
+                 i.file_id, i.line_no, i.part, TRUE AS _implied,
+                 CASE WHEN m.role = 'prefill' THEN i.k_any ELSE i.k_here END AS k
+          FROM implied i JOIN mine m ON m.request_id = i.request_id AND (m.role = 'prefill' OR m.node = i.node))
+        SELECT e._node, {', '.join(f'e.{f}' for f in _EVENT_FIELDS)}, s.request_id IS NOT NULL AS _served, m._lo,
+               e._implied, {_PLAN_SQL}
+        FROM ends e JOIN mine m ON m.node = e._node AND m.request_id = e.request_id
+        LEFT JOIN memory.main.replay_plans p ON p.request_id = e.request_id
+        LEFT JOIN memory.main.replay_served s ON s.request_id = e.request_id
+        WHERE e.k = 1 AND NOT EXISTS (
+          SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.node = e._node AND x.event = e.event
+            AND x.request_id = e.request_id AND x.transfer_id IS NOT DISTINCT FROM e.transfer_id)
+        ORDER BY e._node, m._lo, e.request_id, e.transfer_id, e.event"""
+
+
+def _carried_to(rows: Iterator[tuple[Any, ...]], node: str) -> Iterator[tuple[int, _Row]]:
     """The transfer ends ``node`` did not log itself but another node did, for its side, each with
     the place in the node's order from which it may go (after the last of its request's records
-    that come before a transfer end there), in that order.
+    that come before a transfer end there), in that order (its rows of :func:`_carried_sql`).
 
     A transfer's ``completed`` or ``failed`` logged by one node is a fact for both sides (the
     schema's section 3): its prefill node (``src_node``) releases its pages then, its decode node
@@ -500,49 +600,12 @@ def _carried_to(con: duckdb.DuckDBPyConnection, node: str, role: str | None) -> 
     (``implied``: the engine acts on it and logs no transfer record, as none was logged; the
     decode node places it just before the ``decode_started``, the prefill node by that time).
     """
-    side = {"prefill": "src_node", "decode": "dst_node"}.get(role or "")
-    if side is None:
-        return
-    implied_on = "TRUE" if role == "prefill" else "node = $node"
-    cur = _reader(con)
-    try:
-        for row in _batches(cur, f"""
-                WITH node_ev AS ({_events_sql('request_id, kind, event')}),
-                mine AS (
-                  SELECT request_id, coalesce(max(_i) FILTER (WHERE {_kinds(_BEFORE_TRANSFER_END)}), 0) AS _lo
-                  FROM node_ev WHERE request_id IS NOT NULL GROUP BY request_id
-                ), logged_ends AS (
-                  SELECT {_EVENT_SQL}, file_id, line_no, part, FALSE AS _implied,
-                         row_number() OVER (PARTITION BY request_id, transfer_id, event ORDER BY node, {_ORDER}) AS k
-                  FROM records WHERE kind = 'transfer' AND event IN ('completed', 'failed') AND {side} = $node
-                ), implied AS (
-                  SELECT * REPLACE ('transfer' AS kind, 'completed' AS event, node AS dst_node)
-                  FROM records r WHERE kind = 'request' AND event = 'decode_started' AND request_id IS NOT NULL
-                    AND {implied_on} AND NOT EXISTS (
-                      SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.event IN ('completed', 'failed')
-                        AND x.request_id = r.request_id)
-                ), ends AS (
-                  SELECT * FROM logged_ends
-                  UNION ALL BY NAME
-                  SELECT {_EVENT_SQL}, file_id, line_no, part, TRUE AS _implied,
-                         row_number() OVER (PARTITION BY request_id ORDER BY node, {_ORDER}) AS k
-                  FROM implied)
-                SELECT {', '.join(f'e.{f}' for f in _EVENT_FIELDS)}, s.request_id IS NOT NULL AS _served, m._lo,
-                       e._implied, {_PLAN_SQL}
-                FROM ends e JOIN mine m USING (request_id)
-                LEFT JOIN memory.main.replay_plans p USING (request_id)
-                LEFT JOIN memory.main.replay_served s USING (request_id)
-                WHERE e.k = 1 AND NOT EXISTS (
-                  SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.node = $node AND x.event = e.event
-                    AND x.request_id = e.request_id AND x.transfer_id IS NOT DISTINCT FROM e.transfer_id)
-                ORDER BY m._lo, e.request_id, e.transfer_id, e.event""", {"node": node}):
-            r = _row(row[:_N_EVENT + 2] + row[_N_EVENT + 3:])
-            record = dict(r.record, node=node, seq=None, _carried=r.record["node"])
-            if row[_N_EVENT + 2]:
-                record["implied"] = True
-            yield row[_N_EVENT + 1], r._replace(record=record, last=False)
-    finally:
-        cur.close()
+    for row in rows:
+        r = _row(row[:_N_EVENT + 2] + row[_N_EVENT + 3:])
+        record = dict(r.record, node=node, seq=None, _carried=r.record["node"])
+        if row[_N_EVENT + 2]:
+            record["implied"] = True
+        yield row[_N_EVENT + 1], r._replace(record=record, last=False)
 
 
 def _placed(rows: Iterator[_Row], carried: Iterator[tuple[int, _Row]]) -> Iterator[_Row | str]:
@@ -789,7 +852,7 @@ def _ns(text: str) -> int:
 
 
 def _replay_node(
-    con: duckdb.DuckDBPyConnection,
+    queries: _NodeQueries,
     node: str,
     configs: list[tuple[int, int, str, NodeConfig]],
     role: str | None,
@@ -810,7 +873,8 @@ def _replay_node(
     requests = {rid: r for rid, (r, _, _) in unlogged.items()}
     plans = {rid: p for rid, (_, p, _) in unlogged.items()}
     served: set[str] | None = set() if confirm else None
-    stream: Iterator[_Row | str] = _placed(_node_events(con, node), _carried_to(con, node, role))
+    stream: Iterator[_Row | str] = _placed(_node_events(queries.events.of(node)),
+                                           _carried_to(queries.carried.of(node), node))
     engines: list[NodeEngine] = []
 
     def admit(row: _Row) -> dict[str, Any]:
@@ -849,9 +913,11 @@ def _replay_node(
     steps = sorted((boot, seq, i) for i, (boot, seq, _, _) in enumerate(configs))
     k = 0
     node_engine: NodeEngine | None = None
-    cadences = _cadences(con, node, {boot: what_if.apply(c) for boot, _, _, c in configs}) if role == "decode" else {}
+    applied = {boot: what_if.apply(c) for boot, _, _, c in configs}
+    cadences = _cadences(queries.spans.of(node), queries.resolution.get(node, 1_000), applied) \
+        if role == "decode" else {}
     clocks: dict[int, StepClock] = {}
-    horizons = _horizons(con, node, {boot: what_if.apply(c) for boot, _, _, c in configs}) if role == "decode" else {}
+    horizons = _horizons(queries.horizons.of(node), applied) if role == "decode" else {}
 
     def feed(record: dict[str, Any], ts: int | None, finish_at: int | None = None, at: int | None = None) -> None:
         """Hand ``record`` to the node's engine; on a decode node, first the steps that ran before it
@@ -968,27 +1034,27 @@ def _replay_node(
         forget(rid, now=True)
 
 
-def _horizons(con: duckdb.DuckDBPyConnection, node: str, configs: dict[int, NodeConfig]) -> dict[int, Horizon]:
+_HORIZONS_SQL = f"""
+    WITH ev AS ({_events_sql("kind, event, status, request_id, boot, node")})
+    SELECT ev.node, ev.boot, min(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.event = 'decode_started') AS s,
+           max(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.event = 'finished'
+                              AND ev.status BETWEEN 200 AND 299) AS f,
+           any_value(coalesce(p.q_output_tokens, p.q_max_new_tokens)) AS n
+    FROM ev JOIN memory.main.replay_roles r USING (node) LEFT JOIN memory.main.replay_plans p USING (request_id)
+    WHERE ev.request_id IS NOT NULL AND r.role = 'decode'
+    GROUP BY ev.node, ev.boot, ev.request_id HAVING s < f AND n IS NOT NULL
+    ORDER BY ev.node, ev.boot, s"""
+
+
+def _horizons(rows: Iterator[tuple[Any, ...]], configs: dict[int, NodeConfig]) -> dict[int, Horizon]:
     """Each boot's decode starts with a delivered finish after them on the node (where each comes
-    in the node's order, and the steps its request takes): :class:`replay.schedule.Horizon`."""
+    in the node's order, and the steps its request takes; its rows of ``_HORIZONS_SQL``):
+    :class:`replay.schedule.Horizon`."""
     starts: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-    cur = _reader(con)
-    try:
-        for boot, start, finish, outputs in _batches(cur, f"""
-                WITH ev AS ({_events_sql("kind, event, status, request_id, boot")})
-                SELECT ev.boot, min(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.event = 'decode_started') AS s,
-                       max(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.event = 'finished'
-                                          AND ev.status BETWEEN 200 AND 299) AS f,
-                       any_value(coalesce(p.q_output_tokens, p.q_max_new_tokens)) AS n
-                FROM ev LEFT JOIN memory.main.replay_plans p USING (request_id)
-                WHERE ev.request_id IS NOT NULL
-                GROUP BY ev.boot, ev.request_id HAVING s < f AND n IS NOT NULL
-                ORDER BY ev.boot, s""", {"node": node}):
-            config = configs.get(boot)
-            overlap = config.overlap_schedule if config is not None else True
-            starts[boot].append((start, finish, decode_steps(outputs, overlap)))
-    finally:
-        cur.close()
+    for boot, start, finish, outputs in rows:
+        config = configs.get(boot)
+        overlap = config.overlap_schedule if config is not None else True
+        starts[boot].append((start, finish, decode_steps(outputs, overlap)))
     return {boot: Horizon(s) for boot, s in starts.items()}
 
 
@@ -996,28 +1062,27 @@ def _ok(status: Any) -> bool:
     return isinstance(status, int) and 200 <= status <= 299
 
 
-def _cadences(con: duckdb.DuckDBPyConnection, node: str, configs: dict[int, NodeConfig]) -> dict[int, Cadence]:
+_SPANS_SQL = """
+    SELECT r.node, boot, min(epoch_us(ts)) FILTER (WHERE event = 'decode_started') AS s,
+           max(epoch_us(ts)) FILTER (WHERE event = 'finished') AS f,
+           max(output_tokens) FILTER (WHERE event = 'finished' AND status BETWEEN 200 AND 299) AS n
+    FROM records r JOIN memory.main.replay_roles nr USING (node)
+    WHERE kind = 'request' AND request_id IS NOT NULL AND nr.role = 'decode'
+    GROUP BY r.node, boot, request_id HAVING s IS NOT NULL AND f IS NOT NULL AND n IS NOT NULL
+    ORDER BY r.node, boot, request_id"""
+
+
+def _cadences(rows: Iterator[tuple[Any, ...]], resolution: int, configs: dict[int, NodeConfig]
+              ) -> dict[int, Cadence]:
     """Each boot's decode cadence (:class:`replay.schedule.Cadence`), fitted to the spans of the
-    requests that started and finished decoding there with their output logged."""
+    requests that started and finished decoding there with their output logged (the node's rows
+    of ``_SPANS_SQL``), its times' ``resolution`` in ns (whole milliseconds where every one of
+    the node's request times is)."""
     spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    cur = _reader(con)
-    # the times' resolution: whole milliseconds where every one of the node's request times is
-    row = cur.execute("SELECT bool_and(epoch_us(ts) % 1000 = 0) FROM records "
-                      "WHERE kind = 'request' AND node = $node", {"node": node}).fetchall()[0]
-    resolution = 1_000_000 if row[0] else 1_000
-    try:
-        for boot, start, end, outputs in _batches(cur, """
-                SELECT boot, min(epoch_us(ts)) FILTER (WHERE event = 'decode_started') AS s,
-                       max(epoch_us(ts)) FILTER (WHERE event = 'finished') AS f,
-                       max(output_tokens) FILTER (WHERE event = 'finished' AND status BETWEEN 200 AND 299) AS n
-                FROM records WHERE kind = 'request' AND node = $node AND request_id IS NOT NULL
-                GROUP BY boot, request_id HAVING s IS NOT NULL AND f IS NOT NULL AND n IS NOT NULL
-                ORDER BY boot, request_id""", {"node": node}):
-            config = configs.get(boot)
-            overlap = config.overlap_schedule if config is not None else True
-            spans[boot].append((decode_steps(outputs, overlap), (end - start) * 1000))
-    finally:
-        cur.close()
+    for boot, start, end, outputs in rows:
+        config = configs.get(boot)
+        overlap = config.overlap_schedule if config is not None else True
+        spans[boot].append((decode_steps(outputs, overlap), (end - start) * 1000))
     fitted = {boot: Cadence.fit(pairs, resolution) for boot, pairs in spans.items()}
     return {boot: c for boot, c in fitted.items() if c is not None}
 

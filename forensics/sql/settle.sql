@@ -19,6 +19,11 @@ GROUP BY node, boot, file_id;
 -- The file's seqs on one (node, boot).
 SELECT seq FROM records WHERE file_id = $file_id AND node = $node AND boot = $boot AND seq IS NOT NULL;
 
+-- name: file_keys_repeat
+-- Whether any (node, boot, seq) of the file's is on two of its records.
+SELECT EXISTS (SELECT 1 FROM records WHERE file_id = $file_id AND seq IS NOT NULL
+               GROUP BY node, boot, seq HAVING count(*) > 1);
+
 -- name: repeats
 -- The file's records that repeat one of the case's, or an earlier line of the file (with
 -- $only_without_seq, records with a seq are known not to repeat: their keys are unique).

@@ -470,6 +470,28 @@ def test_keys_are_unique_when_the_files_seqs_are_and_lie_outside_the_others(
         con.close()
 
 
+@pytest.mark.parametrize("repeat", [False, True])
+def test_keys_of_a_file_of_many_nodes_are_checked_in_one_query(repeat: bool, tmp_path: Path) -> None:
+    """Past BITMAP_GROUPS (node, boot)s a file's keys are checked by one query (not a bitmap a
+    node): a seq on two records of one of its 100 nodes is found there too."""
+    from forensics.ingestion.settle import BITMAP_GROUPS, keys_unique
+
+    db = tmp_path / "case.duckdb"
+    forensics.ingest([write_jsonl(tmp_path / "1.jsonl", [kv(seq) for seq in (1, 2, 3)])], db)
+    con = connect(db)
+    try:
+        con.execute("INSERT INTO files SELECT 2, 'x', size, 'other', format, compression, ingested_at, "
+                    "toolkit_version, records_read, adapter, lines_ignored FROM files")
+        rows = [(n, seq) for n in range(100) for seq in (1, 2, 3)] + ([(57, 2)] if repeat else [])
+        assert len({n for n, _ in rows}) > BITMAP_GROUPS
+        con.executemany("INSERT INTO kv_records (file_id, line_no, part, ts, node, boot, seq, rec_hash) "
+                        "VALUES (2, ?, 0, now(), ?, 0, ?, ?)",
+                        [(i, f"decode-{n + 1}", seq, 5000 + i) for i, (n, seq) in enumerate(rows, 1)])
+        assert keys_unique(con, 2) is not repeat
+    finally:
+        con.close()
+
+
 @pytest.mark.parametrize("fast", [True, False], ids=["fast path", "sql path"])
 def test_a_file_written_while_it_is_read_is_refused_and_left_out(tmp_path: Path, fast: bool) -> None:
     """A live log appended to (or truncated) during its ingest: what was read is not what was
