@@ -333,6 +333,32 @@ def quarantine_details_hold_no_values(d: Path) -> tuple[Run, bool]:
     return r, r.code == 0 and b"SECRET" not in r.out and r.out.count(b"\n") == 4
 
 
+@case
+def request_id_reused_by_another_tenant(d: Path) -> tuple[Run, bool]:
+    """Two tenants' received records for one request id, in files given in both orders: never
+    merged into one silently. Each order keeps the same record (the smaller canonical JSON),
+    quarantines the other as a conflict, and the finding names the id."""
+    acme = {"kind": "request", "ts": TS, "node": "router", "request_id": "v", "event": "received",
+            "tenant_id": "acme", "prompt_tokens": 10}
+    initech = dict(acme, tenant_id="initech", seq=1)
+    jsonl(d / "1" / "a.jsonl", [acme])
+    jsonl(d / "1" / "b.jsonl", [initech])
+    jsonl(d / "2" / "a.jsonl", [initech])
+    jsonl(d / "2" / "b.jsonl", [acme])
+    kept, runs = [], []
+    for order in ("1", "2"):
+        db = d / f"{order}.duckdb"
+        runs.append(kvf("investigate", d / order, "--db", db, cwd=d))
+        runs.append(kvf("sql", "--db", db, "--format", "csv",
+                        "SELECT (SELECT string_agg(tenant_id, ',') FROM requests) AS kept, "
+                        "(SELECT count(*) FROM quarantine WHERE reason = 'conflict') AS lost", cwd=d))
+        runs.append(kvf("findings", "--db", db, cwd=d))
+        kept.append(runs[-2].out)
+    ok = (all(r.code == 0 for r in runs) and kept[0] == kept[1] and kept[0].strip().endswith(b",1")
+          and all(b"evidence.request_id_conflict" in r.out for r in runs[2::3]))
+    return runs[1], ok
+
+
 # --- issue #44: nothing passed over quietly, empty inputs, the system's refusals, stops, usage ----
 
 #: ``kvforensics`` with the files and folders named before ``--`` refused by the system as it opens or

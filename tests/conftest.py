@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,3 +41,39 @@ def example_dirs() -> list[Path]:
 @pytest.fixture
 def case_path(tmp_path: Path) -> Path:
     return tmp_path / "case.duckdb"
+
+
+@contextmanager
+def unreadable(*paths: Path) -> Iterator[None]:
+    """``paths`` (files or folders) that the system will not open or list. As root, where
+    permissions stop nothing, the system's refusal is made where the toolkit asks for them."""
+    if os.geteuid() != 0:
+        for p in paths:
+            p.chmod(0)
+        try:
+            yield
+        finally:
+            for p in paths:
+                p.chmod(0o755)
+        return
+    denied = {os.path.abspath(p) for p in paths}
+    real_open, real_scandir = os.open, os.scandir
+
+    def check(path: Any) -> None:
+        if isinstance(path, int):  # (a descriptor: opened already)
+            return
+        if os.path.abspath(os.fsdecode(path)) in denied:
+            raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
+
+    def opened(path: Any, *args: Any, **kwargs: Any) -> int:
+        check(path)
+        return real_open(path, *args, **kwargs)
+
+    def listed(path: Any = ".") -> Any:
+        check(path)
+        return real_scandir(path)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "open", opened)
+        patch.setattr(os, "scandir", listed)
+        yield

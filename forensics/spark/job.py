@@ -10,12 +10,13 @@ is refused untouched.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +153,7 @@ def _run(spark: SparkSession, logs: list[LogFile], skipped: list[PassedOver], op
     small = wire.filter(F.col("tbl").isin("files", "file_notes", "refused_files")).toArrow()
     numbered = number_files(*(small.filter(pa.compute.equal(small["tbl"], t))
                               for t in ("files", "file_notes", "refused_files")))
+    numbered = replace(numbered, refused_files=_with_unopened(numbered.refused_files, skipped))
     for name in ("files", "file_notes", "refused_files"):
         _write_arrow(work / name, getattr(numbered, name))
     read_rows = numbered_rows(spark, wire, numbered)
@@ -238,6 +240,26 @@ def _write_arrow(folder: Path, table: pa.Table) -> None:
     pq.write_table(table, folder / "part-00000.parquet")
 
 
+def _with_unopened(refused: pa.Table, skipped: list[PassedOver]) -> pa.Table:
+    """``refused_files`` with the files and folders the system would not open (found by
+    :func:`~forensics.ingestion.readers.discover`), refused as the DuckDB path refuses them."""
+    unopened = [p for p in skipped if p.refused]
+    if not unopened:
+        return refused
+    now = dt.datetime.now(dt.UTC)
+    rows = pa.table({"path": [p.path for p in unopened], "size": [_size_or_zero(p.path) for p in unopened],
+                     "sha256": [None] * len(unopened), "why": [p.why for p in unopened],
+                     "refused_at": [now] * len(unopened), "toolkit_version": [__version__] * len(unopened)})
+    return pa.concat_tables([refused, rows.cast(refused.schema)]).sort_by("path")
+
+
+def _size_or_zero(path: str) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0
+
+
 def _ingest_result(con: duckdb.DuckDBPyConnection, out: Path, logs: list[LogFile], skipped: list[PassedOver],
                    found: _Found) -> IngestResult:
     """Each file's outcome and counts, as the DuckDB path reports them, from the written case."""
@@ -267,8 +289,13 @@ def _ingest_result(con: duckdb.DuckDBPyConnection, out: Path, logs: list[LogFile
             same = next(i for i, m in meta.items() if m[0] == sha)
             results.append(FileResult(sha256=sha, size=int(meta[same][1]), status="already_in_case",
                                       counts=counts[same], ignored=int(meta[same][2]), **base))
+    for passed in (p for p in skipped if p.refused):  # (as the DuckDB path lists them: after the files read)
+        sha, size, why = refused[passed.path]
+        results.append(FileResult(path=passed.path, sha256="", size=int(size), format="unknown",
+                                  compression="unknown", status="refused", counts=Counts(), why=why))
     total = sum((counts[i] for i in found.ids.values()), Counts())
-    return IngestResult(db=str(out), files=tuple(results), skipped=tuple(skipped), records=total, case=total)
+    return IngestResult(db=str(out), files=tuple(results), skipped=tuple(p for p in skipped if not p.refused),
+                        records=total, case=total)
 
 
 #: The line of a Python traceback that says what was raised.

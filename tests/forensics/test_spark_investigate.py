@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import write_jsonl
+from conftest import unreadable, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from logsets import log_sets, namespaced
@@ -169,6 +169,21 @@ def test_hostile_files_end_alike_line_for_line(spark: SparkSession, tmp_path: Pa
     assert [(f["request_id"], f["kept_tenant_id"], f["quarantined_records"]) for f in dict(
         (i, rows) for i, _, rows in findings_of(found.case))["evidence.request_id_conflict"]] == [
         ("yy", "initech", 1), ("zz", "acme", 1)]
+
+
+def test_a_file_and_a_folder_that_cannot_be_read_are_refused_alike(spark: SparkSession, tmp_path: Path) -> None:
+    """A file without read permission and a folder that cannot be listed: refused on Spark as on
+    DuckDB (in refused_files with why, listed as refused, not passed over)."""
+    logs = tmp_path / "logs"
+    (logs / "sub").mkdir(parents=True)
+    write_jsonl(logs / "a.jsonl", [_config("decode-0"), _kv("decode-0", 1)])
+    write_jsonl(logs / "b.jsonl", [_config("decode-1"), _kv("decode-1", 1)])
+    write_jsonl(logs / "sub" / "c.jsonl", [_kv("decode-2", 1)])
+    with unreadable(logs / "b.jsonl", logs / "sub"):
+        _, found, _, _ = both(spark, [logs], tmp_path)
+    assert sorted((f.path.rsplit("/", 1)[-1], f.status) for f in found.ingest.files) == [
+        ("a.jsonl", "ingested"), ("b.jsonl", "refused"), ("sub", "refused")]
+    assert not found.ingest.skipped
 
 
 def test_the_sample_incident_by_the_cli_is_the_duckdb_case_and_its_report(spark: SparkSession, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, unreadable
 from typer.testing import CliRunner
 
 import forensics
@@ -221,40 +221,6 @@ def test_real_failures_are_one_line(args: list[str], code: int, says: str, tmp_p
 
 
 # --- nothing passed over quietly; an empty input is its own answer -----------------------------
-
-
-@contextmanager
-def unreadable(*paths: Path) -> Iterator[None]:
-    """``paths`` (files or folders) that the system will not open or list. As root, where
-    permissions stop nothing, the system's refusal is made where the toolkit asks for them."""
-    if os.geteuid() != 0:
-        for p in paths:
-            p.chmod(0)
-        try:
-            yield
-        finally:
-            for p in paths:
-                p.chmod(0o755)
-        return
-    denied = {os.path.abspath(p) for p in paths}
-    real_open, real_scandir = os.open, os.scandir
-
-    def check(path: Any) -> None:
-        if os.path.abspath(os.fsdecode(path)) in denied:
-            raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
-
-    def opened(path: Any, *args: Any, **kwargs: Any) -> int:
-        check(path)
-        return real_open(path, *args, **kwargs)
-
-    def listed(path: Any = ".") -> Any:
-        check(path)
-        return real_scandir(path)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "open", opened)
-        patch.setattr(os, "scandir", listed)
-        yield
 
 
 def _refused(db: Path) -> list[tuple[str, str]]:
