@@ -456,18 +456,25 @@ def test_keys_are_unique_when_the_files_seqs_are_and_lie_outside_the_others(
     answer False only sends the file through the full checks, which the order tests hold."""
     from forensics.ingestion.settle import keys_unique
 
-    db = tmp_path / "case.duckdb"
-    forensics.ingest([write_jsonl(tmp_path / "1.jsonl", [kv(seq) for seq in (1, 2, 3)])], db)
-    con = connect(db)
+    con = _case_and_a_second_file(tmp_path, [("decode-0", seq) for seq in second])
     try:
-        con.execute("INSERT INTO files SELECT 2, 'x', size, 'other', format, compression, ingested_at, "
-                    "toolkit_version, records_read, adapter, lines_ignored FROM files")
-        for line, seq in enumerate(second, 1):
-            con.execute("INSERT INTO kv_records (file_id, line_no, part, ts, node, boot, seq, rec_hash) "
-                        "VALUES (2, ?, 0, now(), 'decode-0', 0, ?, ?)", [line, seq, 1000 + line])
         assert keys_unique(con, 2) is unique
     finally:
         con.close()
+
+
+def _case_and_a_second_file(tmp_path: Path, keys: list[tuple[str, int]]) -> duckdb.DuckDBPyConnection:
+    """A case of decode-0's seqs 1 to 3 (file 1), and a file 2 of page records at ``keys`` (node,
+    seq; boot 0) put in by hand, not yet settled: the case as keys_unique sees a file come in."""
+    db = tmp_path / "case.duckdb"
+    forensics.ingest([write_jsonl(tmp_path / "1.jsonl", [kv(seq) for seq in (1, 2, 3)])], db)
+    con = connect(db)
+    con.execute("INSERT INTO files SELECT 2, 'x', size, 'other', format, compression, ingested_at, "
+                "toolkit_version, records_read, adapter, lines_ignored FROM files")
+    con.executemany("INSERT INTO kv_records (file_id, line_no, part, ts, node, boot, seq, rec_hash) "
+                    "VALUES (2, ?, 0, now(), ?, 0, ?, ?)",
+                    [(line, node, seq, 1000 + line) for line, (node, seq) in enumerate(keys, 1)])
+    return con
 
 
 @pytest.mark.parametrize("repeat", [False, True])
@@ -476,17 +483,10 @@ def test_keys_of_a_file_of_many_nodes_are_checked_in_one_query(repeat: bool, tmp
     node): a seq on two records of one of its 100 nodes is found there too."""
     from forensics.ingestion.settle import BITMAP_GROUPS, keys_unique
 
-    db = tmp_path / "case.duckdb"
-    forensics.ingest([write_jsonl(tmp_path / "1.jsonl", [kv(seq) for seq in (1, 2, 3)])], db)
-    con = connect(db)
+    keys = [(f"decode-{n + 1}", seq) for n in range(100) for seq in (1, 2, 3)] + ([("decode-58", 2)] if repeat else [])
+    assert len({n for n, _ in keys}) > BITMAP_GROUPS
+    con = _case_and_a_second_file(tmp_path, keys)
     try:
-        con.execute("INSERT INTO files SELECT 2, 'x', size, 'other', format, compression, ingested_at, "
-                    "toolkit_version, records_read, adapter, lines_ignored FROM files")
-        rows = [(n, seq) for n in range(100) for seq in (1, 2, 3)] + ([(57, 2)] if repeat else [])
-        assert len({n for n, _ in rows}) > BITMAP_GROUPS
-        con.executemany("INSERT INTO kv_records (file_id, line_no, part, ts, node, boot, seq, rec_hash) "
-                        "VALUES (2, ?, 0, now(), ?, 0, ?, ?)",
-                        [(i, f"decode-{n + 1}", seq, 5000 + i) for i, (n, seq) in enumerate(rows, 1)])
         assert keys_unique(con, 2) is not repeat
     finally:
         con.close()
