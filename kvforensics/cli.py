@@ -96,6 +96,8 @@ def _arm(handlers: list[Any]) -> list[Any]:
 
 _BEFORE = _arm([_on_stop] * len(STOP_SIGNALS))  # (given back once the modules are in: main() arms its own)
 
+import importlib
+import importlib.util
 import io
 import json
 import logging
@@ -103,7 +105,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import duckdb
 import polars as pl
@@ -120,10 +122,12 @@ from forensics.text import csv_cell, shown
 from replay.engine import BEHAVIOURS
 from replay.simulate import Deployment
 
-try:  # click as typer runs it (newer typers carry a copy of their own)
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
-except ImportError:
-    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
+if TYPE_CHECKING:  # (click's, whether or not it is installed beside typer)
+    from click.exceptions import NoArgsIsHelpError, UsageError
+else:  # click as typer runs it: newer typers carry a copy of their own, older ones use click
+    _CLICK = importlib.import_module("typer._click.exceptions" if importlib.util.find_spec("typer._click")
+                                     else "click.exceptions")
+    NoArgsIsHelpError, UsageError = _CLICK.NoArgsIsHelpError, _CLICK.UsageError
 
 _arm(_BEFORE)
 
