@@ -156,19 +156,29 @@ class Case:
 
         Where the whole job filled in from the replay (``replay_exposures``: nodes or windows
         without page records), those rows come too, their ``evidence`` saying so, unless
-        ``page_records_only``.
+        ``page_records_only``. A tenant or request the case has no record of is a
+        :class:`QueryError` (an empty list would read as "not exposed").
         """
+        if tenant is not None:
+            self._known("tenant", "tenant_id", tenant)
+        for rid in (request, victim):
+            if rid is not None:
+                self._known("request", "request_id", rid)
         replayed = (replay_rows(self._con) if has_table(self._con, "replay_exposures")
                     else "SELECT * FROM exposures WHERE FALSE")
         return self._con.sql(sql_text("exposures_query.sql").replace("{replay_rows}", replayed), params={
             "tenant": tenant, "request": request, "victim": victim, "delivered_only": delivered_only,
             "page_records_only": page_records_only}).pl()
 
+    def _known(self, what: str, column: str, value: str) -> None:
+        """Refuse a ``what`` (its ``column`` equal to ``value``) that no record of the case names."""
+        exists = one(self._con, f"SELECT EXISTS (SELECT 1 FROM records WHERE {column} = ?)", [value])
+        if not exists or not exists[0]:
+            raise QueryError(f"no {what} {value!r} in the case")
+
     def request(self, request_id: RequestId | str) -> RequestReport:
         """A request's lifecycle, pages, whose content it saw and who saw its content."""
-        exists = one(self._con, "SELECT count(*) FROM records WHERE request_id = ?", [request_id])
-        if not exists or not exists[0]:
-            raise QueryError(f"no request {request_id!r} in the case")
+        self._known("request", "request_id", request_id)
         lifecycle = self._frame(
             "SELECT node, boot, seq, ts, kind, event, status, reason, tenant_id, prompt_tokens, "
             "transfer_id, src_node, dst_node, tokens FROM records "
@@ -217,7 +227,9 @@ class Case:
         return self.verbatim(self._frame("SELECT file_id, line_no FROM records WHERE request_id = ?", [request_id]))
 
     def page_timeline(self, node: NodeId | str, page: PageId | int, *, boot: int | None = None) -> pl.DataFrame:
-        """Every page operation on ``page`` of ``node`` in (boot, seq) order, with inferred reads."""
+        """Every page operation on ``page`` of ``node`` in (boot, seq) order, with inferred reads (a
+        node the case has no record of is a :class:`QueryError`)."""
+        self._known("node", "node", node)
         return self._frame(sql_text("page_timeline.sql"), [node, boot, boot, page])
 
     def findings(self) -> Findings:

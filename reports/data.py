@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +97,12 @@ class ReportData:
     possible_victims: int = 0
 
 
+def natural(text: str) -> list[tuple[int, int | str]]:
+    """A sort key putting numbers in their order: "tenant 2" before "tenant 10" (text order puts
+    "tenant 10, tenant 11, tenant 12" before "tenant 2")."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text)]
+
+
 def _tiers(values: list[str] | None) -> str:
     """The evidence tiers of a row's exposures, strongest first."""
     order = {t: i for i, t in enumerate(evidence_tiers.TIERS)}
@@ -163,7 +170,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
     for p in pairs:
         key = (names("tenant", p["reader_tenant"]), names("tenant", p["victim_tenant"]))
         matrix[key] = matrix.get(key, 0) + int(p["pairs"])
-    tenants = sorted({t for k in matrix for t in k})
+    tenants = sorted({t for k in matrix for t in k}, key=natural)
 
     replays = rows(con, "SELECT * FROM replays ORDER BY engine, what_if")
     kinds: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)

@@ -52,6 +52,26 @@ def test_sql_refuses_writes(tmp_path: Path) -> None:
         assert case.summary()["exposed_responses"] == 1
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    (["exposures", "--tenant", "tenant-99"], "no tenant 'tenant-99' in the case"),
+    (["exposures", "--request", "nope"], "no request 'nope' in the case"),
+    (["exposures", "--victim", "nope"], "no request 'nope' in the case"),
+    (["page", "decode-9", "1"], "no node 'decode-9' in the case"),
+    (["request", "nope"], "no request 'nope' in the case"),
+])
+def test_an_id_the_case_does_not_have_is_a_one_line_error_not_an_empty_table(
+    args: list[str], said: str, tmp_path: Path,
+) -> None:
+    """An empty table would read as "not exposed" (issue #45); the ids the case has still answer."""
+    db = tmp_path / "a.duckdb"
+    forensics.investigate([FIXTURES / "examples" / "placeholder" / "events.jsonl"], db)
+    result = RUNNER.invoke(app, [*args, "--db", str(db)])
+    assert result.exit_code == 1 and result.stderr.strip() == f"kvforensics: error: {said}"
+    known = {"tenant-99": "acme", "nope": "v", "decode-9": "decode-0"}
+    again = RUNNER.invoke(app, [known.get(a, a) for a in args] + ["--db", str(db)])
+    assert again.exit_code == 0 and again.stdout.strip()
+
+
 def test_simulate_and_replay_print_what_the_library_returns(tmp_path: Path) -> None:
     from replay.replay import replay
     from replay.simulate import simulate_to

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 import forensics
 from kvforensics.cli import app
 from replay.simulate import Deployment, simulate_to
+from reports.data import natural
 from reports.render import report
 
 SMALL = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=262_144,
@@ -110,6 +111,17 @@ def test_pseudonyms_are_keyed_stable_and_hide_every_id(incident: Path, tmp_path:
     regulator = report(incident, tmp_path / "4.html", audience="regulator").out.read_text()
     assert not any(re.search(rf"\b{re.escape(i)}\b", regulator) for i in ids)
     assert "Art. 33(3)" in regulator and "tenant 1" in regulator
+
+
+def test_tenants_come_in_the_order_of_their_numbers(incident: Path, tmp_path: Path) -> None:
+    """The regulator report's tenant matrix reads tenant 1, 2, ..., 10, 11, not 1, 10, 11, 2 (issue #45)."""
+    html = report(incident, tmp_path / "r.html", audience="regulator", generated_at="2026-11-30T12:00:00Z") \
+        .out.read_text()
+    header = re.search(r"<tr><th>reader \\ victim</th>(.*?)</tr>", html)
+    assert header is not None
+    numbers = [int(n) for n in re.findall(r">tenant (\d+)<", header.group(1))]
+    assert max(numbers) >= 10 and numbers == sorted(numbers)
+    assert natural("tenant 2") < natural("tenant 10") < natural("tenant 10a") < natural("tenant b")
 
 
 def test_investigate_with_out_runs_the_whole_job_from_the_cli(tmp_path: Path) -> None:
