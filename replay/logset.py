@@ -112,7 +112,7 @@ class LogSet:
 
     def close(self) -> None:
         """Close every file still open (packed: the last part)."""
-        for fh in {id(f): f for f in [*self._open.values(), *([self._part] if self._part else [])]}.values():
+        for fh in set(self._open.values()) | ({self._part} if self._part else set()):
             self._close(fh)
         self._open.clear()
 

@@ -375,7 +375,13 @@ def _configs(con: Any) -> dict[str, list[tuple[int, int, str, NodeConfig]]]:
     return out
 
 
-_ORDER = "boot, seq NULLS LAST, ts, file_id, line_no, part"
+def _order(table: str = "") -> str:
+    """SQL: a node's order of records (of ``table``, an alias with its dot, where given)."""
+    t = table
+    return f"{t}boot, {t}seq NULLS LAST, {t}ts, {t}file_id, {t}line_no, {t}part"
+
+
+_ORDER = _order()
 
 
 def _nodes_with_events(con: Any) -> set[str]:
@@ -422,7 +428,13 @@ _FACTS = f"""
 _FACT_NAMES = ("request_id", "ts", "tenant_id", "prompt_tokens", "max_new_tokens", "prefill_node", "decode_node",
                "output", "on_prefill", "on_decode", "prefill_of", "engine_work", "decode_work")
 #: A record's fields as a node's replay reads them (its time in microseconds since the epoch).
-_EVENT_SQL = ", ".join("epoch_us(ts) AS ts" if f == "ts" else f for f in _EVENT_FIELDS)
+def _event_sql(table: str = "") -> str:
+    """SQL: a record's event fields (of ``table``, an alias with its dot, where given), its time
+    in microseconds."""
+    return ", ".join(f"epoch_us({table}ts) AS ts" if f == "ts" else f"{table}{f}" for f in _EVENT_FIELDS)
+
+
+_EVENT_SQL = _event_sql()
 _N_EVENT = len(_EVENT_FIELDS)
 
 
@@ -540,8 +552,6 @@ def _kinds(events: set[tuple[str, str]], prefix: str = "") -> str:
 def _carried_sql() -> str:
     """SQL: for every engine node, the transfer ends it did not log itself but another node did,
     for its side (:func:`_carried_to`), ordered by node and then by the place each may go from."""
-    order = ", ".join(f"r.{c}" for c in _ORDER.replace(" NULLS LAST", "").split(", "))
-    order = order.replace("r.seq", "r.seq NULLS LAST")
     return f"""
         WITH node_ev AS ({_events_sql('request_id, kind, event, node')}),
         mine AS (
@@ -550,10 +560,10 @@ def _carried_sql() -> str:
           FROM node_ev ev JOIN memory.main.replay_roles n USING (node)
           WHERE ev.request_id IS NOT NULL GROUP BY ev.node, ev.request_id, n.role
         ), logged_ends AS (
-          SELECT n.node AS _node, {', '.join(f'r.{f}' if f != 'ts' else 'epoch_us(r.ts) AS ts' for f in _EVENT_FIELDS)},
+          SELECT n.node AS _node, {_event_sql('r.')},
                  r.file_id, r.line_no, r.part, FALSE AS _implied,
                  row_number() OVER (PARTITION BY n.node, r.request_id, r.transfer_id, r.event
-                                    ORDER BY r.node, {order}) AS k
+                                    ORDER BY r.node, {_order('r.')}) AS k
           FROM records r JOIN memory.main.replay_roles n
             ON (n.role = 'prefill' AND r.src_node = n.node) OR (n.role = 'decode' AND r.dst_node = n.node)
           WHERE r.kind = 'transfer' AND r.event IN ('completed', 'failed')
@@ -568,7 +578,7 @@ def _carried_sql() -> str:
         ), ends AS (
           SELECT * FROM logged_ends
           UNION ALL BY NAME
-          SELECT m.node AS _node, {', '.join(f'i.{f}' if f != 'ts' else 'epoch_us(i.ts) AS ts' for f in _EVENT_FIELDS)},
+          SELECT m.node AS _node, {_event_sql('i.')},
                  i.file_id, i.line_no, i.part, TRUE AS _implied,
                  CASE WHEN m.role = 'prefill' THEN i.k_any ELSE i.k_here END AS k
           FROM implied i JOIN mine m ON m.request_id = i.request_id AND (m.role = 'prefill' OR m.node = i.node))

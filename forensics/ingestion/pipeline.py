@@ -370,10 +370,16 @@ def _ingest_or_refuse(
 def _unopened(con: duckdb.DuckDBPyConnection, passed: PassedOver) -> FileResult:
     """A file or folder the system would not open (:func:`~forensics.ingestion.readers.discover`),
     refused as a damaged file is: in ``refused_files``, and in the result with why."""
-    size = _size_or_zero(Path(passed.path))
-    _refuse(con, passed.path, size, None, passed.why)
-    return FileResult(path=passed.path, sha256="", size=size, format="unknown", compression="unknown",
-                      status="refused", counts=Counts(), why=passed.why)
+    result = unopened(passed)
+    _refuse(con, result.path, result.size, None, passed.why)
+    return result
+
+
+def unopened(passed: PassedOver) -> FileResult:
+    """The result of a file or folder the system would not open: refused, with why (the Spark path
+    lists them alike)."""
+    return FileResult(path=passed.path, sha256="", size=_size_or_zero(Path(passed.path)), format="unknown",
+                      compression="unknown", status="refused", counts=Counts(), why=passed.why)
 
 
 def _forget_listed(con: duckdb.DuckDBPyConnection, searched: Sequence[Path], refused: set[str]) -> None:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from forensics.adapters import Options
 from forensics.errors import CaseError, SparkFailed
 from forensics.exposure.figures import FIGURES
-from forensics.ingestion.pipeline import Counts, FileResult, IngestResult
+from forensics.ingestion.pipeline import Counts, FileResult, IngestResult, unopened
 from forensics.ingestion.readers import Limits, LogFile, PassedOver, discover
 from forensics.ingestion.settle import RECORD_TABLES
 from forensics.spark.analysis import COLUMNS, analyse, spark_session
@@ -243,21 +243,14 @@ def _write_arrow(folder: Path, table: pa.Table) -> None:
 def _with_unopened(refused: pa.Table, skipped: list[PassedOver]) -> pa.Table:
     """``refused_files`` with the files and folders the system would not open (found by
     :func:`~forensics.ingestion.readers.discover`), refused as the DuckDB path refuses them."""
-    unopened = [p for p in skipped if p.refused]
-    if not unopened:
+    results = [unopened(p) for p in skipped if p.refused]
+    if not results:
         return refused
     now = dt.datetime.now(dt.UTC)
-    rows = pa.table({"path": [p.path for p in unopened], "size": [_size_or_zero(p.path) for p in unopened],
-                     "sha256": [None] * len(unopened), "why": [p.why for p in unopened],
-                     "refused_at": [now] * len(unopened), "toolkit_version": [__version__] * len(unopened)})
+    rows = pa.table({"path": [r.path for r in results], "size": [r.size for r in results],
+                     "sha256": [None] * len(results), "why": [r.why for r in results],
+                     "refused_at": [now] * len(results), "toolkit_version": [__version__] * len(results)})
     return pa.concat_tables([refused, rows.cast(refused.schema)]).sort_by("path")
-
-
-def _size_or_zero(path: str) -> int:
-    try:
-        return Path(path).stat().st_size
-    except OSError:
-        return 0
 
 
 def _ingest_result(con: duckdb.DuckDBPyConnection, out: Path, logs: list[LogFile], skipped: list[PassedOver],
@@ -289,10 +282,7 @@ def _ingest_result(con: duckdb.DuckDBPyConnection, out: Path, logs: list[LogFile
             same = next(i for i, m in meta.items() if m[0] == sha)
             results.append(FileResult(sha256=sha, size=int(meta[same][1]), status="already_in_case",
                                       counts=counts[same], ignored=int(meta[same][2]), **base))
-    for passed in (p for p in skipped if p.refused):  # (as the DuckDB path lists them: after the files read)
-        sha, size, why = refused[passed.path]
-        results.append(FileResult(path=passed.path, sha256="", size=int(size), format="unknown",
-                                  compression="unknown", status="refused", counts=Counts(), why=why))
+    results += [unopened(p) for p in skipped if p.refused]  # (as the DuckDB path lists them: after the files read)
     total = sum((counts[i] for i in found.ids.values()), Counts())
     return IngestResult(db=str(out), files=tuple(results), skipped=tuple(p for p in skipped if not p.refused),
                         records=total, case=total)
