@@ -124,6 +124,10 @@ FIELDS: Final[dict[str, Field]] = {
     )
 }
 
+#: Config fields proposed in schema v1.1 (docs/schema-v1.1.md): how a node schedules. The ingest
+#: keeps them in the record's text, not as columns; the replay reads them from there.
+V1_1_CONFIG: Final = ("overlap_schedule", "prefix_cache")
+
 COMMON_REQUIRED: Final = ("kind", "ts", "node")
 COMMON_OPTIONAL: Final = ("seq", "boot")
 

@@ -38,6 +38,14 @@ BEHAVIOURS = ("sglang-placeholder", "sglang-hardened", "coverage-check", "page-t
 ROUTER_REJECT = (400, "context_length_exceeded")
 PREFILL_REJECT = (400, "input_too_long")
 POOL_EXHAUSTED = (503, "kv_pool_exhausted")
+#: decode's admission budget: tokens kept free for each request preallocated or running
+#: (``--num-reserved-decode-tokens``, 512 by default) and the longest output it estimates
+#: (``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``, 4096)
+RESERVED_DECODE_TOKENS = 512
+CLIP_MAX_NEW_TOKENS = 4096
+#: decode: a prompt larger than the whole pool (disaggregation/decode.py: ``input_len >
+#: max_total_num_tokens``, ``prepare_abort`` with 400); a smaller one waits for pages instead
+EXCEEDS_POOL = (400, "prompt_exceeds_kv_pool")
 COVERAGE_MISMATCH = (500, "kv_coverage_mismatch")
 TAG_MISMATCH = (500, "kv_tag_mismatch")
 DECODE_TIMEOUT = (504, "transfer_timeout")
@@ -58,6 +66,11 @@ class NodeConfig:
     #: decode: the overlap scheduler (SGLang's default on decode; a v1 config record does not say,
     #: docs/schema-v1.1.md): a finishing request gets one more slot before its row is freed
     overlap_schedule: bool = True
+    #: the prefix (radix) cache, where the config record says (v1.1; None: not said). Prefill's
+    #: is not modelled: its pages are freed at the transfer's end (reference-engine.md, point 4)
+    prefix_cache: bool | None = None
+    #: which of those (v1.1's fields) the node's config record stated; the others are assumed
+    said: tuple[str, ...] = ()
 
     @property
     def pool_tokens(self) -> int:
@@ -76,6 +89,9 @@ class NodeConfig:
             "engine": self.engine, "engine_version": self.engine_version, "model": self.model,
             "context_length": self.context_length, "page_size": self.page_size,
             "pool_pages": self.pool_pages,
+            # (v1.1, docs/schema-v1.1.md: written where they are not the engine's default or were said)
+            **({"overlap_schedule": False} if not self.overlap_schedule else {}),
+            **({"prefix_cache": self.prefix_cache} if self.prefix_cache is not None else {}),
         }
 
 
@@ -183,6 +199,8 @@ class NodeEngine:
     #: listed in ``disagreements`` and the logs are followed instead (None: the model decides)
     served: AbstractSet[str] | None = None
     disagreements: list[Disagreement] = field(default_factory=list)
+    #: decode steps that found too few free pages (SGLang would retract a request; not modelled)
+    starved_steps: int = 0
     pool: PagePool = field(init=False)
     held: dict[str, _Held] = field(init=False)
     #: decode: the running batch, in the order its requests joined
@@ -369,13 +387,52 @@ class NodeEngine:
         self.disagreements.append(Disagreement(rid, self.config.node, kind, detail))
         return True
 
+    def preallocation(self, rid: str) -> str:
+        """Decode: what admitting ``rid`` now would do with its prompt's pages: ``"take"`` them,
+        ``"wait"`` in the preallocation queue (SGLang keeps it queued, first come first served,
+        until pages are freed) or ``"refuse"`` it (more than the whole pool holds: SGLang aborts
+        it with 400).
+
+        SGLang's admission budget (disaggregation/decode.py, ``pop_preallocated`` with
+        ``_allocatable_tokens``, 0.5.11; ``_allocatable_token_budgets`` and
+        ``_required_admission_tokens``, 0.5.23): the free tokens, less
+        :data:`RESERVED_DECODE_TOKENS` for each request preallocated or running (or, if more,
+        what the longest running request could still need were the others retracted), must hold
+        the prompt and that reserve, and its own possible output beyond what retraction frees."""
+        request = self.requests[rid]
+        tokens = request.prompt_tokens
+        if tokens > self.config.pool_tokens:
+            return "refuse"
+        running = [self.held[x] for x in self.batch]
+        retractable = sum(h.tokens for h in running)
+        active = sum(1 for h in self.held.values()
+                     if h.prompt is not None and not h.released and not h.ended)
+        single = max((min(self.requests[x].max_new_tokens, CLIP_MAX_NEW_TOKENS) + self.requests[x].prompt_tokens
+                      - retractable for x in self.batch), default=0)
+        allocatable = self.pool.available * self.config.page_size - max(RESERVED_DECODE_TOKENS * active, single)
+        required = max(tokens + RESERVED_DECODE_TOKENS,
+                       tokens + min(request.max_new_tokens, CLIP_MAX_NEW_TOKENS) - retractable)
+        return "take" if required <= allocatable else "wait"
+
     def _take_prompt_pages(self, record: dict[str, Any], h: _Held, tokens: int, *, log_rejection: bool) -> bool:
-        """Emit ``record`` and allocate the pages of a prompt of ``tokens`` tokens; or, when the
-        pool cannot supply them, end the request with 503 instead (decode also logs a
-        ``rejected``). Confirming a request the logs show served, the logs are followed: it goes on
-        holding no pages."""
+        """Emit ``record`` and allocate the pages of a prompt of ``tokens`` tokens; or end the
+        request instead: with 400 where decode's whole pool is smaller than the prompt, with 503
+        where the pool cannot supply them now (decode also logs a ``rejected``). (SGLang's decode
+        makes such a request wait; the simulator does so before it admits it, and a replay, which
+        keeps the logged times, turns it away.) Confirming a request the logs show served, the logs
+        are followed: it goes on holding no pages."""
         ts, rid = record["ts"], record["request_id"]
         need = pages_for(tokens, self.config.page_size)
+        if log_rejection and tokens > self.config.pool_tokens:
+            if self._disagrees(rid, "pool_cannot_supply", f"a prompt of {tokens} tokens, a pool of "
+                               f"{self.config.pool_tokens}"):
+                self._emit(record)
+                return True
+            h.ended = True
+            self._emit({"kind": "request", "ts": ts, "request_id": rid, "event": "rejected",
+                        "reason": EXCEEDS_POOL[1], "limit_tokens": self.config.pool_tokens})
+            self._finish(ts, rid, EXCEEDS_POOL)
+            return False
         if need > self.pool.available and self._disagrees(
                 rid, "pool_cannot_supply", f"{need} pages wanted, {self.pool.available} free"):
             self._emit(record)
@@ -514,6 +571,7 @@ class NodeEngine:
         else:
             new = self.pool.alloc_decode(need, len(rows))
         if new is None:  # SGLang retracts requests here; not modelled: these steps take no page
+            self.starved_steps += 1
             self._disagrees(rows[0][0], "pool_cannot_supply", f"a decode step wanted {need} pages, "
                             f"{self.pool.available} free")
         taken = 0

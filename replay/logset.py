@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-from forensics.schema import FIELDS
+from forensics.schema import FIELDS, V1_1_CONFIG
 
-_RANK = {name: i for i, name in enumerate(FIELDS)}
+_RANK = {name: i for i, name in enumerate((*FIELDS, *V1_1_CONFIG))}  # (v1.1's after v1's)
 #: The fields of each record layout seen (its keys as inserted), in schema order.
 _ORDERS: dict[tuple[str, ...], tuple[str, ...]] = {}
 

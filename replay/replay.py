@@ -33,6 +33,8 @@ import pyarrow as pa
 import forensics
 from forensics.adapters.sglang_eras import releases_of
 from forensics.errors import CaseError, OutputExists
+from forensics.ingestion import source
+from forensics.schema import V1_1_CONFIG
 from forensics.store import connect, one, scan, session
 from replay.engine import BEHAVIOURS, Disagreement, NodeConfig, NodeEngine, Plan, Request, decode_steps, plan
 from replay.logset import LogSet, ts_ns, ts_text
@@ -133,6 +135,8 @@ class ReplayResult:
     #: step's launch for the node's pace): where there are any, other schedules may name other victims
     ambiguous_steps: int = 0
     ambiguous_nodes: tuple[str, ...] = ()  # the decode nodes where they are
+    #: what the replay took for granted that the logs do not say (:func:`assumptions`)
+    assumed: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The replay as JSON-ready data."""
@@ -152,6 +156,7 @@ class ReplayResult:
             "schedule": self.schedule.name,
             "ambiguous_steps": self.ambiguous_steps,
             "ambiguous_nodes": list(self.ambiguous_nodes),
+            "assumed": list(self.assumed),
             "disagreements": {"count": len(self.disagreements), "by_kind": dict(sorted(kinds.items())),
                               "list": [d.as_dict() for d in self.disagreements]},
         }
@@ -179,6 +184,7 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
         con = _scratch(Path(db), Path(spill))
         try:
             configs = _configs(con)
+            assumed = assumptions(configs)
             has_pages = (one(con, "SELECT count(*) FROM records WHERE kind = 'kv'") or (0,))[0] > 0
             if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
                 raise CaseError(f"{db}: no prefill or decode config records, nothing to replay")
@@ -211,7 +217,7 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
     if only is not None:
         return ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, None, mode,
                             tuple(disagreements), 0, schedule, sum(c.ambiguous for c in clocks),
-                            _ambiguous_nodes(clocks))
+                            _ambiguous_nodes(clocks), assumed)
     agreement = _agreement(Path(db), case) if has_pages else None
     changed = _outcomes_changed(Path(db), case)
     if mode == "confirm":  # following the logs, the replay should answer as they do: say where not
@@ -221,7 +227,7 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = Wh
                           for rid, delivered in changed]
     done = ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, agreement, mode,
                         tuple(disagreements), len(changed), schedule, sum(c.ambiguous for c in clocks),
-                        _ambiguous_nodes(clocks))
+                        _ambiguous_nodes(clocks), assumed)
     _remember(Path(db), done)
     return done
 
@@ -344,11 +350,11 @@ def _remember(db: Path, result: ReplayResult) -> None:
         con.execute("BEGIN")
         con.execute(
             "INSERT OR REPLACE INTO replays (engine, what_if, out, records, not_replayed, exposure, agreement, mode, "
-            "outcomes_changed, disagreements, ambiguous_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "outcomes_changed, disagreements, ambiguous_steps, assumed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [result.engine, what_if, str(result.out), result.records,
              result.not_replayed, json.dumps(result.exposure),
              None if result.agreement is None else json.dumps(result.agreement.as_dict()), result.mode,
-             result.outcomes_changed, len(result.disagreements), result.ambiguous_steps],
+             result.outcomes_changed, len(result.disagreements), result.ambiguous_steps, json.dumps(d["assumed"])],
         )
         con.execute("DELETE FROM replay_disagreements WHERE engine = ? AND what_if = ?", [result.engine, what_if])
         if result.disagreements:
@@ -365,14 +371,59 @@ def _remember(db: Path, result: ReplayResult) -> None:
 
 def _configs(con: Any) -> dict[str, list[tuple[int, int, str, NodeConfig]]]:
     rows = con.execute(
-        f"SELECT {', '.join(_CONFIG_FIELDS)} FROM records WHERE kind = 'config' "
-        "ORDER BY node, boot, seq NULLS FIRST, ts"
+        f"SELECT {', '.join(_CONFIG_FIELDS)}, file_id, line_no, doc FROM records WHERE kind = 'config' "
+        "ORDER BY node, boot, seq NULLS FIRST, ts, file_id, line_no"
     ).fetchall()
+    stated = _stated(con, [(r[-3], r[-2]) for r in rows if r[-1] is None])
     out: dict[str, list[tuple[int, int, str, NodeConfig]]] = defaultdict(list)
-    for node, boot, seq, ts, role, eng, version, model, ctx, page_size, pool in rows:
+    for node, boot, seq, ts, role, eng, version, model, ctx, page_size, pool, file_id, line_no, doc in rows:
+        said = _scheduling(doc if doc is not None else stated.get((file_id, line_no)))
         out[node].append((boot, -1 if seq is None else seq, _ts(ts),
-                          NodeConfig(node, role, ctx, page_size, pool, eng, version, model)))
+                          NodeConfig(node, role, ctx, page_size, pool, eng, version, model, **said,
+                                     said=tuple(sorted(said)))))
     return out
+
+
+
+
+def assumptions(configs: dict[str, list[tuple[int, int, str, NodeConfig]]]) -> tuple[str, ...]:
+    """What the replay assumed that the logs do not say: the decode nodes whose config does not
+    state whether the overlap scheduler ran (v1.1's ``overlap_schedule``), taken to be on."""
+    unsaid = sorted(node for node, per in configs.items()
+                    if any(c.role == "decode" and "overlap_schedule" not in c.said for _, _, _, c in per))
+    if not unsaid:
+        return ()
+    shown = ", ".join(unsaid[:5]) + (f" and {len(unsaid) - 5:,} more" if len(unsaid) > 5 else "")
+    return (f"overlap scheduler on (SGLang's default) on {len(unsaid):,} decode node(s) whose config "
+            f"does not say: {shown}",)
+
+
+def _stated(con: Any, keys: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
+    """The text of the canonical config lines at ``keys`` (file_id, line_no): where v1.1's
+    scheduling fields are, for the ingest keeps a record's known fields only (an adapted record's
+    ``doc`` has them all)."""
+    if not keys:
+        return {}
+    con.register("config_lines", pa.table({"file_id": pa.array([k[0] for k in keys], pa.int32()),
+                                           "line_no": pa.array([k[1] for k in keys], pa.int64())}))
+    try:
+        texts = source.texts(con, "config_lines")
+    finally:
+        con.unregister("config_lines")
+    return {(f, n): t for f, n, t in zip(*(texts[c].to_pylist() for c in ("file_id", "line_no", "text")),
+                                          strict=True)}
+
+
+def _scheduling(text: str | None) -> dict[str, bool]:
+    """v1.1's scheduling fields a config record's JSON ``text`` states (booleans only; a CSV row or
+    anything else says nothing, and the engine's defaults apply)."""
+    if text is None or not text.lstrip().startswith("{"):
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {}
+    return {k: doc[k] for k in V1_1_CONFIG if isinstance(doc, dict) and isinstance(doc.get(k), bool)}
 
 
 def _order(table: str = "") -> str:

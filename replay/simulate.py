@@ -1,7 +1,9 @@
 """A deterministic simulation of a disaggregated deployment, written as a canonical log set.
 
 Requests arrive at a router, which assigns a prefill and a decode node round-robin. Decode
-preallocates the prompt's pages at admission; each prefill node computes one prompt at a
+preallocates the prompt's pages at admission; where it has too few free pages, the request waits
+in its preallocation queue (first come, first served) until a finish frees enough, and a prompt
+larger than the whole decode pool is refused (400), as SGLang's decode does. Each prefill node computes one prompt at a
 time in arrival order and frees its pages once the transfer is sent; the transfer lands on
 decode, where the request joins the running batch at the node's next step. A decode node steps
 every :data:`DECODE_PER_TOKEN` on one clock (steps at ``T0 + k * DECODE_PER_TOKEN`` while a
@@ -62,6 +64,8 @@ class Deployment:
     tenants: int = 12
     model: str = "glm-5.3"
     engine_version: str = "0.5.21"
+    #: decode's overlap scheduler (SGLang's default; off: ``--disable-overlap-schedule``)
+    overlap_schedule: bool = True
 
     def configs(self) -> list[NodeConfig]:
         """Every node's config: prefill nodes, then decode nodes."""
@@ -72,7 +76,8 @@ class Deployment:
                 out.append(NodeConfig(
                     node=f"{role}-{i}", role=role, context_length=self.context_length,
                     page_size=self.page_size, pool_pages=pool_pages(tokens, self.page_size),
-                    engine="sglang", engine_version=self.engine_version, model=self.model))
+                    engine="sglang", engine_version=self.engine_version, model=self.model,
+                    overlap_schedule=self.overlap_schedule or role != "decode"))
         return out
 
 
@@ -86,12 +91,18 @@ class SimResult:
     over_long: int
     late_writes: int
     outcomes: dict[str, int] = field(default_factory=dict)
+    #: requests that waited in a decode node's preallocation queue before it admitted them
+    waited: int = 0
+    #: decode steps that found too few free pages: SGLang would have retracted a request there,
+    #: which the engine does not model (the step took no page); 0 where the run is faithful
+    starved_steps: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The run as JSON-ready data."""
         return {
             "files": [str(f) for f in self.files], "records": self.records, "requests": self.requests,
             "over_long": self.over_long, "late_writes": self.late_writes, "outcomes": self.outcomes,
+            "waited": self.waited, "starved_steps": self.starved_steps,
         }
 
 
@@ -230,6 +241,10 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
             next_step[node] = first + due * DECODE_PER_TOKEN
 
     waiting: dict[str, deque[str]] = {c.node: deque() for c in prefill_cfgs}
+    #: decode's preallocation queue: requests waiting for pages, in arrival order
+    preallocating: dict[str, deque[str]] = {c.node: deque() for c in decode_cfgs}
+    admitted_at: dict[str, int] = {}
+    waited: set[str] = set()
     busy: dict[str, bool] = {c.node: False for c in prefill_cfgs}
     finished = {"delivered": 0}
 
@@ -256,6 +271,21 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         if plans[rid].prefill_rejects:
             event(rid, r.prefill_node, t, "rejected")
             return
+        queue = preallocating[r.decode_node]
+        catch_up(r.decode_node, t)
+        fits = engines[r.decode_node].preallocation(rid)
+        if fits == "wait" or (queue and fits == "take"):
+            queue.append(rid)  # decode has too few free pages: it waits, behind any waiting before it
+            waited.add(rid)
+            return
+        admit(t, rid)  # (a prompt larger than the whole pool is refused as it comes)
+
+    def admit(t: int, rid: str) -> None:
+        """Decode preallocates the prompt's pages (or refuses a prompt larger than its pool); the
+        prompt joins its prefill node's queue."""
+        r = requests[rid]
+        assert r.prefill_node is not None and r.decode_node is not None
+        admitted_at[rid] = t
         if not event(rid, r.decode_node, t, "admitted"):
             return
         if rid in late:
@@ -264,6 +294,14 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         if not busy[r.prefill_node]:
             busy[r.prefill_node] = True
             at(t, prefill_start, r.prefill_node)
+
+    def preallocate(node: str, t: int) -> None:
+        """Pages were freed on the decode node ``node``: admit the requests waiting there, first come
+        first served, while the first one's prompt fits (SGLang's ``pop_preallocated`` stops at the
+        first that does not)."""
+        queue = preallocating[node]
+        while queue and engines[node].preallocation(queue[0]) != "wait":
+            admit(t, queue.popleft())
 
     def prefill_start(t: int, node: str) -> None:
         rid = waiting[node].popleft()
@@ -277,7 +315,7 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         transfer(rid, r.prefill_node, t, "started")
         sent = t + TRANSFER_FIXED + TRANSFER_PER_TOKEN * plans[rid].kv_tokens
         at(sent, send, rid)
-        at(max(sent, arrival_of[rid] + DECODE_TIMEOUT + LATE_BY) if rid in late else sent, land, rid)
+        at(max(sent, admitted_at[rid] + DECODE_TIMEOUT + LATE_BY) if rid in late else sent, land, rid)
 
     def send(t: int, rid: str) -> None:
         """Prefill has sent its last chunk: it frees its pages and takes the next prompt."""
@@ -294,12 +332,14 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         assert node is not None
         catch_up(node, t)
         engines[node].time_out(ts_text(t), rid)
+        preallocate(node, t)
 
     def land(t: int, rid: str) -> None:
         r = requests[rid]
         assert r.decode_node is not None
         if transfer(rid, r.decode_node, t, "completed"):
             at(t0 + -(-(t - t0) // DECODE_PER_TOKEN) * DECODE_PER_TOKEN, decode_start, rid)  # the next step
+        preallocate(r.decode_node, t)  # (page tags may have failed readers of what landed)
 
     def decode_start(t: int, rid: str) -> None:
         node = requests[rid].decode_node
@@ -309,6 +349,8 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
             if steps and node not in next_step:
                 next_step[node] = t  # its first step is launched now
             at(t + DECODE_PER_TOKEN * max(steps - 1, 0) + DECODE_PER_TOKEN // 2, finish, rid)
+        else:  # an integrity check failed it: its pages are free
+            preallocate(node, t)
 
     def finish(t: int, rid: str) -> None:
         node = requests[rid].decode_node
@@ -319,6 +361,7 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         event(rid, node, t, "finished", status=200, finish_reason="stop",
               output_tokens=requests[rid].max_new_tokens)
         finished["delivered"] += 1
+        preallocate(node, t)
 
     for rid, t in arrival_of.items():
         at(t, arrive, rid)
@@ -338,4 +381,5 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         outcomes={"delivered": finished["delivered"], "rejected_by_router": by_router,
                   "rejected_by_prefill": by_prefill,
                   "failed_on_decode": len(requests) - finished["delivered"] - by_router - by_prefill},
+        waited=len(waited), starved_steps=sum(e.starved_steps for e in engines.values()),
     )

@@ -184,6 +184,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         r["exposure"] = json.loads(r["exposure"])
         r["agreement"] = json.loads(r["agreement"]) if r["agreement"] else None
         r["what_if"] = json.loads(r["what_if"])
+        r["assumed"] = json.loads(r.get("assumed") or "[]")  # (a case replayed before it was kept: none said)
     files = rows(con, """
         SELECT f.path, f.size, f.sha256, f.ingested_at, f.toolkit_version, c.read, c.ingested, c.duplicates,
                c.quarantined FROM files f JOIN file_counts c USING (file_id) ORDER BY f.file_id""")

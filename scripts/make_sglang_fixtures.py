@@ -36,6 +36,7 @@ prefill times out in ``KVPoll.Bootstrapping``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -57,6 +58,7 @@ from replay.sglang_print.servers import (
     aborts_after_forward,
     has_targets,
     retires,
+    server_args_fields,
     start_clock,
 )
 
@@ -115,6 +117,7 @@ def run(release: Release, out: Path) -> None:
             (folder / form / f"{role}-0.log").write_text(server.out.getvalue(), encoding="utf-8")
             sources.update(server.sources)
     lines = capacity_lines(release, folder / "lines", sources)
+    flags = flag_lines(release, folder / "lines", sources)
     (folder / "SOURCE.json").write_text(json.dumps({
         "release": release.version, "wheel": release.wheel.name, "sha256": release.sha256,
         "made_by": "scripts/make_sglang_fixtures.py", "context_length": CONTEXT,
@@ -130,6 +133,7 @@ def run(release: Release, out: Path) -> None:
                               strict=True)) for s in SCENARIO],
         "sources": dict(sorted(sources.items())),
         "lines": lines,
+        "flag_lines": flags,
     }, indent=2) + "\n", encoding="utf-8")
 
 
@@ -165,6 +169,39 @@ def capacity_lines(release: Release, out: Path, sources: dict[str, str]) -> list
         sources.update(server.sources)
         described.append({"file": f"lines/{name}", "role": role, "kind": "capacity_check", "rid": rid,
                           "tokens": tokens, "limit_tokens": limit})
+    return described
+
+
+#: Servers started with other scheduling flags than the run's (lines/<node>-flags.log): the
+#: arguments given, and schema v1.1's fields their config should state (docs/schema-v1.1.md)
+FLAGS = {
+    "prefill": ({"disable_radix_cache": True}, {"prefix_cache": False}),
+    "decode": ({"disable_overlap_schedule": True, "disaggregation_decode_enable_radix_cache": True},
+               {"overlap_schedule": False, "prefix_cache": True}),
+}
+
+
+def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dict[str, Any]]:
+    """The start-up of each server with the scheduling flags of :data:`FLAGS`: its ``server_args``
+    line and pool line, printed by the release's code as the run prints them (a server started
+    with ``--disable-overlap-schedule``, say), into ``out/<node>-flags.log``. A flag the release
+    does not have is left out, and so is the field it would set (``expected``)."""
+    described = []
+    fields = server_args_fields(release)
+    for role in ("prefill", "decode"):
+        given, expected = FLAGS[role]
+        args = {k: v for k, v in given.items() if k in fields}
+        decode_cache = "disaggregation_decode_enable_radix_cache"
+        if decode_cache in given and decode_cache not in args:
+            expected = {k: v for k, v in expected.items() if k != "prefix_cache"} | {"prefix_cache": False}
+        spec = dataclasses.replace(SPECS[role], args=tuple(sorted(args.items())))
+        server = Server(release, spec, SETUP, "text", None)
+        CLOCK.at(0.0)
+        Printer(server).startup()
+        name = f"{spec.node}-flags.log"
+        (out / name).write_text(server.out.getvalue(), encoding="utf-8")
+        sources.update(server.sources)
+        described.append({"file": f"lines/{name}", "role": role, "args": args, "expected": expected})
     return described
 
 

@@ -84,6 +84,7 @@ def learn(c: ConfigLine, line: LogLine, facts: Facts, options: Options) -> Confi
         if role is not None:
             facts.role = role
         facts.dp_pools = _dp_pools(args)
+        facts.scheduling = _scheduling(args)
         return ConfigLine("server_args")  # (the arguments are not needed again)
     return c
 
@@ -104,10 +105,34 @@ def translate(c: ConfigLine, line: LogLine, facts: Facts, options: Options, note
         "engine": "sglang", "engine_version": facts.era or "unknown", "model": facts.model or "unknown",
         "context_length": c.context, "page_size": facts.page_size,
         "pool_pages": c.tokens // facts.page_size + 1,
+        **{k: v for k, v in facts.scheduling.items() if k in _SCHEDULING_OF[role]},
     }
     if facts.dp_pools > 1 and line.dp in (0, None):  # DP0's line, for every DP rank's pool
         return [{**record, "node": f"{facts.node}.dp{d}"} for d in range(facts.dp_pools)]
     return [record]
+
+
+#: Which of schema v1.1's scheduling fields (docs/schema-v1.1.md) a config of each role states.
+_SCHEDULING_OF = {"prefill": ("prefix_cache",), "decode": ("overlap_schedule", "prefix_cache")}
+
+
+def _scheduling(args: dict[str, Any]) -> dict[str, bool]:
+    """Schema v1.1's scheduling fields from a server's arguments, as printed (after SGLang's own
+    adjustments: speculative decoding or pipeline parallelism print ``disable_overlap_schedule=True``
+    already): ``overlap_schedule`` (decode's loop; ``not disable_overlap_schedule``) and
+    ``prefix_cache`` (prefill: ``not disable_radix_cache``; decode:
+    ``disaggregation_decode_enable_radix_cache``). A flag the line does not print says nothing."""
+    out: dict[str, bool] = {}
+    if isinstance(args.get("disable_overlap_schedule"), bool):
+        out["overlap_schedule"] = not args["disable_overlap_schedule"]
+    if args.get("disaggregation_mode") == "decode":
+        if isinstance(args.get("disaggregation_decode_enable_radix_cache"), bool):
+            out["prefix_cache"] = args["disaggregation_decode_enable_radix_cache"]
+        elif isinstance(args.get("disable_radix_cache"), bool):  # (releases before the decode flag: off on decode)
+            out["prefix_cache"] = False
+    elif isinstance(args.get("disable_radix_cache"), bool):
+        out["prefix_cache"] = not args["disable_radix_cache"]
+    return out
 
 
 def _dp_pools(args: dict[str, Any]) -> int:

@@ -286,6 +286,8 @@ class Facts:
     #: KV pools of the server with DP attention (each DP rank its own, of the size the pool line
     #: gives: only global TP rank 0, DP0's first scheduler, prints it); 1 without
     dp_pools: int = 1
+    #: schema v1.1's scheduling fields the server_args state (sglang_config._scheduling)
+    scheduling: dict[str, bool] = field(default_factory=dict)
     #: the lines (numbers) of the file's server_args lines: each starts a process of the server, so
     #: from the second on a restart (a new boot: its pool fresh); and at each restart, the requests
     #: received and not finished before it (in flight when the process ended)

@@ -280,6 +280,7 @@ ALTER TABLE replays ADD COLUMN IF NOT EXISTS mode VARCHAR;  -- confirm or what-i
 ALTER TABLE replays ADD COLUMN IF NOT EXISTS outcomes_changed BIGINT;  -- delivered in one and not the other
 ALTER TABLE replays ADD COLUMN IF NOT EXISTS disagreements BIGINT;  -- confirm: where the logs were followed
 ALTER TABLE replays ADD COLUMN IF NOT EXISTS ambiguous_steps BIGINT;  -- decode events the evidence places at more than one step
+ALTER TABLE replays ADD COLUMN IF NOT EXISTS assumed VARCHAR;  -- JSON list: what the replay took for granted that the logs do not say
 
 -- Confirmation: each place the model could not do what the logs say (the logs were followed there).
 CREATE TABLE IF NOT EXISTS replay_disagreements (

@@ -138,8 +138,10 @@ def print_server(logs: Path, out: Path, wheel: Path, node: str, form: str) -> di
                   max_req_input_len=min(config["context_length"] - 1, prefill_pool - 1) - 5,
                   model_path=f"zai-org/{config['model']}", served_model_name=config["model"])
     address = hosts(list(configs))
+    # (a decode config of schema v1.1 without the overlap scheduler: the server was started so)
+    flags = (("disable_overlap_schedule", True),) if config.get("overlap_schedule") is False else ()
     spec = Spec(node, config["role"], address[node], PORT, (config["pool_pages"] - 1) * config["page_size"],
-                tp_size=TP_SIZE)
+                tp_size=TP_SIZE, args=flags)
     release = Release(wheel)
     start_clock(setup)
     server = Server(release, spec, setup, form, None, out=Lines())

@@ -61,6 +61,8 @@ class Spec:
     pool: int
     tp_size: int = 2
     dp_size: int = 1  # above 1: DP attention, each DP rank its own pool
+    #: server arguments other than the run's, as (name, value): printed where the release has them
+    args: tuple[tuple[str, Any], ...] = ()
 
 
 class Clock:
@@ -335,7 +337,7 @@ class Printer:
     def _server_args(self) -> None:
         r, s = self.r, self.s
         engine = "sglang.srt.entrypoints.engine"
-        fields = _server_args_fields(r)
+        fields = server_args_fields(r)
         spec, setup = s.spec, s.setup
         values = {**fields, "model_path": setup.model_path, "served_model_name": setup.served_model_name,
                   "context_length": setup.context, "page_size": setup.page, "tp_size": spec.tp_size,
@@ -343,7 +345,7 @@ class Printer:
                   "disaggregation_mode": s.role, "disaggregation_transfer_backend": "mooncake",
                   "disaggregation_bootstrap_port": setup.bootstrap_port, "host": spec.host, "port": spec.port,
                   "log_requests": True, "log_requests_level": 1, "log_requests_format": s.form,
-                  "enable_request_time_stats_logging": True}
+                  "enable_request_time_stats_logging": True, **dict(spec.args)}
         if "attn_dp_size" in fields:  # (0.5.23 resolves --enable-dp-attention --dp N to attn_dp_size N)
             values.update(attn_dp_size=spec.dp_size, dp_size=1)
         values = {k: v for k, v in values.items() if k in fields}
@@ -609,7 +611,7 @@ def _raised(r: Release, module: str, marker: str) -> tuple[Any, int]:
     raise LookupError(f"no raise with {marker!r} in {module} of {r.version}")
 
 
-def _server_args_fields(r: Release) -> dict[str, Any]:
+def server_args_fields(r: Release) -> dict[str, Any]:
     """ServerArgs' fields in the release's order, with their defaults where they are literals."""
     import ast
     tree = r.tree("sglang.srt.server_args")

@@ -654,3 +654,44 @@ def test_the_collector_is_given_back_as_it_was_however_the_translation_ends() ->
     finally:
         gc.unfreeze()
     assert keep
+
+
+@pytest.mark.parametrize("release", sorted({r for r, _ in SETS}, key=RELEASES.index))
+def test_the_scheduling_flags_each_release_prints_are_stated_on_its_configs(release: str, tmp_path: Path) -> None:
+    """Schema v1.1's ``overlap_schedule`` and ``prefix_cache`` come from the ``server_args`` line as
+    the release prints it: the run's servers with SGLang's defaults (overlap on, the prefix cache on
+    prefill and off on decode), and servers started with ``--disable-overlap-schedule``,
+    ``--disable-radix-cache`` and, where the release has it, the decode radix cache (lines/, printed
+    by the release's code with those arguments). Every config of the server (each DP pool) states
+    them, and the replay reads them back."""
+    from replay.replay import _configs, assumptions
+
+    flagged = _source(release)["flag_lines"]
+    assert {d["role"] for d in flagged} == {"prefill", "decode"}
+    expected = {}
+    for d in flagged:
+        node = "prefill-0" if d["role"] == "prefill" else "decode-0"
+        expected[node] = d["expected"]
+    assert expected["decode-0"]["overlap_schedule"] is False
+    for name, files, want in (
+        ("defaults", [ROOT / release / "text" / f"{r}-0.log" for r in ("prefill", "decode")],
+         {"prefill-0": {"prefix_cache": True}, "decode-0": {"overlap_schedule": True, "prefix_cache": False}}),
+        ("flags", [ROOT / release / d["file"] for d in flagged], expected),
+    ):
+        case = tmp_path / f"{name}.duckdb"
+        forensics.ingest(files, case)
+        con = duckdb.connect(str(case), read_only=True)
+        docs = [(node, json.loads(doc)) for node, doc in con.execute(
+            "SELECT node, doc FROM config_records ORDER BY node, file_id, line_no").fetchall()]
+        configs = _configs(con)
+        con.close()
+        server = {n: n.split(".")[0].removesuffix("-flags") for n, _ in docs}  # (a node is named after its file)
+        assert docs and set(server.values()) == {"prefill-0", "decode-0"}
+        for node, doc in docs:
+            assert {k: doc.get(k) for k in want[server[node]]} == want[server[node]], (name, node)
+        for per in configs.values():
+            for _, _, _, config in per:
+                if config.role == "decode":
+                    assert config.overlap_schedule is want["decode-0"]["overlap_schedule"]
+                    assert "overlap_schedule" in config.said
+        assert assumptions(configs) == ()

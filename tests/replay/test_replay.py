@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import json
 import random
@@ -113,7 +114,10 @@ def test_late_writes_survive_the_fix_for_placeholders(tmp_path: Path) -> None:
     """A late transfer is a different bug: the hardened engine still has it, page tags stop it."""
     deployment = Deployment(**{**SMALL.__dict__, "decode_pool_tokens": 65_600})
     full = tmp_path / "full"
-    simulate(full, _arrivals(500, 9, deployment, over_long=0.0), deployment=deployment, seed=9, late_writes=0.1)
+    # no prompt over prefill's limit (40,954 tokens; none made so, and the few that come so long, cut)
+    arrivals = [dataclasses.replace(a, prompt_tokens=min(a.prompt_tokens, 40_000))
+                for a in _arrivals(500, 9, deployment, over_long=0.0)]
+    simulate(full, arrivals, deployment=deployment, seed=9, late_writes=0.1)
     logged = forensics.investigate([full], tmp_path / "case.duckdb").exposure
     assert logged["exposure_pairs"] > 0  # only late writes can cause these
     hardened = replay(tmp_path / "case.duckdb", "sglang-hardened", tmp_path / "hardened").exposure
@@ -179,8 +183,10 @@ def test_requests_the_logs_never_handed_to_an_engine_join_in_arrival_order(tmp_p
                            "WHERE event = 'decode_started'")["n"][0]
         by_router = case.sql("SELECT count(*) AS n FROM request_events "
                              "WHERE event = 'rejected' AND reason = 'context_length_exceeded'")["n"][0]
-        turned_away = case.sql("SELECT count(DISTINCT request_id) AS n FROM request_events "
-                               "WHERE event = 'finished' AND finish_reason = 'kv_pool_exhausted'")["n"][0]
+        # (by a decode pool too small for the prompt now, or short of pages at its logged admission)
+        turned_away = case.sql("SELECT count(DISTINCT request_id) AS n FROM request_events WHERE event = "
+                               "'finished' AND finish_reason IN ('kv_pool_exhausted', 'prompt_exceeds_kv_pool')"
+                               )["n"][0]
         decoded = set(case.sql("SELECT DISTINCT request_id FROM request_events "
                                "WHERE event = 'decode_started'")["request_id"].to_list())
     with forensics.Case(tmp_path / "case.duckdb", read_only=True) as case:
@@ -341,3 +347,98 @@ def test_carried_transfer_ends_are_placed_as_the_rule_says(seed: int) -> None:
     for rid in forgotten:
         at = got.index(rid)
         assert all(isinstance(g, str) or g.record["request_id"] != rid for g in got[at + 1:])
+
+
+def test_a_decode_node_without_the_overlap_scheduler_is_replayed_as_its_config_says(tmp_path: Path) -> None:
+    """Schema v1.1's ``overlap_schedule: false`` (``--disable-overlap-schedule``) on the decode
+    configs: the replay without page records gives back the simulated log set byte for byte. With
+    the field taken out, the replay assumes SGLang's default (on), which names other pages, and
+    says that it assumed it."""
+    deployment = Deployment(**{**SMALL.__dict__, "overlap_schedule": False})
+    full = tmp_path / "full"
+    simulate(full, _arrivals(250, 3, deployment), deployment=deployment, seed=3)
+    configs = [x for f in sorted(full.iterdir()) for x in f.read_text().splitlines() if '"kind":"config"' in x]
+    assert sum('"overlap_schedule":false' in x for x in configs) == deployment.decode_nodes
+    logged = forensics.investigate([full], tmp_path / "full.duckdb").exposure
+    assert logged["exposed_responses"] > 0
+    simulated = b"".join(f.read_bytes() for f in sorted(full.iterdir()))
+    unsay = lambda text: text.replace(',"overlap_schedule":false', "")  # noqa: E731
+    for name, edit in (("said", lambda text: text), ("unsaid", unsay)):
+        stripped = _strip_pages(full, tmp_path / name)
+        for f in stripped.iterdir():
+            f.write_text(edit(f.read_text()))
+        forensics.investigate([stripped], tmp_path / f"{name}.duckdb")
+        result = replay(tmp_path / f"{name}.duckdb", "sglang-placeholder", tmp_path / f"{name}-replayed")
+        replayed = b"".join(f.read_bytes() for f in sorted((tmp_path / f"{name}-replayed" / "logs").iterdir()))
+        if name == "said":
+            assert result.exposure == logged and replayed == simulated and result.assumed == ()
+        else:
+            assert replayed != simulated
+            assert len(result.assumed) == 1 and "decode-0, decode-1" in result.assumed[0]
+
+
+def test_decode_makes_a_request_wait_for_pages_first_come_first_served(tmp_path: Path) -> None:
+    """A decode pool too small for the load: requests wait in the preallocation queue (admitted
+    after they were received, each node's in the order they came), none is turned away with 503,
+    no decode step goes without its page, and a replay without page records gives back the
+    simulated log set byte for byte. A prompt larger than the whole decode pool is refused with
+    400 as it comes."""
+    deployment = Deployment(**{**SMALL.__dict__, "decode_pool_tokens": 60_032})
+    arrivals = _arrivals(300, 9, deployment)
+    # inside the context window (past prefill's limit: a placeholder), beyond decode's pool
+    arrivals[40] = dataclasses.replace(arrivals[40], prompt_tokens=62_000)
+    full = tmp_path / "full"
+    sim = simulate(full, arrivals, deployment=deployment, seed=9, check_invariants=True)
+    assert sim.waited > 100 and sim.starved_steps == 0
+    records = [json.loads(x) for f in sorted(full.iterdir()) for x in f.read_text().splitlines()]
+    received = {r["request_id"]: r["ts"] for r in records if r.get("event") == "received"}
+    admitted = [r for r in records if r.get("event") == "admitted"]
+    assert sum(r["ts"] > received[r["request_id"]] for r in admitted) == sim.waited
+    for node in {r["node"] for r in admitted}:
+        order = [r["request_id"] for r in admitted if r["node"] == node]
+        assert order == sorted(order, key=lambda rid: (received[rid], rid))  # (ids run in arrival order)
+    finishes = [(r["status"], r.get("finish_reason")) for r in records
+                if r.get("event") == "finished" and r["node"].startswith("decode")]
+    assert (503, "kv_pool_exhausted") not in finishes
+    beyond = sum(60_032 < a.prompt_tokens < deployment.context_length for a in arrivals)
+    assert beyond >= 1 and finishes.count((400, "prompt_exceeds_kv_pool")) == beyond
+    refused = [r for r in records if r.get("reason") == "prompt_exceeds_kv_pool"]
+    assert [(r["event"], r["limit_tokens"]) for r in refused] == [("rejected", 60_032)] * beyond
+    logged = forensics.investigate([full], tmp_path / "full.duckdb").exposure
+    forensics.investigate([_strip_pages(full, tmp_path / "stripped")], tmp_path / "stripped.duckdb")
+    result = replay(tmp_path / "stripped.duckdb", "sglang-placeholder", tmp_path / "replayed")
+    assert result.exposure == logged and result.disagreements == ()
+    simulated = b"".join(f.read_bytes() for f in sorted(full.iterdir()))
+    assert b"".join(f.read_bytes() for f in sorted((tmp_path / "replayed" / "logs").iterdir())) == simulated
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_decode_admits_a_prompt_exactly_when_sglangs_budget_holds_it(page_size: int) -> None:
+    """The admission budget of SGLang's ``pop_preallocated``, worked by hand: free tokens, less 512
+    for each request preallocated or running (or what the longest running one could still need,
+    were the others retracted, if more), must hold the prompt and 512, and the prompt's own output
+    (clipped at 4,096) beyond what retraction would free. A token less, it waits."""
+    from replay.engine import CLIP_MAX_NEW_TOKENS, RESERVED_DECODE_TOKENS, NodeConfig, NodeEngine, Request, plan
+    from replay.logset import LogSet
+
+    pool_pages = 40_000 // page_size + 1
+    config = NodeConfig("decode-0", "decode", 1 << 20, page_size, pool_pages)
+    held = [Request(f"r{i}", "t", 1_000 + 64 * i, 300, "p", "decode-0") for i in range(3)]
+    requests = {r.request_id: r for r in held}
+    e = NodeEngine(config, "sglang-placeholder", LogSet(), requests, {})
+    for i, r in enumerate(held):
+        e.plans[r.request_id] = plan(r, "sglang-placeholder", config)
+        e.handle({"kind": "request", "ts": f"2026-01-01T00:00:0{i}Z", "request_id": r.request_id, "event": "admitted"})
+    e.handle({"kind": "request", "ts": "2026-01-01T00:00:05Z", "request_id": "r0", "event": "decode_started"})
+    assert e.batch == ["r0"]
+    free = e.pool.available * page_size
+    retractable = e.held["r0"].tokens
+    reserve = max(RESERVED_DECODE_TOKENS * 3, 1_000 + 300 - retractable)
+    for max_new in (100, 10_000):  # the reserve, or its own output beyond retraction, is what binds
+        own = min(max_new, CLIP_MAX_NEW_TOKENS)
+        biggest = free - reserve - max(RESERVED_DECODE_TOKENS, own - retractable)
+        for tokens, fits in ((biggest, "take"), (biggest + 1, "wait")):
+            requests["new"] = Request("new", "t", tokens, max_new, "p", "decode-0")
+            assert e.preallocation("new") == fits, (max_new, tokens)
+    requests["new"] = Request("new", "t", config.pool_tokens + 1, 10, "p", "decode-0")
+    assert e.preallocation("new") == "refuse"
