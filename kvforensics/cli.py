@@ -119,6 +119,7 @@ from forensics.ingestion.readers import KEPT_OF_LONG_LINE, Limits
 from forensics.schema import PLAUSIBLE_COUNT
 from forensics.store import system_refusal
 from forensics.text import csv_cell, shown
+from kvforensics import render
 from replay.engine import BEHAVIOURS
 from replay.simulate import Deployment
 
@@ -289,6 +290,13 @@ class Format(StrEnum):
     json = "json"
 
 
+class Sections(StrEnum):
+    """How a command prints several tables (no CSV holds more than one)."""
+
+    table = "table"
+    json = "json"
+
+
 def _with_progress(job: Callable[[Any], T]) -> T:
     """Run ``job(progress)`` with a progress bar when stderr is a terminal."""
     if not sys.stderr.isatty():
@@ -313,41 +321,9 @@ def _print_json(data: object) -> None:
 
 
 def _print_figures(figures: dict[str, int]) -> None:
-    width = max(len(k) for k in figures)
-    for name, value in figures.items():
-        typer.echo(f"{name:<{width}}  {value}")
-
-
-def _print_tiers(found: Any) -> None:
-    """The figures with the evidence each rests on: by tier side by side where the replay fills
-    in (page records missing), else the page records' figures and that they cover every node."""
-    from forensics.exposure.tiers import PAGE_EVIDENCE, SUMMARY_TIERS
-
-    tiers, missing = found.tiers, found.without_page_records
-    replay_backed = [t for t in SUMMARY_TIERS[1:-1] if tiers and any(tiers[t].values())]
-    if not missing and not replay_backed:
-        _print_figures(found.investigation.exposure)
-        typer.echo("(evidence: page records, on every engine node that logged requests)")
-        return
-    columns = [PAGE_EVIDENCE, *SUMMARY_TIERS[1:]] if tiers else [PAGE_EVIDENCE]
-    names = list(found.investigation.exposure)
-    width = max(len(n) for n in names)
-    cells = {t: [("-" if (tiers or {}).get(t, {}).get(n) is None else f"{tiers[t][n]:,}") if tiers
-                 else f"{found.investigation.exposure[n]:,}" for n in names] for t in columns}
-    widths = {t: max(len(t), *(len(c) for c in cells[t])) for t in columns}
-    typer.echo(f"{'figure':<{width}}  " + "  ".join(f"{t:>{widths[t]}}" for t in columns))
-    for i, n in enumerate(names):
-        typer.echo(f"{n:<{width}}  " + "  ".join(f"{cells[t][i]:>{widths[t]}}" for t in columns))
-    if missing:
-        rest = ("their exposures come from the confirming replay (the replay-backed columns)" if found.filled
-                else f"not replayed ({found.replay_skipped}): the figures rest on the page records elsewhere only")
-        typer.echo(f"page records missing on {', '.join(shown(m) for m in missing)}: {rest}")
-    typer.echo("(- : not measured by that evidence; total: the union of every tier)")
-    if tiers and replay_backed and found.certainty:
-        v, t = found.certainty["victim_requests"], found.certainty["affected_tenants"]
-        typer.echo(f"victims: {v['certain']:,} certain, {v['possible']:,} possible; tenants: {t['certain']:,} certain, "
-                   f"{t['possible']:,} possible (certain: named by page records, or by the replay under every "
-                   "schedule the logs allow)")
+    """The eight figures as a table, grouped by thousands."""
+    frame = pl.DataFrame({"figure": list(figures), "value": pl.Series(list(figures.values()), dtype=pl.Int64)})
+    typer.echo("\n".join(render.table(frame, render.width())))
 
 
 def _print_counts(result: forensics.IngestResult) -> None:
@@ -358,11 +334,11 @@ def _print_counts(result: forensics.IngestResult) -> None:
             continue
         note = " (already in the case, unchanged)" if f.status == "already_in_case" else ""
         typer.echo(
-            f"{shown(f.path)}: {c.read} read, {c.ingested} ingested, {c.duplicates} duplicates, "
-            f"{c.quarantined} quarantined{note}"
+            f"{shown(f.path)}: {c.read:,} read, {c.ingested:,} ingested, {c.duplicates:,} duplicates, "
+            f"{c.quarantined:,} quarantined{note}"
         )
         if f.adapter != "canonical":
-            typer.echo(f"  read as {f.adapter}; {f.ignored} other lines ignored")
+            typer.echo(f"  read as {f.adapter}; {f.ignored:,} other lines ignored")
         for text in f.notes:
             typer.echo(f"  note: {shown(text)}")
     for passed in result.skipped:
@@ -371,8 +347,8 @@ def _print_counts(result: forensics.IngestResult) -> None:
     n = len(result.refused)
     refused = f"; {n} file{'s' if n != 1 else ''} refused" if n else ""
     typer.echo(
-        f"total: {r.read} read = {r.ingested} ingested + {r.duplicates} duplicates "
-        f"+ {r.quarantined} quarantined{refused}"
+        f"total: {r.read:,} read = {r.ingested:,} ingested + {r.duplicates:,} duplicates "
+        f"+ {r.quarantined:,} quarantined{refused}"
     )
     if r.quarantined:
         typer.echo(f"see them with: kvforensics quarantine --db {shown(result.db)}")
@@ -561,34 +537,17 @@ def investigate(
     _print_counts(found.investigation.ingest)
     if found.investigation.ingest.empty:
         _input_exit(found.investigation.ingest, paths)
-    typer.echo("")
-    _print_tiers(found)
-    for r in found.replays:
-        agreement = ""
-        if r.agreement:
-            a = r.agreement.exposed_responses
-            agreement = f"; {a.confirmed} confirmed, {a.replay_only} replay only, {a.log_only} log only"
-        checked = (f"{len(r.disagreements)} disagreements with the logs" if r.mode == "confirm"
-                   else f"what-if, {r.outcomes_changed} logged outcomes changed")
-        typer.echo(f"replay under {r.engine}: {r.exposure['exposed_responses']} exposed responses{agreement} "
-                   f"({checked})")
-    if found.unseen_late_writes:
-        typer.echo(f"{found.unseen_late_writes} transfer(s) sent by prefill and given up by a decode node without "
-                   "page records: a late write there is in no log, and no replay figure includes what it "
-                   "overwrote (finding handoff.sent_but_not_received)")
-    filled = found.filled
-    if filled and filled.gap_windows:
-        typer.echo(f"page records missing in {filled.gap_windows} seq-gap windows: filled by replay, "
-                   f"{filled.exposed_responses} exposed responses in all (table replay_exposures)")
-    if found.replay_skipped:
-        typer.echo(f"replay skipped: {found.replay_skipped}")
+    from kvforensics import story
+
+    written: list[str] = []
     if found.report is not None:
-        typer.echo(f"\nreport: {found.report.out}")
+        written.append(f"report: {shown(found.report.out)}")
         if found.report.lists:
             from reports.lists import folder_for
 
-            typer.echo(f"its complete lists (CSV, Parquet): {shown(folder_for(found.report.out))}")
-    typer.echo(f"\nnext: kvforensics exposures --db {shown(db)}")
+            written.append(f"its complete lists (CSV, Parquet): {shown(folder_for(found.report.out))}")
+    typer.echo("")
+    typer.echo("\n".join(story.lines(story.tell(found, db), render.width(), written)))
     _input_exit(found.investigation.ingest, paths)
     for r in found.replays:
         _disagreement_exit(r)
@@ -664,12 +623,21 @@ def report(
         typer.echo(f"its complete lists (CSV, Parquet): {shown(folder_for(done.out))}")
 
 
-def _emit(frame: pl.DataFrame, fmt: Format) -> None:
+def _emit(frame: pl.DataFrame, fmt: Format, *, first: tuple[str, ...] = (), empty: str | None = None,
+          as_polars: bool = False) -> None:
     """Print a table; what came from the logs is made safe for where it goes: a CSV's strings
     neutralised for spreadsheets (a leading ``=``, ``+``, ``-`` or ``@``), a table's controls shown
-    as escapes, JSON escaped as JSON is."""
+    as escapes, JSON escaped as JSON is. A table is fitted to the width (render.table: the columns
+    ``first`` kept before the others); an empty one is the line ``empty`` where given. ``as_polars``:
+    the table as polars prints it, dtypes under the names (``sql``'s, for people who write SQL)."""
     if fmt is Format.json:
         _print_json(frame.to_dicts())
+        return
+    if fmt is Format.table and not as_polars:
+        if not frame.height and empty is not None:
+            typer.echo(empty)
+        else:
+            typer.echo("\n".join(render.table(frame, render.width(), first=first)))
         return
     safe = csv_cell if fmt is Format.csv else shown
     strings = [c for c, t in frame.schema.items() if t == pl.String]
@@ -699,7 +667,17 @@ def exposures(
         with forensics.Case(db) as case:
             return case.exposures(tenant=tenant, request=request, victim=victim, page_records_only=page_records_only)
 
-    _emit(query(), fmt)
+    of = [f"{what} {shown(value)!r}" for what, value in (("of tenant", tenant), ("read by request", request),
+                                                          ("of victim", victim)) if value is not None]
+    empty = (f"no exposures {' and '.join(of) or 'in the case'}{' on page records' if page_records_only else ''}"
+             f"{'' if of else f' (what the logs show: kvforensics findings --db {shown(db)})'}")
+    _emit(query(), fmt, first=EXPOSURE_COLUMNS_FIRST, empty=empty)
+
+
+#: The columns of an exposure kept first in a narrow terminal: who read whose content, whether
+#: the victim is certain or only possible and on what evidence, then where and when.
+EXPOSURE_COLUMNS_FIRST = ("reader_request", "victim_request", "certainty", "evidence", "reader_tenant",
+                          "victim_tenant", "node", "first_ts", "n_pages")
 
 
 @app.command()
@@ -709,6 +687,7 @@ def request(
     show_content: Annotated[
         bool, typer.Option("--show-content", help="Also print its records' log lines as read (may hold user data).")
     ] = False,
+    fmt: Annotated[Sections, typer.Option("--format", help="Output format.")] = Sections.table,
 ) -> None:
     """One request: its lifecycle, its pages, whose content it saw, who saw its content."""
 
@@ -719,16 +698,22 @@ def request(
 
     report, lines = query()
     sections = [
-        ("lifecycle", report.lifecycle),
-        ("page records", report.pages),
-        ("content of other requests it read", report.saw),
-        ("requests that read its content", report.seen_by),
-        ("uninitialized pages it read", report.uninitialized),
+        ("lifecycle", "lifecycle", report.lifecycle),
+        ("page records", "pages", report.pages),
+        ("content of other requests it read", "saw", report.saw),
+        ("requests that read its content", "seen_by", report.seen_by),
+        ("uninitialized pages it read", "uninitialized", report.uninitialized),
     ]
-    for title, frame in sections:
-        typer.echo(f"\n{title} ({frame.height})")
+    if fmt is Sections.json:
+        _print_json({"request_id": report.request_id, **{key: frame.to_dicts() for _, key, frame in sections},
+                     **({"log_lines": lines.select("path", "line_no", "text").to_dicts()} if lines is not None
+                        else {})})
+        return
+    for title, _, frame in sections:
+        typer.echo(f"\n{title} ({frame.height:,})")
         if frame.height:
-            _emit(frame, Format.table)
+            _emit(frame, Format.table, first=EXPOSURE_COLUMNS_FIRST if frame is report.saw or frame is report.seen_by
+                  else ())
     if lines is not None:
         typer.echo(f"\nlog lines ({lines.height})")
         for path, line_no, text in lines.select("path", "line_no", "text").iter_rows():
@@ -749,7 +734,9 @@ def page(
         with forensics.Case(db) as case:
             return case.page_timeline(node, page_id, boot=boot)
 
-    _emit(query(), fmt)
+    at = f" in boot {boot}" if boot is not None else ""
+    _emit(query(), fmt, first=("seq", "ts", "request_id", "op", "pages"),
+          empty=f"no page records of page {page_id} on {shown(node)}{at}")
 
 
 @app.command()
@@ -763,7 +750,8 @@ def quarantine(
 ) -> None:
     """Quarantined records: file, line and reason (their text only with --show-content)."""
     frame = (forensics.quarantined(db, reason=reason, with_raw=show_content))
-    _emit(frame, fmt)
+    _emit(frame, fmt, first=("file", "line", "reason"),
+          empty="no records quarantined" + (f" for the reason {shown(reason)!r}" if reason is not None else ""))
 
 
 @app.command()
@@ -783,33 +771,43 @@ def sql(
     from forensics.case import run_read_only
 
     result = run_read_only(db, query, limit=None if no_limit else limit)
-    _emit(result.frame, fmt)
+    _emit(result.frame, fmt, as_polars=True)
     if result.truncated:
         typer.echo(f"kvforensics: the first {limit:,} rows shown; --limit N or --no-limit for more", err=True)
 
 
 @app.command()
-def findings(db: DbOption, as_json: JsonFlag = False) -> None:
+def findings(
+    db: DbOption,
+    as_json: JsonFlag = False,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format: csv, a row a finding (severity, id, "
+                                                          "count, title); json, as --json.")] = Format.table,
+) -> None:
     """Root-cause signatures and evidence gaps, each with its evidence rows and the SQL that found them."""
+    from kvforensics.story import findings_lines, findings_table
 
     def load() -> forensics.Findings:
         with forensics.Case(db) as case:
             return case.findings()
 
     found = load()
-    if as_json:
+    if as_json or fmt is Format.json:
         _print_json({"findings": [f.as_dict(rows=None) for f in found]})
+        return
+    if fmt is Format.csv:
+        _emit(findings_table(found), fmt)
         return
     if not found:
         typer.echo("no findings")
         return
-    rows_shown = 5
+    rows_shown, cells = 5, render.width()
+    lines = findings_lines(found, cells)
     for f in found:
-        typer.echo(shown(f"[{f.severity}] {f.id}: {f.title}"))
-        for row in f.evidence.head(rows_shown).iter_rows(named=True):
-            typer.echo("    " + shown(", ".join(f"{k}={v}" for k, v in row.items())))
+        lines += ["", *render.wrap(shown(f"[{f.severity}] {f.id}: {f.title}"), cells, hanging=4)]
+        lines += render.table(f.evidence.head(rows_shown), cells, indent=4)
         if f.count > rows_shown:
-            typer.echo(f"    ... {f.count - rows_shown:,} more (--json for all)")
+            lines.append(f"    ... {f.count - rows_shown:,} more (--json for all)")
+    typer.echo("\n".join(lines))
 
 
 Engine = StrEnum("Engine", {name: name for name in BEHAVIOURS})  # type: ignore[misc]

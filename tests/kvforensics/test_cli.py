@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
+import shlex
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -168,3 +172,128 @@ def test_request_prints_its_log_lines_only_when_asked_and_defused(tmp_path: Path
     assert shown.exit_code == 0, shown.output
     assert f"{path}:2: kv,2026-08-27T10:00:00Z,decode-0,1,a,alloc,1,\\x1b[2Jsecret" in shown.output
     assert "\x1b" not in shown.output and "bystander" not in shown.output
+
+
+RELEASES = Path(__file__).resolve().parents[1] / "adapters" / "releases"
+TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6} UTC")
+WIDTHS = (80, 160)
+
+
+@pytest.fixture(scope="module")
+def told(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], tuple[Path, str]]:
+    """Two cases investigated at 80 and at 160 columns, each the case and what investigate
+    printed: on page records (the spec's placeholder example, its prompts long enough to group,
+    and a broken line), and on SGLang 0.5.19's own log lines (request-level evidence: replayed)."""
+    folder = tmp_path_factory.mktemp("told")
+    example = (FIXTURES / "examples" / "placeholder" / "events.jsonl").read_text()
+    (folder / "pages.jsonl").write_text(example.replace('"prompt_tokens": 12', '"prompt_tokens": 12345')
+                                        + '{"kind": "request", "broken\n')
+    logs = {"pages": folder / "pages.jsonl", "sglang": RELEASES / "0.5.19" / "text"}
+    out = {}
+    for (name, path), cells in itertools.product(logs.items(), WIDTHS):
+        db = folder / f"{name}-{cells}.duckdb"
+        result = RUNNER.invoke(app, ["investigate", str(path), "--db", str(db)], env={"COLUMNS": str(cells)})
+        assert result.exit_code == 0, result.output
+        out[name, cells] = db, result.stdout
+    return out
+
+
+def _last_screen(printed: str) -> list[str]:
+    lines = printed.splitlines()
+    return lines[next(i for i, line in enumerate(lines) if line.startswith("verdict: ")):]
+
+
+def _next_commands(screen: list[str]) -> list[list[str]]:
+    """The commands under ``next:``, a backslash's continuation joined, as argument lists."""
+    text = "\n".join(screen[screen.index("next:") + 1:]).replace(" \\\n", " ")
+    return [shlex.split(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("cells", WIDTHS)
+@pytest.mark.parametrize("name", ["pages", "sglang"])
+def test_investigate_ends_with_the_verdict_the_figures_the_findings_and_next_commands(
+    told: dict[tuple[str, int], tuple[Path, str]], name: str, cells: int,
+) -> None:
+    """Issue #45 item 1: the last screen fits the width; its counts are the case's; each next
+    command names ids of the case and prints something when run."""
+    db, printed = told[name, cells]
+    screen = _last_screen(printed)
+    assert max(len(line) for line in screen) <= cells
+    verdict = " ".join(" ".join(screen[:screen.index("")]).split())
+    with forensics.Case(db, read_only=True) as case:
+        summary, found = case.summary(), case.findings()
+    if name == "pages":
+        assert summary["exposed_responses"] == 1 and summary.certainty["victim_requests"] == {"certain": 1,
+                                                                                               "possible": 0}
+        assert verdict == ("verdict: Exposed: 1 delivered response read other requests' KV pages: 1 victim request "
+                           "of 1 tenant, all certain, on page records.")
+        assert "findings: none" in screen
+    else:  # request-level evidence: the replay names no victim, the critical findings are the story
+        assert summary.tiers["total"]["exposed_responses"] == 0 and summary.without_page_records
+        critical = sum(f.severity == "critical" for f in found)
+        assert critical == 3
+        assert verdict.startswith("verdict: Not exposed on the evidence: decode-0.dp0, decode-0.dp1, prefill-0 "
+                                  "logged no page records, and the confirming replay")
+        assert verdict.endswith(f"; but {critical} critical findings stand (below).")
+        by_severity = Counter(f.severity for f in found)
+        assert f"findings: {', '.join(f'{n} {s}' for s, n in by_severity.items())}" in screen
+        for f in found:  # a row each: severity, id, its count
+            assert any(re.match(rf"{f.severity} +{re.escape(f.id)} +{f.count:,}  ", line) for line in screen), f.id
+    commands = _next_commands(screen)
+    assert commands and all(c[0] == "kvforensics" for c in commands)
+    assert (["kvforensics", "request", "req-long", "--db", str(db)] in commands) == (name == "sglang")
+    assert any(c[1] == "exposures" for c in commands) == (name == "pages")  # (no exposure: not suggested)
+    for argv in commands:
+        ran = RUNNER.invoke(app, argv[1:], env={"COLUMNS": str(cells)})
+        assert ran.exit_code == 0 and ran.stdout.strip(), (argv, ran.output)
+
+
+@pytest.mark.parametrize("cells", WIDTHS)
+def test_tables_fit_the_terminal_group_numbers_and_print_one_time_format(
+    told: dict[tuple[str, int], tuple[Path, str]], cells: int,
+) -> None:
+    """Issue #45 item 3: exposures, findings, quarantine, request and page print tables no wider
+    than the terminal, counts grouped, every time as YYYY-MM-DD HH:MM:SS.ffffff UTC."""
+    pages, sglang = told["pages", cells][0], told["sglang", cells][0]
+    printed = {}
+    for args in (["exposures", "--db", pages], ["quarantine", "--db", pages], ["request", "r", "--db", pages],
+                 ["page", "decode-0", "1", "--db", pages], ["findings", "--db", sglang],
+                 ["request", "req-long", "--db", sglang]):
+        result = RUNNER.invoke(app, [str(a) for a in args], env={"COLUMNS": str(cells)})
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.splitlines()
+        assert lines and max(len(line) for line in lines) <= cells, args
+        assert "shape:" not in result.stdout and "datetime[" not in result.stdout and "+00:00" not in result.stdout
+        printed[args[0], str(args[-1]) == str(sglang)] = result.stdout
+    for shows_times in (("findings", True), ("page", False), ("request", False), ("request", True)):
+        assert TIME.search(printed[shows_times]), shows_times
+    assert not any(re.search(r"\d\dT\d\d:|\d\d:\d\d:\d\d(\.\d{1,5})? ", text) for text in printed.values())
+    assert "700,000" in printed["findings", True]  # req-long's prompt
+    assert "pages.jsonl" in printed["quarantine", False] and "not_json" in printed["quarantine", False]
+    if cells == 160:  # (at 80 its column is left out, and said so)
+        assert "12,345" in printed["request", False]
+    else:
+        assert "not shown at 80 columns" in printed["request", False]
+
+
+def test_an_empty_list_is_a_sentence_and_machines_keep_their_formats(
+    told: dict[tuple[str, int], tuple[Path, str]],
+) -> None:
+    """No exposure is said in a line, not a table with no rows; --format csv and json are the
+    frames as before, --json and --format json the same."""
+    pages, sglang = told["pages", 80][0], told["sglang", 80][0]
+    empty = RUNNER.invoke(app, ["exposures", "--db", str(sglang)])
+    assert empty.exit_code == 0
+    assert empty.stdout == f"no exposures in the case (what the logs show: kvforensics findings --db {sglang})\n"
+    with forensics.Case(pages, read_only=True) as case:
+        frame = case.exposures()
+    as_csv = RUNNER.invoke(app, ["exposures", "--db", str(pages), "--format", "csv"])
+    assert as_csv.stdout == frame.write_csv()
+    as_json = RUNNER.invoke(app, ["exposures", "--db", str(pages), "--format", "json"])
+    assert json.loads(as_json.stdout) == json.loads(json.dumps(frame.to_dicts(), default=str))
+    assert (RUNNER.invoke(app, ["findings", "--db", str(sglang), "--json"]).stdout
+            == RUNNER.invoke(app, ["findings", "--db", str(sglang), "--format", "json"]).stdout)
+    rows = RUNNER.invoke(app, ["findings", "--db", str(sglang), "--format", "csv"]).stdout.splitlines()
+    assert rows[0] == "severity,id,count,title" and len(rows) == 7
+    request = json.loads(RUNNER.invoke(app, ["request", "r", "--db", str(pages), "--format", "json"]).stdout)
+    assert request["request_id"] == "r" and len(request["saw"]) == 1 and len(request["pages"]) == 4

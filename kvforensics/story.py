@@ -1,0 +1,222 @@
+"""The last screen of ``investigate``: the verdict in one sentence (exposed or not, on what
+evidence), the figures by evidence tier, the findings by severity with their counts, and the next
+commands that apply to the case, naming its own ids.
+
+A victim the replay names under only some of the schedules the logs allow is *possible*
+(forensics.exposure.tiers.certainty): the verdict says so, and never counts one as certain.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+import forensics
+from forensics.exposure.tiers import PAGE_EVIDENCE, REQUEST_REPLAY, SUMMARY_TIERS, TOTAL, TRANSFER_REPLAY
+from forensics.findings import SEVERITIES, Finding
+from forensics.text import shown
+from kvforensics import render
+
+#: The tiers an exposure can rest on, strongest first (the total is their union).
+_EVIDENCE = (PAGE_EVIDENCE, TRANSFER_REPLAY, REQUEST_REPLAY)
+EVERY_NODE_LOGGED_PAGES = "(evidence: page records, on every engine node that logged requests)"
+
+
+@dataclass(frozen=True)
+class Story:
+    """What the last screen says, as data: the verdict, the figures by tier (a tier's figure None
+    where it does not measure it), notes on the evidence, the findings, the next commands."""
+
+    verdict: str
+    figures: dict[str, dict[str, int | None]]  # tier -> figure -> value; one tier where page records cover all
+    notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    next_commands: list[list[str]] = field(default_factory=list)
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"
+
+
+def verdict(found: Any, findings: list[Finding]) -> str:
+    """The verdict on the whole job ``found`` (a :class:`kvforensics.job.JobResult`) in one sentence."""
+    tiers = found.tiers or {TOTAL: found.investigation.exposure, PAGE_EVIDENCE: found.investigation.exposure}
+    total = tiers[TOTAL]
+    exposed = int(total.get("exposed_responses") or 0)
+    missing = list(found.without_page_records)
+    certainty = found.certainty or {
+        "victim_requests": {"certain": int(total.get("victim_requests") or 0), "possible": 0},
+        "affected_tenants": {"certain": int(total.get("affected_tenants") or 0), "possible": 0}}
+    victims, tenants = certainty["victim_requests"], certainty["affected_tenants"]
+    on = [t for t in _EVIDENCE if (tiers.get(t) or {}).get("exposed_responses")]
+    critical = sum(1 for f in findings if f.severity == "critical")
+    but = f"; but {_plural(critical, 'critical finding')} stand{'s' if critical == 1 else ''} (below)" \
+        if critical else ""
+    nodes = ", ".join(shown(n) for n in missing)
+    not_replayed = bool(missing) and found.filled is None
+    unmeasured = (f"; {nodes} logged no page records and {'was' if len(missing) == 1 else 'were'} not replayed "
+                  f"({found.replay_skipped or 'no replay'}): what {'it' if len(missing) == 1 else 'they'} "
+                  "served is not counted") if not_replayed else ""
+    if exposed and victims["certain"]:
+        read = "read other requests' KV pages" if not victims["possible"] else \
+            "read, or may have read, other requests' KV pages"
+        return (f"Exposed: {_plural(exposed, 'delivered response')} {read}: {_victims(victims, tenants)}, "
+                f"on {' and '.join(on) or PAGE_EVIDENCE}{unmeasured}.")
+    if exposed:
+        return (f"Possibly exposed: {_plural(exposed, 'delivered response')} may have read other requests' KV "
+                f"pages: {_victims(victims, tenants)} (named by the replay on only some of the schedules the "
+                f"logs allow, or where records are missing), on {' and '.join(on) or PAGE_EVIDENCE}{unmeasured}.")
+    if not_replayed:
+        return (f"Not known: {nodes} logged no page records and {'was' if len(missing) == 1 else 'were'} not "
+                f"replayed ({found.replay_skipped or 'no replay'}), so what {'it' if len(missing) == 1 else 'they'} "
+                f"served is not measured; page records elsewhere show no exposed response{but}.")
+    if missing:
+        return (f"Not exposed on the evidence: {nodes} logged no page records, and the confirming replay of "
+                f"their request and transfer records names no delivered response that read another request's "
+                f"KV pages{but}.")
+    return (f"Not exposed: page records on every engine node that logged requests show no delivered response "
+            f"reading another request's KV pages{but}.")
+
+
+def _victims(victims: dict[str, int], tenants: dict[str, int]) -> str:
+    """``329 victim requests of 12 tenants, all certain``, or each count split into certain and
+    possible (never a possible one counted as certain)."""
+    v, t = victims["certain"] + victims["possible"], tenants["certain"] + tenants["possible"]
+    both = f"{_plural(v, 'victim request')} of {_plural(t, 'tenant')}"
+    if not victims["possible"] and not tenants["possible"]:
+        return f"{both}, all certain"
+    if not victims["certain"] and not tenants["certain"]:
+        return f"{both}, all possible (none certain)"
+    return (f"{_plural(v, 'victim request')} ({victims['certain']:,} certain, {victims['possible']:,} possible) "
+            f"of {_plural(t, 'tenant')} ({tenants['certain']:,} certain, {tenants['possible']:,} possible)")
+
+
+def _notes(found: Any) -> list[str]:
+    """What the figures rest on, the replays and what they filled in."""
+    notes: list[str] = []
+    missing = found.without_page_records
+    tiers = found.tiers or {}
+    replay_backed = any(any((tiers.get(t) or {}).values()) for t in (TRANSFER_REPLAY, REQUEST_REPLAY))
+    if not missing and not replay_backed:
+        notes.append(EVERY_NODE_LOGGED_PAGES)
+    else:
+        if missing:
+            rest = ("their exposures come from the confirming replay (the replay-backed columns)" if found.filled
+                    else f"not replayed ({found.replay_skipped}): the figures rest on the page records elsewhere only")
+            notes.append(f"page records missing on {', '.join(shown(m) for m in missing)}: {rest}")
+        notes.append("(- : not measured by that evidence; total: the union of every tier)")
+        if replay_backed and found.certainty:
+            v, t = found.certainty["victim_requests"], found.certainty["affected_tenants"]
+            notes.append(f"victims: {v['certain']:,} certain, {v['possible']:,} possible; tenants: {t['certain']:,} "
+                         f"certain, {t['possible']:,} possible (certain: named by page records, or by the replay "
+                         "under every schedule the logs allow)")
+    for r in found.replays:
+        agreement = ""
+        if r.agreement:
+            a = r.agreement.exposed_responses
+            agreement = f"; {a.confirmed:,} confirmed, {a.replay_only:,} replay only, {a.log_only:,} log only"
+        checked = (f"{len(r.disagreements):,} disagreements with the logs" if r.mode == "confirm"
+                   else f"what-if, {r.outcomes_changed:,} logged outcomes changed")
+        notes.append(f"replay under {r.engine}: {r.exposure['exposed_responses']:,} exposed responses{agreement} "
+                     f"({checked})")
+    if found.unseen_late_writes:
+        notes.append(f"{found.unseen_late_writes:,} transfer(s) sent by prefill and given up by a decode node without "
+                     "page records: a late write there is in no log, and no replay figure includes what it "
+                     "overwrote (finding handoff.sent_but_not_received)")
+    filled = found.filled
+    if filled and filled.gap_windows:
+        notes.append(f"page records missing in {filled.gap_windows:,} seq-gap windows: filled by replay, "
+                     f"{filled.exposed_responses:,} exposed responses in all (table replay_exposures)")
+    if found.replay_skipped:
+        notes.append(f"replay skipped: {found.replay_skipped}")
+    return notes
+
+
+def _figures(found: Any) -> dict[str, dict[str, int | None]]:
+    """The figures by tier where the replay fills in (or page records are missing), else the page records'."""
+    tiers, missing = found.tiers, found.without_page_records
+    replay_backed = bool(tiers) and any(any((tiers[t] or {}).values()) for t in SUMMARY_TIERS[1:-1])
+    if tiers and (missing or replay_backed):
+        return {t: dict(tiers[t]) for t in SUMMARY_TIERS}
+    return {PAGE_EVIDENCE: dict(found.investigation.exposure)}
+
+
+def _next_commands(db: Path, case: forensics.Case, findings: list[Finding], report: Path | None) -> list[list[str]]:
+    """The commands worth running next on this case, each naming ids it has and printing rows."""
+    where = ["--db", str(db)]
+    out: list[list[str]] = []
+    exposed = case.exposures(delivered_only=True)
+    if exposed.height:
+        certain = exposed.filter(pl.col("certainty") == "certain")
+        row = (certain if certain.height else exposed).row(0, named=True)
+        out.append(["kvforensics", "exposures", *where, "--request", row["reader_request"]])
+        out.append(["kvforensics", "request", row["reader_request"], *where])
+        if str(row["evidence"]).startswith(PAGE_EVIDENCE) and row["pages"]:
+            page = str(row["pages"]).split(",")[0].split("-")[0]
+            out.append(["kvforensics", "page", row["node"], page, *where, "--boot", str(row["boot"])])
+    if findings:
+        out.append(["kvforensics", "findings", *where])
+        if not exposed.height:
+            named = next((f for f in findings if "request_id" in f.evidence.columns
+                          and f.evidence["request_id"].drop_nulls().len()), None)
+            if named is not None:
+                out.append(["kvforensics", "request", named.evidence["request_id"].drop_nulls()[0], *where])
+    if case.sql("SELECT count(*) AS n FROM quarantine")["n"][0]:
+        out.append(["kvforensics", "quarantine", *where])
+    if report is None:
+        out.append(["kvforensics", "report", *where, "--out", str(db.with_suffix(".html"))])
+    return out
+
+
+def tell(found: Any, db: Path) -> Story:
+    """The story of the whole job ``found`` (a :class:`kvforensics.job.JobResult`) on the case ``db``."""
+    with forensics.Case(db, read_only=True) as case:
+        findings = list(case.findings())
+        commands = _next_commands(db, case, findings, found.report.out if found.report is not None else None)
+    return Story(verdict(found, findings), _figures(found), _notes(found), findings, commands)
+
+
+def by_severity(findings: Sequence[Finding]) -> dict[str, int]:
+    """How many findings of each severity, most severe first (none left out of the count)."""
+    counts = Counter(f.severity for f in findings)
+    return {s: counts[s] for s in (*SEVERITIES, *sorted(set(counts) - set(SEVERITIES))) if counts[s]}
+
+
+def findings_table(findings: Sequence[Finding]) -> pl.DataFrame:
+    """The findings as rows: severity, id, count (its evidence rows), title."""
+    return pl.DataFrame({"severity": [f.severity for f in findings], "id": [f.id for f in findings],
+                         "count": [f.count for f in findings], "title": [f.title for f in findings]},
+                        schema={"severity": pl.String, "id": pl.String, "count": pl.Int64, "title": pl.String})
+
+
+def findings_lines(findings: Sequence[Finding], cells: int) -> list[str]:
+    """The findings by severity, with their counts: a line of how many of each, and a row each."""
+    if not findings:
+        return ["findings: none"]
+    counts = ", ".join(f"{n:,} {s}" for s, n in by_severity(findings).items())
+    return [*render.wrap(f"findings: {counts}", cells),
+            *render.table(findings_table(findings), cells, first=("severity", "id", "count"))]
+
+
+def lines(story: Story, cells: int, report: Sequence[str] = ()) -> list[str]:
+    """The last screen at most ``cells`` wide; ``report``: the lines saying where the report went."""
+    out = [*render.wrap(f"verdict: {story.verdict}", cells, hanging=9), ""]
+    names = list(next(iter(story.figures.values())))
+    frame = pl.DataFrame({"figure": names, **{t: pl.Series([v.get(n) for n in names], dtype=pl.Int64)
+                                                for t, v in story.figures.items()}})
+    out += render.table(frame, cells, first=tuple(frame.columns), null="-")  # (no tier left out)
+    for note in story.notes:
+        out += render.wrap(note, cells, hanging=2)
+    out += ["", *findings_lines(story.findings, cells)]
+    if report:
+        out += ["", *report]
+    if story.next_commands:
+        out += ["", "next:"]
+        for argv in story.next_commands:
+            out += render.command(argv, cells)
+    return out
