@@ -841,6 +841,9 @@ def simulate(
     page_size: Annotated[int, typer.Option(min=1, max=MOST, help="Tokens per KV page.")] = Deployment.page_size,
     prefill_nodes: Annotated[int, typer.Option(min=1, max=MOST, help="Prefill nodes.")] = Deployment.prefill_nodes,
     decode_nodes: Annotated[int, typer.Option(min=1, max=MOST, help="Decode nodes.")] = Deployment.decode_nodes,
+    no_overlap_schedule: Annotated[bool, typer.Option(
+        "--no-overlap-schedule", help="Decode without the overlap scheduler (SGLang's "
+        "--disable-overlap-schedule; on by default).")] = False,
     sglang_logs: Annotated[Path | None, typer.Option(
         "--sglang-logs", help="Also write here what SGLang servers would have logged of the run "
         "(new or empty folder), with tenants.json for --tenant-map.")] = None,
@@ -863,7 +866,7 @@ def simulate(
     deployment = Deployment(
         engine=str(engine), context_length=context_length, prefill_pool_tokens=prefill_pool_tokens,
         decode_pool_tokens=decode_pool_tokens, page_size=page_size, prefill_nodes=prefill_nodes,
-        decode_nodes=decode_nodes,
+        decode_nodes=decode_nodes, overlap_schedule=not no_overlap_schedule,
     )
     if sglang_logs is not None and sglang_logs.exists() and (not sglang_logs.is_dir() or any(sglang_logs.iterdir())):
         raise OutputExists(f"{sglang_logs}: exists and is not an empty folder; choose another --sglang-logs")
@@ -902,6 +905,11 @@ def simulate(
     typer.echo(f"  over-long prompts: {result.over_long:,}; late transfers: {result.late_writes:,}")
     for name, value in result.outcomes.items():
         typer.echo(f"  {name.replace('_', ' ')}: {value:,}")
+    if result.waited:
+        typer.echo(f"  waited for decode pages (preallocation queue): {result.waited:,}")
+    if result.starved_steps:
+        typer.echo(f"  note: {result.starved_steps:,} decode steps found no free page, where SGLang would retract "
+                   "a request (not modelled: those steps took none); a larger --decode-pool-tokens avoids it")
     typer.echo(f"\nnext: kvforensics investigate {out} --db CASE.duckdb")
 
 
@@ -937,6 +945,8 @@ def replay(
     typer.echo(f"replayed {result.records:,} records under {engine} into {shown(result.out)} ({result.mode})")
     if result.not_replayed:
         typer.echo(f"  {result.not_replayed:,} requests could not be placed (no prefill or decode node): not replayed")
+    for assumption in result.assumed:
+        typer.echo(f"  assumed, the logs do not say: {assumption}")
     typer.echo("")
     _print_figures(result.exposure)
     _print_disagreements(result)

@@ -105,6 +105,14 @@ def test_simulate_and_replay_print_what_the_library_returns(tmp_path: Path) -> N
     assert bad.exit_code != 0
     again = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--out", str(out)])
     assert again.exit_code == 0, again.output  # an earlier replay's folder is replaced
+    # the simulator's decode configs do not say whether the overlap scheduler ran: the replay says it assumed so
+    assert printed["assumed"] == list(direct.assumed) and len(direct.assumed) == 1
+    assert "assumed, the logs do not say: overlap scheduler on (SGLang's default) on 2 decode node(s)" in again.output
+    off = RUNNER.invoke(app, ["simulate", "--out", str(tmp_path / "off"), *args, "--no-overlap-schedule", "--json"])
+    assert off.exit_code == 0, off.output
+    said = [json.loads(x) for f in sorted((tmp_path / "off").iterdir()) for x in f.read_text().splitlines()
+            if '"kind":"config"' in x]
+    assert {(c["role"], c.get("overlap_schedule")) for c in said} == {("prefill", None), ("decode", False)}
     precious = tmp_path / "logs"  # anything else is not
     refused = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--out", str(precious)])
     assert refused.exit_code == 1 and "not an earlier replay" in refused.output
