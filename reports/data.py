@@ -15,10 +15,33 @@ import duckdb
 
 from forensics.exposure import tiers as evidence_tiers
 from forensics.exposure.figures import DEFINITIONS, checked
-from forensics.findings import findings
+from forensics.findings import Finding, findings
 from forensics.store import has_table, rows
 
 AUDIENCES = ("internal", "regulator", "customer")
+#: The summary's figures in plain words: a label a manager can read, and a one-line definition
+#: (section 7 gives each figure's exact definition as its SQL).
+FIGURE_WORDS: dict[str, tuple[str, str]] = {
+    "exposed_responses": ("responses that read others' data",
+                          "delivered responses that attended to KV pages holding another request's content"),
+    "contained_requests": ("exposures stopped before delivery",
+                           "requests that attended to such pages but whose response was not delivered"),
+    "victim_requests": ("requests whose content was read",
+                        "requests whose content a delivered response attended to"),
+    "exposure_pairs": ("reader–victim pairs", "distinct pairs of a delivered response and a request it read"),
+    "cross_tenant_pairs": ("pairs across tenants", "those pairs whose two requests belong to different tenants"),
+    "exposed_page_reads": ("page reads of others' content",
+                           "distinct reads, by a delivered response, of a page holding another request's content"),
+    "uninitialized_reads": ("reads of never-written pages",
+                            "page reads of memory no request had written since the node started (owner unknown)"),
+    "affected_tenants": ("tenants whose content was read", "distinct tenants of the requests whose content was read"),
+}
+#: A finding's evidence shows at most this many columns in the report (its SQL, beside it, gives them all).
+EVIDENCE_COLUMNS = 6
+#: Evidence columns that are positions or codes, shown as logged rather than grouped by thousands.
+_AS_LOGGED = {"boot", "seq", "first_seq", "line", "line_no", "file_id", "lo", "hi", "page", "status"}
+#: A DP attention pool's node name, as the SGLang adapter makes it (``decode-0.dp1``).
+_DP_POOL = re.compile(r"^(?P<server>.+)\.dp(?P<rank>\d+)$")
 #: Prompts the prompts chart draws at most, besides those of exposed responses and those past the
 #: prefill limit (every one of which it draws).
 PROMPT_POINTS = 20_000
@@ -95,6 +118,10 @@ class ReportData:
     #: victim requests named by page records (certain) and by the replay alone (possible)
     certain_victims: int = 0
     possible_victims: int = 0
+    #: whether a replay under the engine the logs were made with confirmed the case
+    confirmed: bool = False
+    #: DP attention pools among the nodes: (node, server, DP rank)
+    dp_pools: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 def natural(text: str) -> list[tuple[int, int | str]]:
@@ -111,6 +138,32 @@ def _tiers(values: list[str] | None) -> str:
 
 def _ts(value: dt.datetime | None) -> str | None:
     return None if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def _shown(column: str, value: Any) -> str:
+    """A value of a finding's evidence as the report shows it: times in its one format, counts
+    grouped by thousands (positions and codes as logged), nothing for a missing value."""
+    if value is None:
+        return ""
+    if isinstance(value, dt.datetime):
+        return _ts(value) or ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value) if column in _AS_LOGGED else f"{value:,}"
+    if isinstance(value, list | tuple):
+        return ", ".join(_shown(column, v) for v in value)
+    return str(value)
+
+
+def _evidence(finding: Finding, rows_shown: int) -> dict[str, Any]:
+    """A finding as the report shows it: the first ``rows_shown`` rows of its evidence, their first
+    :data:`EVIDENCE_COLUMNS` columns, each value shown (:func:`_shown`), and the columns left to its SQL."""
+    head = finding.evidence.head(rows_shown).to_dicts() if rows_shown else []
+    columns = finding.evidence.columns if head else []
+    kept = columns[:EVIDENCE_COLUMNS]
+    return {**finding.as_dict(rows=0), "evidence": [{c: _shown(c, r[c]) for c in kept} for r in head],
+            "more_columns": columns[EVIDENCE_COLUMNS:]}
 
 
 def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, generated_at: str,
@@ -213,7 +266,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         ORDER BY ts, request_id""", {"cap": PROMPT_POINTS, "limit": limit})
     prompts = [(r["ts"], int(r["prompt_tokens"]), bool(r["exposed"])) for r in prompt_rows]
     prompt_every = max((int(r["every"]) for r in prompt_rows), default=1)
-    found = [f.as_dict(rows=10 if names.mode == "ids" else 0) for f in case_findings]
+    found = [_evidence(f, 10 if names.mode == "ids" else 0) for f in case_findings]
     filled = evidence_tiers.filled_figures(con)
     tier_figures = evidence_tiers.tier_figures(con)
     shown: dict[str, int | None] = dict(tier_figures[evidence_tiers.TOTAL]) if filled else dict(figures)
@@ -229,4 +282,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         certain_victims=n_certain, possible_victims=len(victims) - n_certain,
         without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],
         unseen_late_writes=evidence_tiers.unseen_late_writes(con),
+        confirmed=any(r.get("mode") == "confirm" for r in replays),
+        dp_pools=sorted({(c["node"], m["server"], int(m["rank"])) for c in configs
+                         if (m := _DP_POOL.match(str(c["node"]))) is not None}),
     )

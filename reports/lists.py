@@ -26,8 +26,9 @@ from forensics.errors import OutputRefused
 from forensics.outputs import check_target, write_atomically
 from forensics.text import printable
 
-#: Rows of each long table the HTML shows.
-SHOWN = 1_000
+#: Rows of each long table the HTML shows: what a reader reads (printed, about a page); every row
+#: is in the lists beside the report.
+SHOWN = 50
 #: The long tables, with the columns each list has (in this order; any other column the rows
 #: have follows).
 COLUMNS = {

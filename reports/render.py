@@ -25,7 +25,7 @@ from forensics.errors import BadOption
 from forensics.outputs import check_target, write_atomically
 from forensics.text import printable
 from reports import charts, lists
-from reports.data import AUDIENCES, Names, ReportData, gather
+from reports.data import AUDIENCES, FIGURE_WORDS, Names, ReportData, gather
 from reports.lists import SHOWN
 
 #: DuckDB's memory limit while the report reads the case (past it, its queries spill to disk):
@@ -102,6 +102,7 @@ def render(data: ReportData) -> str:
         chart_prompts=charts.prompts_against_limit(
             data.prompts, data.prompt_limit, context_lengths[0] if context_lengths else None, data.prompt_every),
         shown=SHOWN,
+        words=FIGURE_WORDS,
     )
 
 

@@ -39,8 +39,8 @@ def incident(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _figures(html: str) -> dict[str, int]:
-    return {name: int(value.replace(",", "")) for value, name in
-            re.findall(r'<div class="fig"><b>([\d,]+)</b><span>(\w+)</span></div>', html)}
+    return {name: int(value.replace(",", "")) for name, value in
+            re.findall(r'<div class="fig" data-figure="(\w+)"><b>([\d,]+)</b>', html)}
 
 
 def test_the_report_shows_the_case_figures_and_the_sql_behind_them(incident: Path, tmp_path: Path) -> None:
