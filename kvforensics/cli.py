@@ -298,22 +298,35 @@ class Sections(StrEnum):
 
 
 def _with_progress(job: Callable[[Any], T]) -> T:
-    """Run ``job(progress)`` with a progress bar when stderr is a terminal."""
+    """Run ``job(progress)`` with a progress bar when stderr is a terminal: the files read of how
+    many, and the file being read, its bytes read of how many."""
     if not sys.stderr.isatty():
         return job(None)
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+    from rich.filesize import decimal
+    from rich.progress import BarColumn, Progress, TextColumn
 
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), transient=True
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[amount]}"), transient=True
     ) as bar:
-        tasks: dict[Path, Any] = {}
 
-        def update(path: Path, done: int, total: int) -> None:
-            if path not in tasks:
-                tasks[path] = bar.add_task(path.name, total=total)
-            bar.update(tasks[path], completed=done)
+        class Shown:  # (a forensics.ingestion.FilesProgress)
+            def __init__(self) -> None:
+                self.files_task = bar.add_task("files", total=None, amount="")
+                self.file_task: Any = None
+                self.path: Path | None = None
 
-        return job(update)
+            def __call__(self, path: Path, done: int, total: int) -> None:
+                if self.file_task is None:
+                    self.file_task = bar.add_task("", total=None, amount="")
+                if path != self.path:
+                    self.path = path
+                    bar.update(self.file_task, description=path.name, total=max(total, 1))
+                bar.update(self.file_task, completed=done, amount=f"{decimal(done)}/{decimal(total)}")
+
+            def files(self, done: int, total: int) -> None:
+                bar.update(self.files_task, total=max(total, 1), completed=done, amount=f"{done:,}/{total:,}")
+
+        return job(Shown())
 
 
 def _print_json(data: object) -> None:

@@ -10,10 +10,14 @@ reference both must agree with. The fast path's files are read and split in work
 DuckDB writes straight to the case file. Every line read is kept, compressed, in
 ``source_lines`` (:mod:`forensics.ingestion.source`), not as a string per record.
 
-Each file is one transaction: a process killed mid-way leaves the case as it was before
-that file, and running the same command again finishes the job. The outcome does not
-depend on file order: a conflict on ``(node, boot, seq)`` keeps the record whose canonical
-JSON sorts first, even when the winner arrives in a later file.
+Each file is all in or all out: a process killed mid-way leaves the case as it was before
+that file, and running the same command again finishes the job. A large file is a transaction of
+its own; small files (a fleet's hourly logs: tens of thousands of them) are read whole and go in
+a group at a time, one transaction, one statement per table and one settling for the group
+(:func:`~forensics.ingestion.settle.settle_together`), which ends exactly as they would one by
+one, or where it might not, one transaction each. The outcome does not depend on file order: a
+conflict on ``(node, boot, seq)`` keeps the record whose canonical JSON sorts first, even when the
+winner arrives in a later file.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -41,6 +46,8 @@ from forensics.ingestion import source
 from forensics.ingestion.readers import (
     LINES_SCHEMA,
     ROW_GROUP,
+    SMALL_FILE,
+    Block,
     Limits,
     LogFile,
     PassedOver,
@@ -52,7 +59,7 @@ from forensics.ingestion.readers import (
     read_blocks,
     source_pieces,
 )
-from forensics.ingestion.settle import RECORD_TABLES, count, place, settle
+from forensics.ingestion.settle import RECORD_TABLES, count, place, settle, settle_together
 from forensics.ingestion.validate import LENIENT_SUSPECT, PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 from forensics.schema import KINDS, Reason
 from forensics.store import connect, one, scan
@@ -79,7 +86,19 @@ def record_columns(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, ...]]
     return {kind: tuple(cols) for kind, cols in columns.items()}
 
 
+#: Told how the file being read goes: its path, and how many of its bytes are read of how many.
 Progress = Callable[[Path, int, int], None]
+
+
+@runtime_checkable
+class FilesProgress(Protocol):
+    """A :data:`Progress` that is told too how many of the files named are read (in the case, there
+    already, refused, or read whole and waiting for their group) of how many: what an ingest of
+    thousands of small files shows."""
+
+    def __call__(self, path: Path, done: int, total: int) -> None: ...
+
+    def files(self, done: int, total: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -214,34 +233,39 @@ def ingest_alone(log: LogFile, db: Path | str, options: Options | None = None) -
     check: :func:`~forensics.ingestion.settle.settle_across` does that where the files meet; the
     Spark path, ``forensics.spark``)."""
     with _ordinary_pages():
-        return _ingest(db, [log], [], None, options or Options(), settler=place)
+        return _ingest(db, [log], [], None, options or Options(), settler=_placed)
 
-#: What settles a file once its lines are in (:func:`settle`, or only :func:`place`).
+
+#: What settles a file once its lines are in (:func:`settle`, or only :func:`_placed`).
 Settler = Callable[[duckdb.DuckDBPyConnection, int, dict[str, tuple[str, ...]]], None]
+
+
+def _placed(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tuple[str, ...]]) -> None:
+    """The file's lines placed in their kind's table or quarantine, not settled (:func:`ingest_alone`)."""
+    place(con, columns)
 
 
 def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], progress: Progress | None,
             options: Options, settler: Settler = settle, searched: Sequence[Path] = ()) -> IngestResult:
-    """:func:`ingest` of the files found (in the folders ``searched``)."""
+    """:func:`ingest` of the files found (in the folders ``searched``); small files go in groups
+    where ``settler`` settles (:func:`settle`)."""
     con = connect(db)
     try:
         # the files are read, split and hashed while the case gets ready (the stage's statement
         # takes 0.1 s to plan), for the split is what the loader waits for first; the next file
         # is hashed while this one loads
-        with ThreadPoolExecutor(max_workers=1) as pool, ReadAhead(logs) as ahead:
+        with ThreadPoolExecutor(max_workers=1) as pool, ReadAhead(logs, together=settler is settle) as ahead:
             hashes = [pool.submit(sha256_of, log.path) for log in logs]
             try:
                 prepare(con)
                 # each file leaves each kind's table a part of a row group; DuckDB would merge those
                 # with the groups around them at every commit's checkpoint, rewriting them (0.35 s a file)
                 con.execute("SET max_vacuum_tasks = 0")
-                scan(con, LINES_SCHEMA.empty_table(), "chunk",
+                scan(con, _tagged(LINES_SCHEMA.empty_table(), 0), "chunk",
                      f"CREATE OR REPLACE TEMP TABLE stage_columns AS {LINES_STAGE}")
                 columns = record_columns(con)
-                results = [
-                    _ingest_or_refuse(con, log, digest, progress, options, ahead, columns, settler)
-                    for log, digest in zip(logs, hashes, strict=True)
-                ]
+                loading = _Loading(con, progress, options, ahead, columns, settler)
+                results = loading.all(logs, hashes, together=settler is settle)
             finally:
                 for digest in hashes:
                     digest.cancel()
@@ -356,15 +380,261 @@ def _ingest_or_refuse(
     try:
         return _ingest_file(con, log, hashing, progress, options, ahead, columns, settler)
     except UnreadableFile as exc:
-        if fast_path(log):
-            ahead.abandon(log)
-        why = str(exc).removeprefix(f"{shown(log.path)}: ")
+        return _refused(con, log, hashing, ahead, exc)
+
+
+def _refused(con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Future[Hashed], ahead: ReadAhead,
+             exc: UnreadableFile) -> FileResult:
+    """The file's refusal (``exc`` says why), in ``refused_files`` and as its result; the reader
+    passes over what is left of it."""
+    if fast_path(log):
+        ahead.abandon(log)
+    why = str(exc).removeprefix(f"{shown(log.path)}: ")
+    try:
+        hashed = hashing.result()
+    except UnreadableFile:
+        hashed = Hashed("", _size_or_zero(log.path), 0)
+    _refuse(con, path_text(log.path), hashed.size, hashed.sha256 or None, why)
+    return FileResult(status="refused", why=why, **_identity(log, hashed))
+
+
+#: Small files (:data:`~forensics.ingestion.readers.SMALL_FILE`) are read whole, then put in a
+#: group at a time, in one transaction (each file's own statements and settling cost about 80 ms,
+#: which for 50 records is everything). A group ends at this many files, or once this much is read.
+GROUP_FILES = 1000
+GROUP_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class WholeFile:
+    """A small file read whole, before it goes in: its blocks and what reading them said."""
+
+    log: LogFile
+    hashed: Hashed
+    blocks: tuple[Block, ...]
+    text: tuple[source.Piece, ...]  # its lines for ``source_lines`` where its blocks do not bring them
+    notes: Notes
+    ignored: int  # lines that are no event (an adapted file)
+    leap: int  # times at a leap second among its plain lines
+
+    @property
+    def nbytes(self) -> int:
+        """How much was read of it (decompressed)."""
+        return sum(b.nbytes for b in self.blocks)
+
+
+class _Loading:
+    """One ingest's files going into the case, in the order found: each large file alone
+    (:func:`_ingest_or_refuse`), the small ones read whole, then put in a group at a time."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, progress: Progress | None, options: Options,
+                 ahead: ReadAhead, columns: dict[str, tuple[str, ...]], settler: Settler) -> None:
+        self.con, self.progress, self.options, self.ahead = con, progress, options, ahead
+        self.columns, self.settler = columns, settler
+        self.files = progress.files if isinstance(progress, FilesProgress) else None
+        # the case's files by their bytes, with the lines each ignored: a small file among them is there already
+        self.known = {sha: int(n) for sha, n in con.execute("SELECT sha256, lines_ignored FROM files").fetchall()}
+
+    def all(self, logs: Sequence[LogFile], hashes: Sequence[Future[Hashed]], *, together: bool) -> list[FileResult]:
+        """Every file's result, in order. ``together``: small files go in groups."""
+        results: list[FileResult | None] = [None] * len(logs)
+        group: list[tuple[int, WholeFile]] = []
+        group_bytes = 0
+
+        def put_group_in() -> None:
+            nonlocal group_bytes
+            for (at, _), result in zip(group, self.put_in([whole for _, whole in group]), strict=True):
+                results[at] = result
+            group.clear()
+            group_bytes = 0
+
+        if self.files is not None:
+            self.files(0, len(logs))
+        for at, (log, hashing) in enumerate(zip(logs, hashes, strict=True)):
+            size = _small_size(log) if together else None
+            if size is None:
+                put_group_in()
+                results[at] = _ingest_or_refuse(self.con, log, hashing, self.progress, self.options, self.ahead,
+                                                self.columns, self.settler)
+            else:
+                read = self.read_small(log, size, hashing)
+                if isinstance(read, FileResult):
+                    results[at] = read
+                else:
+                    group.append((at, read))
+                    group_bytes += read.nbytes
+                    if len(group) >= GROUP_FILES or group_bytes >= GROUP_BYTES:
+                        put_group_in()
+            if self.files is not None:
+                self.files(at + 1, len(logs))
+        put_group_in()
+        assert all(r is not None for r in results)
+        return [r for r in results if r is not None]
+
+    def read_small(self, log: LogFile, size: int, hashing: Future[Hashed]) -> WholeFile | FileResult:
+        """The small file ``log`` of ``size`` bytes read whole (:func:`_read_whole`), or its result
+        where it is in the case already or is refused."""
         try:
             hashed = hashing.result()
-        except UnreadableFile:
-            hashed = Hashed("", _size_or_zero(log.path), 0)
-        _refuse(con, path_text(log.path), hashed.size, hashed.sha256 or None, why)
-        return FileResult(status="refused", why=why, **_identity(log, hashed))
+            if hashed.sha256 in self.known:
+                if fast_path(log):
+                    self.ahead.skip(log)
+                return FileResult(status="already_in_case", ignored=self.known[hashed.sha256],
+                                  **_identity(log, hashed))
+            whole = _read_whole(log, size, hashed, self.progress, self.options, self.ahead)
+        except UnreadableFile as exc:
+            return _refused(self.con, log, hashing, self.ahead, exc)
+        self.known[hashed.sha256] = whole.ignored  # (a copy of it later on is there already)
+        return whole
+
+    def put_in(self, wholes: Sequence[WholeFile]) -> list[FileResult]:
+        """Small files read whole into the case: in one transaction, where settling them together
+        ends as one by one would (:func:`~forensics.ingestion.settle.settle_together`), else a
+        transaction each."""
+        if len(wholes) > 1:
+            results = self.transaction(wholes, together=True)
+            if results is not None:
+                return results
+        return [result for whole in wholes for result in self.transaction([whole], together=False) or ()]
+
+    def transaction(self, wholes: Sequence[WholeFile], *, together: bool) -> list[FileResult] | None:
+        """The files in one transaction, settled together (``together``) or the one file by the
+        settler; None, and nothing of them in the case, where together would not end as one by one."""
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            first = _next_file_id(con)
+            notes = _stage_whole(con, first, wholes, self.columns)
+            if together:
+                place(con, self.columns)
+                if not settle_together(con, first, first + len(wholes) - 1):
+                    _roll_back(con)
+                    return None
+            else:
+                self.settler(con, first, self.columns)
+            con.execute("DELETE FROM refused_files WHERE list_contains(?, path)",
+                        [[path_text(w.log.path) for w in wholes]])
+            con.execute("COMMIT")
+        except BaseException:
+            _roll_back(con)
+            raise
+        con.execute("DROP TABLE IF EXISTS stage")
+        return [FileResult(status="ingested", ignored=w.ignored, notes=tuple(n.lines()), **_identity(w.log, w.hashed))
+                for w, n in zip(wholes, notes, strict=True)]
+
+
+def _small_size(log: LogFile) -> int | None:
+    """The file's size where it is small enough to be read whole, else None (as for one that
+    cannot even be looked at: the reading of large ones refuses it)."""
+    try:
+        size = log.path.stat().st_size
+    except OSError:
+        return None
+    return size if size <= SMALL_FILE else None
+
+
+def _read_whole(log: LogFile, size: int, hashed: Hashed, progress: Progress | None, options: Options,
+                ahead: ReadAhead) -> WholeFile:
+    """The small file ``log`` read whole, as :func:`_load` reads a file, and checked as it is: what
+    was read must be what was hashed (:class:`FileChanged`)."""
+    notes = Notes()
+    ignored = [0]
+
+    def count_ignored(n: int) -> None:
+        ignored[0] = n
+
+    blocks: list[Block] = []
+    done = leap = 0
+    for block in read_blocks(log, ahead, options, notes, count_ignored):
+        blocks.append(block)
+        leap += sum(_leap_seconds(rows) for _, rows in block.kinds)
+        done += block.nbytes
+        if progress is not None:
+            progress(log.path, min(done, size), size)
+    text = () if fast_path(log) else tuple(source_pieces(log))
+    if hashed.size != size or not hashed.unchanged(log.path):
+        raise FileChanged(f"{shown(log.path)}: changed while it was read; ingest it again once nothing writes to it")
+    return WholeFile(log, hashed, tuple(blocks), text, notes, ignored[0], leap)
+
+
+def _stage_whole(con: duckdb.DuckDBPyConnection, first: int, wholes: Sequence[WholeFile],
+                 columns: dict[str, tuple[str, ...]]) -> list[Notes]:
+    """Files read whole, numbered from ``first``, in their tables as :func:`_load` and
+    :func:`_ingest_file` put a file in (its rows in ``files`` and ``file_notes``, its lines in
+    ``source_lines``), each kind in one statement; the lines for the SQL validator in ``stage``.
+    Their notes, the leap seconds counted."""
+    ids = range(first, first + len(wholes))
+    con.execute("CREATE TEMP TABLE stage AS FROM stage_columns")
+    lines = _Rows()
+    plain: dict[str | None, _Rows] = {}
+    text = source.Store(con)
+    for i, w in zip(ids, wholes, strict=True):
+        for block in w.blocks:
+            text.add(i, block.text)
+            lines.add(i, block.lines)
+            for kind, rows in block.kinds:
+                plain.setdefault(kind, _Rows()).add(i, rows)
+        text.add(i, w.text)
+    text.flush()
+    if lines.tables:
+        scan(con, batched(lines.table()), "chunk", f"INSERT INTO stage BY NAME {LINES_STAGE}")
+    for kind, rows in plain.items():
+        _load_plain(con, kind, rows.table(), columns[kind] if kind is not None else ())
+    staged = dict(con.execute("SELECT file_id, count(*) FROM stage GROUP BY ALL").fetchall())
+    leaps = dict(con.execute(
+        "SELECT file_id, count(*) FROM stage WHERE q_reason IS NULL AND contains(coalesce(doc, raw), ':59:60') "
+        "AND regexp_matches(coalesce(doc, raw), ?) GROUP BY ALL", [_LEAP_IN_LINE]).fetchall())
+    _check_strict_json(con)
+    all_notes = []
+    files: dict[str, list[Any]] = {name: [] for name in _FILES_COLUMNS}
+    file_notes: list[tuple[int, str, int, str]] = []
+    now = dt.datetime.now(dt.UTC)
+    for i, w in zip(ids, wholes, strict=True):
+        notes = Notes(dict(w.notes.counts), dict(w.notes.texts))
+        if leap := w.leap + leaps.get(i, 0):
+            notes.add("leap", _LEAP_NOTE, leap)
+        all_notes.append(notes)
+        read = sum(rows.num_rows for b in w.blocks for _, rows in b.kinds) + staged.get(i, 0)
+        row = [i, path_text(w.log.path), w.hashed.size, w.hashed.sha256, w.log.format, w.log.compression, now,
+               __version__, read, w.log.adapter, w.ignored]
+        for name, value in zip(_FILES_COLUMNS, row, strict=True):
+            files[name].append(value)
+        file_notes += [(i, key, n, note) for key, n, note in notes.rows()]
+    scan(con, pa.table(files), "new_files", "INSERT INTO files SELECT * FROM new_files")
+    if file_notes:
+        con.executemany("INSERT INTO file_notes VALUES (?, ?, ?, ?)", [list(row) for row in file_notes])
+    return all_notes
+
+
+#: The columns of ``files``, in order.
+_FILES_COLUMNS = ("file_id", "path", "size", "sha256", "format", "compression", "ingested_at", "toolkit_version",
+                  "records_read", "adapter", "lines_ignored")
+
+
+def _tagged(table: pa.Table, file_id: int) -> pa.Table:
+    """``table``'s rows with their file's id (a stage holds the lines of several files)."""
+    return table.append_column("file_id", pa.array(np.full(table.num_rows, file_id, dtype=np.int32)))
+
+
+class _Rows:
+    """Tables of rows of several files, to go in as one, each row with its file's id."""
+
+    def __init__(self) -> None:
+        self.tables: list[pa.Table] = []
+        self.file_ids: list[int] = []
+
+    def add(self, file_id: int, table: pa.Table) -> None:
+        """Take ``table``'s rows, of file ``file_id``."""
+        if table.num_rows:
+            self.tables.append(table)
+            self.file_ids.append(file_id)
+
+    def table(self) -> pa.Table:
+        """The rows as one table in one piece (DuckDB scans a table of many small pieces slowly);
+        a kind's tables have the columns their rows have, the others' NULL here."""
+        whole = pa.concat_tables(self.tables, promote_options="permissive").combine_chunks()
+        ids = np.repeat(np.array(self.file_ids, dtype=np.int32), [t.num_rows for t in self.tables])
+        return whole.append_column("file_id", pa.array(ids))
 
 
 def _unopened(con: duckdb.DuckDBPyConnection, passed: PassedOver) -> FileResult:
@@ -484,9 +754,14 @@ def _next_file_id(con: duckdb.DuckDBPyConnection) -> int:
 #: At most this many row groups of a kind wait for the next block before they go in.
 STATEMENT_GROUPS = 6
 
-LINES_STAGE = stage_sql("chunk")
-PLAIN_KEPT_STAGE = plain_stage_sql("(FROM chunk WHERE rules_ok)", rules_kept=True)
-PLAIN_BROKEN_STAGE = plain_stage_sql("(FROM chunk WHERE NOT rules_ok)")
+LINES_STAGE = stage_sql("chunk", by_file=True)
+#: The statements that stage plain lines that keep the rules and those that do not, for chunks
+#: without and with their file's id (``by_file``).
+PLAIN_STAGES = {
+    by_file: (plain_stage_sql("(FROM chunk WHERE rules_ok)", rules_kept=True, by_file=by_file),
+              plain_stage_sql("(FROM chunk WHERE NOT rules_ok)", by_file=by_file))
+    for by_file in (False, True)
+}
 
 
 def _load(
@@ -513,17 +788,15 @@ def _load(
 
     waiting: dict[str, list[pa.Table]] = {kind: [] for kind in KINDS}  # not yet in a statement
     held: dict[str, pa.Table] = {}  # whole groups, held back in case the file ends after them
-    text = source.Store(con, file_id)  # the text of the lines read (the fast path's blocks carry it)
+    text = source.Store(con)  # the text of the lines read (the fast path's blocks carry it)
     leap = 0
     for block in read_blocks(log, ahead, options, notes, count_ignored):
-        text.add(block.text)
+        text.add(file_id, block.text)
         for kind, rows in block.kinds:
             plain += rows.num_rows
-            if "ts_text" in rows.column_names and rows["ts_us"].null_count:  # (a leap second is never read there)
-                times = pc.filter(rows["ts_text"].cast(pa.large_string()), pc.is_null(rows["ts_us"]))
-                leap += int(pc.sum(pc.match_substring_regex(times, _LEAP_SECOND)).as_py() or 0)
+            leap += _leap_seconds(rows)
             if kind is None:  # no known kind: every line breaks a rule, so none waits for a row group
-                _load_plain(con, file_id, None, rows, ())
+                _load_plain(con, None, _tagged(rows, file_id), ())
             else:
                 waiting[kind].append(rows)
         # where the next block is split already, its rows join the statement: DuckDB inserts
@@ -535,38 +808,46 @@ def _load(
                 whole = pa.concat_tables(queue)
                 n = whole.num_rows // ROW_GROUP * ROW_GROUP
                 if kind in held:
-                    _load_plain(con, file_id, kind, held[kind], columns[kind])
+                    _load_plain(con, kind, _tagged(held[kind], file_id), columns[kind])
                 held[kind] = whole.slice(0, n)
                 waiting[kind] = [whole.slice(n)] if n < whole.num_rows else []
         if block.lines.num_rows:
-            scan(con, block.lines, "chunk", f"INSERT INTO stage BY NAME {LINES_STAGE}")
+            scan(con, _tagged(block.lines, file_id), "chunk", f"INSERT INTO stage BY NAME {LINES_STAGE}")
         done += block.nbytes
         if progress is not None:
             progress(log.path, min(done, size), size)
     for kind, queue in waiting.items():
         last = ([held[kind]] if kind in held else []) + queue
         if last:
-            _load_plain(con, file_id, kind, pa.concat_tables(last), columns[kind])
+            _load_plain(con, kind, _tagged(pa.concat_tables(last), file_id), columns[kind])
     if not fast_path(log):
-        text.add(source_pieces(log))
+        text.add(file_id, source_pieces(log))
     text.flush()
     row = one(con, "SELECT count(*) FROM stage WHERE q_reason IS NULL AND contains(coalesce(doc, raw), ':59:60') "
                    "AND regexp_matches(coalesce(doc, raw), ?)", [_LEAP_IN_LINE])  # (the regex only where it may match)
     leap += int(row[0]) if row else 0
     if leap:
-        notes.add("leap", "{n} times at a leap second (hh:59:60) read as the next second", leap)
+        notes.add("leap", _LEAP_NOTE, leap)
     return plain + count(con, "stage")
 
 
+def _leap_seconds(rows: pa.Table) -> int:
+    """How many of the fast path's plain ``rows`` give a time at a leap second (left to DuckDB)."""
+    if "ts_text" not in rows.column_names or not rows["ts_us"].null_count:  # (a leap second is never read there)
+        return 0
+    times = pc.filter(rows["ts_text"].cast(pa.large_string()), pc.is_null(rows["ts_us"]))
+    return int(pc.sum(pc.match_substring_regex(times, _LEAP_SECOND)).as_py() or 0)
+
+
+_LEAP_NOTE = "{n} times at a leap second (hh:59:60) read as the next second"
 #: A time at a leap second, in a time's text and in a record's line.
 _LEAP_SECOND = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}.[0-9]{2}:59:60"
 _LEAP_IN_LINE = r'"ts"\s*:\s*"[0-9]{4}-[0-9]{2}-[0-9]{2}.[0-9]{2}:59:60' 
 
 
-def _load_plain(
-    con: duckdb.DuckDBPyConnection, file_id: int, kind: str | None, chunk: pa.Table, columns: Sequence[str],
-) -> None:
-    """Plain lines of one kind into its table (``columns``); the few a check refuses, into quarantine.
+def _load_plain(con: duckdb.DuckDBPyConnection, kind: str | None, chunk: pa.Table, columns: Sequence[str]) -> None:
+    """Plain lines of one kind (each with its file's id) into its table (``columns``); the few a
+    check refuses, into quarantine.
 
     ``kind`` None: lines whose kind the schema does not know, all of them for quarantine.
     Lines that keep the schema's rules (nearly all) are checked for their time only; the others
@@ -582,12 +863,12 @@ def _load_plain(
             kept = int(scan(
                 con, chunk, "chunk",
                 f"INSERT INTO {RECORD_TABLES[kind]} (file_id, line_no, part, {cols}) "
-                f"SELECT {file_id}, line_no, part, {cols} FROM ({stage}) WHERE q_reason IS NULL",
+                f"SELECT file_id, line_no, part, {cols} FROM ({stage}) WHERE q_reason IS NULL",
             )[0][0])
         if kept < lines:  # the checks run again only where some line failed them
             quarantined = int(scan(
                 con, chunk, "chunk",
-                f"INSERT INTO quarantine SELECT {file_id}, line_no, q_reason, q_detail, raw, NULL "
+                "INSERT INTO quarantine SELECT file_id, line_no, q_reason, q_detail, raw, NULL "
                 f"FROM ({stage}) WHERE q_reason IS NOT NULL",
             )[0][0])
             assert kept + quarantined == lines, "a plain line neither kept nor quarantined"
@@ -596,9 +877,10 @@ def _load_plain(
 def plain_stages(chunk: pa.Table) -> list[tuple[str, int]]:
     """The statements that stage the plain lines of ``chunk`` (registered as ``chunk``): for the
     lines that keep the schema's rules, and for the others where there are any; with how many
-    lines each stages."""
+    lines each stages (with their file's id where ``chunk`` has it)."""
     kept = int(pc.sum(chunk.column("rules_ok")).as_py() or 0)
-    stages = [(PLAIN_KEPT_STAGE, kept), (PLAIN_BROKEN_STAGE, chunk.num_rows - kept)]
+    kept_stage, broken_stage = PLAIN_STAGES["file_id" in chunk.column_names]
+    stages = [(kept_stage, kept), (broken_stage, chunk.num_rows - kept)]
     return [(stage, lines) for stage, lines in stages if lines]
 
 
@@ -627,12 +909,13 @@ def _strict_json_ok(text: str) -> bool:
 def _check_strict_json(con: duckdb.DuckDBPyConnection) -> None:
     """Lines DuckDB's lenient parser took (trailing commas, nan, inf) but JSON does not: not_json."""
     rows = con.execute(
-        "SELECT line_no, coalesce(doc, raw) FROM stage WHERE suspect"
+        "SELECT file_id, line_no, coalesce(doc, raw) FROM stage WHERE suspect"
     ).fetchall()
-    bad = [line for line, text in rows if not _strict_json_ok(text)]
+    bad = [(file_id, line) for file_id, line, text in rows if not _strict_json_ok(text)]
     if bad:
         con.execute(
             "UPDATE stage SET q_reason = ?, q_detail = 'not strict JSON (a trailing comma, or nan or inf)', "
-            "rec_hash = NULL WHERE list_contains(?, line_no)",
-            [Reason.NOT_JSON.value, bad],
+            "rec_hash = NULL FROM (SELECT unnest(?::INTEGER[]) AS f, unnest(?::BIGINT[]) AS l) bad "
+            "WHERE stage.file_id = bad.f AND stage.line_no = bad.l",
+            [Reason.NOT_JSON.value, [f for f, _ in bad], [line for _, line in bad]],
         )

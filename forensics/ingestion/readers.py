@@ -17,7 +17,7 @@ import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +44,15 @@ ROW_GROUP = 122_880
 #: this one loads), read this much at a time; lines too long for that are cut at this size.
 PLAIN_BLOCK_LINES = 2 * ROW_GROUP
 PLAIN_READ_BYTES = 64 << 20
+#: A file up to this size (as stored) is small: ingest reads it whole and puts it in with the
+#: small files around it (forensics.ingestion.pipeline), and the fast path splits it with them.
+SMALL_FILE = 1 << 20
+#: Small files are split together, up to this many files or bytes at once (a split's fixed cost,
+#: 0.75 ms, is everything for a file of 50 lines).
+SPLIT_FILES = 512
+SPLIT_BYTES = 16 << 20
+#: A small file is read this much at a time: a buffer of PLAIN_READ_BYTES cost 0.5 ms a file.
+SMALL_READ_BYTES = 2 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _PARQUET_MAGIC = b"PAR1"
@@ -753,7 +762,9 @@ class ReadAhead:
     blocks before it; reading runs on into the next file while this one settles and commits.
     At most ``depth`` blocks wait read and not yet taken: 6 keeps the split threads busy while a
     DuckDB insert finishes on one thread (3 to 6% faster than 3, bench/README.md; 10 was slower).
-    The files must be taken in order, each with :meth:`blocks` or :meth:`skip`.
+    Blocks of small files (a block each) may wait in any number while they add up to less than
+    ``small_bytes``: the reader then runs on through thousands of them while the loader puts a
+    group of them in. The files must be taken in order, each with :meth:`blocks` or :meth:`skip`.
 
     The reader and the splitters run at a lower scheduling priority than the loader
     (:data:`BACKGROUND_NICE`): they are ahead of it, and DuckDB's inserts are the ingest's
@@ -762,13 +773,16 @@ class ReadAhead:
 
     _END = object()
 
-    def __init__(self, logs: Sequence[LogFile], depth: int = 6) -> None:
+    def __init__(self, logs: Sequence[LogFile], depth: int = 6, small_bytes: int = 64 << 20, *,
+                 together: bool = False) -> None:
         self._logs = [log for log in logs if fast_path(log)]
-        self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in self._logs]
+        self._together = together  # small files split together (_split_files)
+        self._queues: dict[int, queue.Queue[Any]] = {}  # (made as they are first wanted: 10,000 files, 0.5 s)
+        self._queues_lock = threading.Lock()
         self._taken = 0
         self._passed: set[int] = set()  # files to pass over: the reader stops reading them
         self._ended: set[int] = set()  # files whose every block (and end) has been taken
-        self._slots = threading.Semaphore(depth)
+        self._slots = _Slots(depth, small_bytes)
         self._stop = threading.Event()
         self._nice = background_nice()
         self._pool = ThreadPoolExecutor(
@@ -784,26 +798,72 @@ class ReadAhead:
 
     def _read(self) -> None:
         in_background(self._nice)
-        for index, (log, out) in enumerate(zip(self._logs, self._queues, strict=True)):
+        waiting: list[tuple[int, LineBlock]] = []  # small files read, to be split together
+        waiting_bytes = 0
+        for index, log in enumerate(self._logs):
+            out = self._queue(index)
             try:
-                for data, first_line, ends, long in _line_blocks(log, PLAIN_BLOCK_LINES, PLAIN_READ_BYTES):
-                    while not self._slots.acquire(timeout=0.1):
-                        if self._stop.is_set():
+                small = self._together and _is_small(log)
+                blocks = _line_blocks(log, PLAIN_BLOCK_LINES, SMALL_READ_BYTES if small else PLAIN_READ_BYTES)
+                if small:
+                    held = list(itertools.islice(blocks, 2))
+                    if len(held) == 1 and len(held[0][0]) <= SPLIT_BYTES:
+                        if not self._slot(len(held[0][0])):
                             return
-                    if self._stop.is_set():
+                        if index in self._passed:
+                            self._slots.release(len(held[0][0]))
+                            out.put(self._END)
+                            continue
+                        waiting.append((index, held[0]))
+                        waiting_bytes += len(held[0][0])
+                        if len(waiting) >= SPLIT_FILES or waiting_bytes >= SPLIT_BYTES:
+                            self._split_together(waiting)
+                            waiting, waiting_bytes = [], 0
+                        continue
+                    blocks = itertools.chain(held, blocks)
+                self._split_together(waiting)
+                waiting, waiting_bytes = [], 0
+                for data, first_line, ends, long in blocks:
+                    if not self._slot(len(data)):
                         return
                     if index in self._passed:
-                        self._slots.release()
+                        self._slots.release(len(data))
                         break
-                    out.put(self._pool.submit(_split, data, first_line, ends, _long_details(long, log.limits)))
+                    split = self._pool.submit(_split, data, first_line, ends, _long_details(long, log.limits))
+                    out.put(_Pending(split, len(data)))
             except BaseException as exc:  # handed to the loader, which says what the file is
                 out.put(exc)
             out.put(self._END)
+        self._split_together(waiting)
+
+    def _slot(self, nbytes: int) -> bool:
+        """Wait for a slot for a block of ``nbytes``: False where the reading is to stop."""
+        while not self._slots.acquire(nbytes, timeout=0.1):
+            if self._stop.is_set():
+                return False
+        return not self._stop.is_set()
+
+    def _split_together(self, waiting: list[tuple[int, LineBlock]]) -> None:
+        """Small files read (each one block) split as one; each file's block to its queue."""
+        if not waiting:
+            return
+        limits = [self._logs[index].limits for index, _ in waiting]
+        split = self._pool.submit(_split_files, [block for _, block in waiting], limits)
+        for part, (index, block) in enumerate(waiting):
+            out = self._queue(index)
+            out.put(_Pending(split, len(block[0]), part))
+            out.put(self._END)
+
+    def _queue(self, index: int) -> queue.Queue[Any]:
+        with self._queues_lock:
+            if index not in self._queues:
+                self._queues[index] = queue.Queue()
+            return self._queues[index]
 
     def _next(self, log: LogFile) -> queue.Queue[Any]:
         assert self._logs[self._taken] is log, "fast-path files are taken in order"
         self._taken += 1
-        return self._queues[self._taken - 1]
+        return self._queue(self._taken - 1)
 
     def blocks(self, log: LogFile) -> Iterator[Block]:
         """The next file's blocks, split."""
@@ -812,21 +872,23 @@ class ReadAhead:
             while (item := out.get()) is not self._END:
                 if isinstance(item, BaseException):
                     raise item
-                self._slots.release()
-                yield item.result()
+                self._slots.release(item.nbytes)
+                yield item.block()
             self._ended.add(self._taken - 1)
+        with self._queues_lock:
+            del self._queues[self._taken - 1]
 
     def next_ready(self) -> bool:
         """Whether the file being taken (with :meth:`blocks`) has its next block split already, or
         no block left: what the loader would wait for is there."""
         if not self._taken:
             return False
-        out = self._queues[self._taken - 1]
+        out = self._queue(self._taken - 1)
         with out.mutex:
             if not out.queue:
                 return False
             item = out.queue[0]
-        return item is self._END or isinstance(item, BaseException) or item.done()
+        return item is self._END or isinstance(item, BaseException) or item.split.done()
 
     def skip(self, log: LogFile) -> None:
         """Pass over the next file (already in the case): the reader stops reading it."""
@@ -840,7 +902,7 @@ class ReadAhead:
             index = self._taken - 1
             if index not in self._ended:
                 self._passed.add(index)
-                self._drain(self._queues[index])
+                self._drain(self._queue(index))
                 self._ended.add(index)
         elif self._taken < len(self._logs) and self._logs[self._taken] is log:
             self.skip(log)
@@ -848,8 +910,9 @@ class ReadAhead:
     def _drain(self, out: queue.Queue[Any]) -> None:
         while (item := out.get()) is not self._END:
             if not isinstance(item, BaseException):
-                self._slots.release()
-                item.cancel()
+                self._slots.release(item.nbytes)
+                if item.part is None:  # (a split of several files is theirs too)
+                    item.split.cancel()
 
     def close(self) -> None:
         """Stop reading, and wait for the threads."""
@@ -858,17 +921,98 @@ class ReadAhead:
         self._pool.shutdown(cancel_futures=True)
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """A block read and handed to a splitter (alone, or as the ``part``-th of several files')."""
+
+    split: Future[Any]  # a Block; with ``part``, a list of them
+    nbytes: int
+    part: int | None = None
+
+    def block(self) -> Block:
+        """The block, split (waiting for it)."""
+        done = self.split.result()
+        return done if self.part is None else done[self.part]
+
+
+def _is_small(log: LogFile) -> bool:
+    try:
+        return log.path.stat().st_size <= SMALL_FILE
+    except OSError:
+        return False  # (the reading says why)
+
+
+class _Slots:
+    """What the reader may hold read and not yet taken: ``depth`` blocks, or more while they add
+    up to less than ``small_bytes``."""
+
+    def __init__(self, depth: int, small_bytes: int) -> None:
+        self._depth, self._small = depth, small_bytes
+        self._blocks = self._bytes = 0
+        self._changed = threading.Condition()
+
+    def acquire(self, nbytes: int, timeout: float) -> bool:
+        """Take a slot for a block of ``nbytes``, waiting at most ``timeout`` s: whether it was taken."""
+        with self._changed:
+            if not self._changed.wait_for(
+                    lambda: self._blocks < self._depth or self._bytes + nbytes <= self._small, timeout):
+                return False
+            self._blocks += 1
+            self._bytes += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        """Give back the slot of a block of ``nbytes``."""
+        with self._changed:
+            self._blocks -= 1
+            self._bytes -= nbytes
+            self._changed.notify()
+
+
+def _split_files(blocks: Sequence[LineBlock], limits: Sequence[Limits]) -> list[Block]:
+    """Small files, a block each (with each file's limits), split as one block: each file's
+    block as :func:`_split` gives it, the same rows numbered by its own lines."""
+    data = np.concatenate([block[0] for block in blocks])
+    byte_at = np.cumsum([0, *(len(block[0]) for block in blocks)])
+    line_at = np.cumsum([0, *(len(block[2]) for block in blocks)])
+    ends = np.concatenate([block[2] + byte_at[i] for i, block in enumerate(blocks)])
+    unreadable = {int(line_at[i]) + k: why for i, (block, limit) in enumerate(zip(blocks, limits, strict=True))
+                  for k, why in _long_details(block[3], limit).items()}
+    whole = _split(data, 0, ends, unreadable, with_text=False)  # (numbered by the line's place in data)
+    firsts = np.array([block[1] for block in blocks], dtype=np.int64)
+    kinds = [(kind, *_by_file(rows, line_at, firsts)) for kind, rows in whole.kinds]
+    lines, lines_at = _by_file(whole.lines, line_at, firsts)
+    out = []
+    for i, (file_data, first_line, file_ends, _) in enumerate(blocks):
+        mine = tuple((kind, rows.slice(at[i], at[i + 1] - at[i])) for kind, rows, at in kinds if at[i + 1] > at[i])
+        out.append(Block(mine, lines.slice(lines_at[i], lines_at[i + 1] - lines_at[i]), len(file_data),
+                         tuple(source.pieces(file_data, first_line, file_ends))))
+    return out
+
+
+def _by_file(rows: pa.Table, line_at: np.ndarray, firsts: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """Rows of several files' lines (``line_no``: the line's place among them all, in order; the
+    files' lines start at ``line_at``) numbered by their own file's lines (from ``firsts``), and
+    where each file's rows start (and the last ends)."""
+    numbers = rows.column("line_no").to_numpy()
+    at = np.searchsorted(numbers, line_at)
+    files = np.repeat(np.arange(len(firsts)), np.diff(at))
+    own = numbers - line_at[files] + firsts[files]
+    return rows.set_column(rows.schema.get_field_index("line_no"), "line_no", pa.array(own)), at
+
+
 def _split(data: bytes | np.ndarray, first_line: int, ends: np.ndarray | None = None,
-           unreadable: dict[int, str] | None = None) -> Block:
+           unreadable: dict[int, str] | None = None, *, with_text: bool = True) -> Block:
     """A block's plain lines, typed, and its other lines (``ends``: where its lines end, if known;
-    ``unreadable``: lines by index quarantined as unreadable, and why: never plain)."""
+    ``unreadable``: lines by index quarantined as unreadable, and why: never plain; ``with_text``:
+    its lines for ``source_lines`` too)."""
     from forensics.ingestion.fast import jsonlines
 
     buf = np.frombuffer(data, dtype=np.uint8)
     if ends is None:
         ends = jsonlines.newlines(buf, 0)
     starts, stops = _line_bounds(buf, ends)
-    text = tuple(source.pieces(buf, first_line, ends))
+    text = tuple(source.pieces(buf, first_line, ends)) if with_text else ()
     if len(data) >= 2**31:  # the fast path keeps offsets in int32
         return Block((), _lines_of(data, np.arange(len(starts)), starts, stops, first_line, unreadable),
                      len(data), text)

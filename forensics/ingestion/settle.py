@@ -3,9 +3,10 @@
 The staged lines (those the SQL validator read) join the fast path's in the record tables or
 quarantine; then repeats move to ``duplicates`` and conflicts on ``(node, boot, seq)`` and pages
 beyond the pool move to ``quarantine``, and last a ``received`` of a request id that names another
-tenant or prompt length than the one kept (:func:`resolve_received`). The statements are in
-``sql/settle.sql``; what is built here is only what varies with the schema (a kind's table and
-columns).
+tenant or prompt length than the one kept (:func:`resolve_received`). A group of small files is
+settled at once where that ends as settling them one by one would (:func:`settle_together`). The
+statements are in ``sql/settle.sql``; what is built here is only what varies with the schema (a
+kind's table and columns).
 """
 
 from __future__ import annotations
@@ -34,26 +35,58 @@ def settle(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tupl
     """Give every record of the file its end: the staged lines join the plain ones in records or
     quarantine (:func:`place`); then repeats move to duplicates, conflicts and pages beyond the pool
     to quarantine (:func:`settle_across`)."""
-    place(con, file_id, columns)
+    place(con, columns)
     settle_across(con, file_id)
     resolve_received(con, file_id)
 
 
-def place(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tuple[str, ...]]) -> None:
-    """The file's staged lines into their kind's table or quarantine: what the file alone decides."""
+def place(con: duckdb.DuckDBPyConnection, columns: dict[str, tuple[str, ...]]) -> None:
+    """The staged lines (each with its file's id) into their kind's table or quarantine: what each
+    file alone decides."""
     if count(con, "stage"):
         # only when there are staged lines: even an empty insert into records puts the rows the fast
         # path left short of a row group through the write-ahead log at commit
-        con.execute("INSERT INTO quarantine SELECT $file_id, line_no, q_reason, q_detail, raw, NULL "
-                    "FROM stage WHERE q_reason IS NOT NULL", {"file_id": file_id})
+        con.execute("INSERT INTO quarantine SELECT file_id, line_no, q_reason, q_detail, raw, NULL "
+                    "FROM stage WHERE q_reason IS NOT NULL")
         kinds = con.execute("SELECT DISTINCT kind FROM stage WHERE q_reason IS NULL ORDER BY kind").fetchall()
         for (kind,) in kinds:
             cols = ", ".join(columns[kind])
             con.execute(
                 f"INSERT INTO {RECORD_TABLES[kind]} (file_id, line_no, part, {cols}) "
-                f"SELECT $file_id, line_no, part, {cols} FROM stage WHERE q_reason IS NULL AND kind = $kind",
-                {"file_id": file_id, "kind": kind},
+                f"SELECT file_id, line_no, part, {cols} FROM stage WHERE q_reason IS NULL AND kind = $kind",
+                {"kind": kind},
             )
+
+
+def settle_together(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> bool:
+    """Settle the files ``lo`` to ``hi`` (placed, :func:`place`; every other file of the case before
+    them) as one, where that ends exactly as settling them one by one would: False where it might
+    not, with their repeats moved (the caller rolls back and settles them one by one).
+
+    Settled one by one, a file's records can be moved out of records by a later one (a conflict on
+    ``(node, boot, seq)``, a config that puts pages beyond the pool, a ``received`` of another
+    tenant), and what is settled after depends on it. Where none of that can happen, each record
+    ends where it would have: a repeat of one read before it (:func:`_move_repeats` over the
+    files at once) in duplicates, every other one in records. So that is checked, after the
+    repeats: no key of theirs on two records, no page that could be beyond the pool of a config in
+    force when it would be checked, no request id received with two claims.
+    """
+    shared = _yes(con, "keys_shared", lo, hi)
+    _move_repeats(con, lo, hi, only_without_seq=not shared)
+    if shared and _yes(con, "keys_shared", lo, hi):
+        return False
+    if _yes(con, "beyond_possible", lo, hi):
+        return False
+    con.execute(_SQL["received_disputed"], {"lo": lo, "hi": hi})
+    disputed = count(con, "disputed")
+    con.execute("DROP TABLE disputed")
+    return not disputed
+
+
+def _yes(con: duckdb.DuckDBPyConnection, query: str, lo: int, hi: int) -> bool:
+    """The answer of the yes-or-no statement ``query`` about the files ``lo`` to ``hi``."""
+    row = con.execute(_SQL[query], {"lo": lo, "hi": hi}).fetchall()
+    return bool(row[0][0])
 
 
 def settle_across(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
@@ -62,7 +95,7 @@ def settle_across(con: duckdb.DuckDBPyConnection, file_id: int) -> None:
     its record's node, a conflict is on a node's key, a pool is a node's), so a case settled node
     by node, each node's files in the same order, ends as one settled whole (``forensics.spark``)."""
     unique = keys_unique(con, file_id)
-    _move_repeats(con, file_id, only_without_seq=unique)
+    _move_repeats(con, file_id, file_id, only_without_seq=unique)
     if not unique:
         _resolve_conflicts(con, file_id)
     _check_page_range(con, file_id)
@@ -104,18 +137,19 @@ def keys_unique(con: duckdb.DuckDBPyConnection, file_id: int) -> bool:
     return True
 
 
-def _move_repeats(con: duckdb.DuckDBPyConnection, file_id: int, *, only_without_seq: bool) -> None:
-    """The file's records that repeat one of the case's, or an earlier line of the file: duplicates.
+def _move_repeats(con: duckdb.DuckDBPyConnection, lo: int, hi: int, *, only_without_seq: bool) -> None:
+    """The records of the files ``lo`` to ``hi`` that repeat one read before them (in the case, an
+    earlier file or an earlier line of their own): duplicates.
 
     ``only_without_seq``: records with a seq are known not to repeat (their keys are unique).
     """
-    con.execute(_SQL["repeats"], {"file_id": file_id, "only_without_seq": only_without_seq})
+    con.execute(_SQL["repeats"], {"lo": lo, "hi": hi, "only_without_seq": only_without_seq})
     if count(con, "repeats"):
-        con.execute(_SQL["repeats_to_duplicates"], {"file_id": file_id})
+        con.execute(_SQL["repeats_to_duplicates"], {"lo": lo, "hi": hi})
         for table in RECORD_TABLES.values():
-            con.execute(f"DELETE FROM {table} r USING repeats x "
-                        "WHERE r.file_id = $file_id AND r.line_no = x.line_no AND r.part = x.part",
-                        {"file_id": file_id})
+            con.execute(f"DELETE FROM {table} r USING repeats x WHERE r.file_id BETWEEN $lo AND $hi "
+                        "AND r.file_id = x.file_id AND r.line_no = x.line_no AND r.part = x.part",
+                        {"lo": lo, "hi": hi})
     con.execute("DROP TABLE repeats")
 
 
@@ -188,7 +222,7 @@ def resolve_received(con: duckdb.DuckDBPyConnection, file_id: int | None) -> Non
     to records, so the case ends alike whatever the order of its files. Unlike the rules of
     :func:`settle_across`, this one spans nodes: a router's received and an engine's meet here.
     """
-    con.execute(_SQL["received_disputed"], {"file_id": file_id})
+    con.execute(_SQL["received_disputed"], {"lo": file_id, "hi": file_id})
     if not count(con, "disputed"):
         con.execute("DROP TABLE disputed")
         return

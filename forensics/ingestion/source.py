@@ -85,19 +85,19 @@ def _groups(lines: Iterable[str]) -> Iterator[list[str]]:
 
 
 class Store:
-    """A file's pieces on their way to ``source_lines``: held until about :data:`STORE_BYTES` of
+    """Files' pieces on their way to ``source_lines``: held until about :data:`STORE_BYTES` of
     frames wait, then inserted in one statement (a file's pieces are never all held at once);
     :meth:`flush` inserts the rest."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, file_id: int) -> None:
-        self.con, self.file_id = con, file_id
-        self.batch: list[Piece] = []
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.batch: list[tuple[int, Piece]] = []
         self.size = 0
 
-    def add(self, pieces: Iterable[Piece]) -> None:
-        """Keep ``pieces`` (inserting what waits once it is enough)."""
+    def add(self, file_id: int, pieces: Iterable[Piece]) -> None:
+        """Keep the pieces of file ``file_id`` (inserting what waits once it is enough)."""
         for piece in pieces:
-            self.batch.append(piece)
+            self.batch.append((file_id, piece))
             self.size += len(piece[2])
             if self.size >= STORE_BYTES:
                 self.flush()
@@ -108,10 +108,10 @@ class Store:
             return
         batch = self.batch
         table = pa.table({
-            "file_id": pa.array([self.file_id] * len(batch), pa.int32()),
-            "first_line": pa.array([p[0] for p in batch], pa.int64()),
-            "line_count": pa.array([p[1] for p in batch], pa.int32()),
-            "text": pa.array([p[2] for p in batch], pa.binary()),
+            "file_id": pa.array([f for f, _ in batch], pa.int32()),
+            "first_line": pa.array([p[0] for _, p in batch], pa.int64()),
+            "line_count": pa.array([p[1] for _, p in batch], pa.int32()),
+            "text": pa.array([p[2] for _, p in batch], pa.binary()),
         })
         scan(self.con, table, "source_pieces", "INSERT INTO source_lines SELECT * FROM source_pieces")
         self.batch, self.size = [], 0
@@ -119,8 +119,8 @@ class Store:
 
 def store(con: duckdb.DuckDBPyConnection, file_id: int, kept: Iterable[Piece]) -> None:
     """Keep pieces of a file in ``source_lines`` (:class:`Store`)."""
-    stored = Store(con, file_id)
-    stored.add(kept)
+    stored = Store(con)
+    stored.add(file_id, kept)
     stored.flush()
 
 

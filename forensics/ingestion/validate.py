@@ -347,14 +347,16 @@ def prepare(con: duckdb.DuckDBPyConnection) -> None:
     recordhash.register(con)
 
 
-def stage_sql(source: str, *, with_canon: bool = False) -> str:
+def stage_sql(source: str, *, with_canon: bool = False, by_file: bool = False) -> str:
     """A SELECT over ``source(line_no, part, raw, doc)``: every record's verdict and typed fields.
 
     ``part`` numbers the records an adapter made of one source line (0 for canonical lines).
 
-    ``with_canon`` adds the canonical JSON text (wanted only to settle conflicts).
+    ``with_canon`` adds the canonical JSON text (wanted only to settle conflicts); ``by_file``
+    passes ``source``'s ``file_id`` on (lines of several files staged at once).
     """
     canon_col = " canon," if with_canon else ""
+    f = "file_id, " if by_file else ""
     spec = json.dumps({n: "JSON" for n in FIELD_ORDER})
     extracted = ",\n    ".join(f"v.{n} AS {_j(n)}" for n in FIELD_ORDER)
     typed = ",\n    ".join(
@@ -363,7 +365,7 @@ def stage_sql(source: str, *, with_canon: bool = False) -> str:
     check = _checks(_JSON_FIELDS).sql()
     return f"""
 WITH a AS (
-  SELECT line_no, part, raw, doc, coalesce(doc, raw) AS t FROM {source}
+  SELECT {f}line_no, part, raw, doc, coalesce(doc, raw) AS t FROM {source}
   WHERE CASE WHEN starts_with(raw, '{{') THEN TRUE ELSE trim(raw, {_WS}) <> '' END
 ), b AS (
   SELECT *, json_valid(t) AS is_json FROM a
@@ -371,12 +373,12 @@ WITH a AS (
   SELECT *, CASE WHEN NOT is_json THEN FALSE WHEN starts_with(t, '{{') THEN TRUE
               ELSE json_type(t) = 'OBJECT' END AS is_obj FROM b
 ), d AS (
-  SELECT line_no, part, raw, doc, t, is_json, is_obj,
+  SELECT {f}line_no, part, raw, doc, t, is_json, is_obj,
     CASE WHEN is_obj THEN json_transform(t, {_q(spec)}) END AS v,
     CASE WHEN is_obj THEN json_keys(t) END AS keys
   FROM c
 ), e AS (
-  SELECT line_no, part, raw, doc, t, is_json, is_obj, keys,
+  SELECT {f}line_no, part, raw, doc, t, is_json, is_obj, keys,
     {extracted}
   FROM d
 ), f AS (
@@ -395,7 +397,7 @@ WITH a AS (
   SELECT *, CASE WHEN verdict IS NULL THEN {_canonical_sql()} END AS canon FROM h
 )
 SELECT
-  line_no, part, raw, doc,
+  {f}line_no, part, raw, doc,
   verdict.reason AS q_reason, verdict.detail AS q_detail,
   rec_hash(canon) AS rec_hash,{canon_col}
   regexp_matches(t, {_q(LENIENT_SUSPECT)}) AND is_json AS suspect,
@@ -413,7 +415,7 @@ FROM k
 PLAIN_TYPED = tuple(n for n in FIELD_ORDER if n not in ("ts", "event", "op"))
 
 
-def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
+def plain_stage_sql(source: str, *, rules_kept: bool = False, by_file: bool = False) -> str:
     """The rows :func:`stage_sql` gives, for lines the fast path read
     (:mod:`forensics.ingestion.fast.jsonlines`).
 
@@ -427,8 +429,9 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
     ``rules_kept``: every line of ``source`` keeps the rules but the time's (the fast path's
     ``rules_ok``, jsonlines.RULES), so it can only fail on its time, and only that is checked (the
     statement is then a fraction of the size, and DuckDB plans it in a fraction of the time);
-    otherwise every check is made.
+    otherwise every check is made. ``by_file``: ``source``'s ``file_id`` is passed on.
     """
+    f = "file_id, " if by_file else ""
     if rules_kept:
         ts_columns = ""
         time_only = _Chain()
@@ -440,7 +443,7 @@ def plain_stage_sql(source: str, *, rules_kept: bool = False) -> str:
         ts_columns = ",\n    coalesce(ts_text, CAST(ts_int AS VARCHAR)) AS j_ts"
     return f"""
 WITH f AS (
-  SELECT line_no, part, raw, NULL::VARCHAR AS doc, hash_hi, hash_lo, page_ranges, max_hi, event_s, op_s,
+  SELECT {f}line_no, part, raw, NULL::VARCHAR AS doc, hash_hi, hash_lo, page_ranges, max_hi, event_s, op_s,
     {', '.join(PLAIN_TYPED)},
     CASE WHEN ts_us IS NOT NULL THEN ts_us
          WHEN ts_text IS NOT NULL THEN CASE WHEN ts_shape THEN rfc3339_ts(ts_text) END
@@ -452,7 +455,7 @@ WITH f AS (
   SELECT *, {check} AS verdict FROM g
 )
 SELECT
-  line_no, part, raw, doc,
+  {f}line_no, part, raw, doc,
   verdict.reason AS q_reason, verdict.detail AS q_detail,
   CASE WHEN verdict IS NULL THEN rec_hash_of(hash_hi, hash_lo) END AS rec_hash,
   FALSE AS suspect,

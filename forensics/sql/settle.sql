@@ -1,6 +1,7 @@
 -- Settling a file's records once they are in (forensics/ingestion/settle.py): repeats become
 -- duplicates, conflicts and pages beyond the pool go to quarantine. One statement per block,
--- headed `-- name:`; $file_id is the file being settled. Tables named TEMP are the steps'
+-- headed `-- name:`; $file_id is the file being settled, $lo to $hi the files settled together
+-- (every file of the case before them; one file: $lo = $hi). Tables named TEMP are the steps'
 -- scratch, dropped by the step that made them.
 
 -- name: file_seq_ranges
@@ -25,23 +26,50 @@ SELECT EXISTS (SELECT 1 FROM records WHERE file_id = $file_id AND seq IS NOT NUL
                GROUP BY node, boot, seq HAVING count(*) > 1);
 
 -- name: repeats
--- The file's records that repeat one of the case's, or an earlier line of the file (with
--- $only_without_seq, records with a seq are known not to repeat: their keys are unique).
+-- The records of the files $lo to $hi that repeat one read before them: in an earlier file, or
+-- on an earlier line of their own (with $only_without_seq, records with a seq are known not to
+-- repeat: their keys are unique).
 CREATE OR REPLACE TEMP TABLE repeats AS
 WITH hot AS (
-  SELECT rec_hash, bool_or(file_id <> $file_id) AS in_case FROM records
+  SELECT rec_hash FROM records
   WHERE NOT $only_without_seq OR seq IS NULL
-  GROUP BY rec_hash HAVING count(*) > 1 AND bool_or(file_id = $file_id)
+  GROUP BY rec_hash HAVING count(*) > 1 AND bool_or(file_id BETWEEN $lo AND $hi)
 )
-SELECT line_no, part FROM (
-  SELECT r.line_no, r.part, h.in_case,
-         row_number() OVER (PARTITION BY r.rec_hash ORDER BY r.line_no, r.part) AS occ
-  FROM records r JOIN hot h USING (rec_hash) WHERE r.file_id = $file_id)
-WHERE occ > 1 OR in_case;
+SELECT file_id, line_no, part FROM (
+  SELECT r.file_id, r.line_no, r.part,
+         row_number() OVER (PARTITION BY r.rec_hash ORDER BY r.file_id, r.line_no, r.part) AS occ
+  FROM records r SEMI JOIN hot h USING (rec_hash))
+WHERE occ > 1 AND file_id BETWEEN $lo AND $hi;
 
 -- name: repeats_to_duplicates
 INSERT INTO duplicates SELECT file_id, line_no, rec_hash, doc
-FROM records SEMI JOIN repeats USING (line_no, part) WHERE file_id = $file_id;
+FROM records SEMI JOIN repeats USING (file_id, line_no, part) WHERE file_id BETWEEN $lo AND $hi;
+
+-- name: keys_shared
+-- Whether a (node, boot, seq) of the files $lo to $hi is on another record, theirs or the case's.
+WITH mine AS (SELECT node, boot, seq FROM records WHERE file_id BETWEEN $lo AND $hi AND seq IS NOT NULL)
+SELECT (SELECT count(*) FROM mine) > (SELECT count(*) FROM (SELECT DISTINCT node, boot, seq FROM mine))
+    OR EXISTS (SELECT 1 FROM records r SEMI JOIN mine USING (node, boot, seq) WHERE r.file_id < $lo);
+
+-- name: beyond_possible
+-- Whether settling the files $lo to $hi one by one could find a page record beyond the pool: one
+-- of theirs, or of a node they bring a config of, with a page at or past the pool of the case's
+-- config in force or of any of their configs before it (each may be in force when it is checked).
+WITH cfg_case AS (
+  SELECT node, (boot::HUGEINT << 64) + coalesce(seq, -1) AS ord, min(pool_pages) AS pool
+  FROM config_records WHERE file_id < $lo GROUP BY ALL
+), cfg_new AS (
+  SELECT node, (boot::HUGEINT << 64) + coalesce(seq, -1) AS ord,
+         min(pool_pages) OVER (PARTITION BY node ORDER BY (boot::HUGEINT << 64) + coalesce(seq, -1)) AS pool
+  FROM config_records WHERE file_id BETWEEN $lo AND $hi
+), kv AS (
+  SELECT node, (boot::HUGEINT << 64) + seq AS ord, max_page FROM kv_records
+  WHERE file_id BETWEEN $lo AND $hi OR node IN (SELECT node FROM cfg_new)
+)
+SELECT EXISTS (SELECT 1 FROM kv ASOF JOIN cfg_case c ON kv.node = c.node AND kv.ord >= c.ord
+               WHERE kv.max_page >= c.pool)
+    OR EXISTS (SELECT 1 FROM kv ASOF JOIN cfg_new c ON kv.node = c.node AND kv.ord >= c.ord
+               WHERE kv.max_page >= c.pool);
 
 -- name: contested
 -- The (node, boot, seq) keys the file shares with another record.
@@ -90,12 +118,12 @@ FROM kv ASOF JOIN cfg ON kv.node = cfg.node AND kv.ord >= cfg.ord
 WHERE kv.max_page >= cfg.pool_pages;
 
 -- name: received_disputed
--- The request ids the file brings a `received` record of ($file_id NULL: every file) whose
+-- The request ids the files $lo to $hi bring a `received` record of ($lo NULL: every file) whose
 -- received records, kept and held in received_conflicts, name two tenants or two prompt lengths.
 CREATE OR REPLACE TEMP TABLE disputed AS
 WITH ids AS (
   SELECT DISTINCT request_id FROM request_records
-  WHERE event = 'received' AND ($file_id IS NULL OR file_id = $file_id)
+  WHERE event = 'received' AND ($lo IS NULL OR file_id BETWEEN $lo AND $hi)
 ), claims AS (
   SELECT request_id, tenant_id, prompt_tokens FROM request_records SEMI JOIN ids USING (request_id)
   WHERE event = 'received'

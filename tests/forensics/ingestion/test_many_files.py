@@ -1,0 +1,204 @@
+"""Many small files (issue #44): read whole and put in a group at a time, one transaction and one
+settling for the group, the case ends exactly as ingesting them one at a time leaves it, table by
+table and row by row, whatever the grouping: with repeats and conflicts across files, received
+records of one id naming two tenants, pages beyond a pool a later config shrinks, a damaged file
+in the middle of a group (refused alone) and a copy of a file (there already)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from conftest import write_jsonl
+
+import forensics
+from forensics.ingestion import pipeline, readers
+
+TS = "2026-08-27T10:00:00.000000Z"
+#: Every case table, with the columns that hold the time of the run left out.
+TABLES = {
+    "files": "* EXCLUDE (ingested_at)", "refused_files": "* EXCLUDE (refused_at)", "file_notes": "*",
+    "config_records": "*", "request_records": "*", "kv_records": "*", "transfer_records": "*",
+    "quarantine": "*", "duplicates": "*", "received_conflicts": "*", "source_lines": "*",
+}
+
+
+def config(seq: int, pool: int) -> dict[str, Any]:
+    return {"kind": "config", "ts": TS, "node": "decode-0", "seq": seq, "role": "decode", "engine": "sglang",
+            "engine_version": "0.5.21", "model": "glm-5.3", "context_length": 64, "page_size": 4,
+            "pool_pages": pool}
+
+
+def kv(seq: int, rid: str, pages: str = "1-3", node: str = "decode-0") -> dict[str, Any]:
+    return {"kind": "kv", "ts": TS, "node": node, "seq": seq, "request_id": rid, "op": "alloc", "pages": pages}
+
+
+def received(rid: str, tenant: str) -> dict[str, Any]:
+    return {"kind": "request", "ts": TS, "node": "router", "request_id": rid, "event": "received",
+            "tenant_id": tenant, "prompt_tokens": 12}
+
+
+def log_set(folder: Path, seed: int, trouble: str) -> list[Path]:
+    """A dozen small files of a node's rotated log and a router's, with what settling one file against
+    the others can turn over (``trouble``: conflicts on keys, received records of one id naming two
+    tenants, pages beyond a pool a later config shrinks, or all of them; ``seed``: where)."""
+    rng = random.Random(seed)
+    lines: list[list[str]] = []
+    seq = 1
+    for n in range(8):
+        records: list[dict[str, Any]] = [received(f"r{n}-{i}", "acme") for i in range(3)]
+        if n == 0:
+            records.append(config(0, 16))
+        for _ in range(rng.randint(2, 6)):
+            records.append(kv(seq, f"r{n}", rng.choice(["1-3", "4", "5-6"])))
+            seq += 1
+        records.append(kv(n, f"q{n}", "2", node=f"decode-{n % 3 + 1}"))
+        if trouble in ("conflicts", "all") and rng.random() < 0.3:
+            records.append(kv(rng.randint(1, seq), "rival"))  # a conflict on a key, here or elsewhere
+        if trouble in ("received", "all") and rng.random() < 0.3:
+            records.append(received(f"r{rng.randint(0, n)}-0", rng.choice(["acme", "initech"])))
+        if trouble in ("beyond", "all"):
+            if rng.random() < 0.3:
+                records.append(kv(seq, f"r{n}", "12-14"))  # beyond a pool of 12 a later config brings
+                seq += 1
+            if n == 5:
+                records.append(config(seq, 12))
+                seq += 1
+        text = [json.dumps(r) for r in records]
+        if n and rng.random() < 0.5:  # a repeat of an earlier file's line (a router's: one with a key conflicts)
+            earlier = lines[rng.randrange(n)]
+            text.append(rng.choice(earlier if trouble == "all" else [t for t in earlier if '"router"' in t]))
+        if rng.random() < 0.2:
+            text.append('{"kind": "kv", broken')
+        rng.shuffle(text)
+        lines.append(text)
+    folder.mkdir(parents=True)
+    files = []
+    for n, text in enumerate(lines):
+        path = folder / f"{n:02d}.jsonl"
+        path.write_text("".join(line + "\n" for line in text))
+        files.append(path)
+    damaged = folder / "03b.jsonl.gz"
+    damaged.write_bytes(gzip.compress(files[3].read_bytes())[:40] + b"\x00" * 20)
+    copy = folder / "06b.jsonl"
+    copy.write_bytes(files[rng.randrange(6)].read_bytes())
+    table = folder / "04b.csv"
+    with table.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["kind", "ts", "node", "request_id", "event", "tenant_id",
+                                                "prompt_tokens"])
+        writer.writeheader()
+        writer.writerows([received("r3-1", "acme"), received(f"c{seed}", "initech")])
+    return sorted([*files, damaged, copy, table])
+
+
+def tables(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: con.execute(f"SELECT {cols} FROM {t} ORDER BY ALL").fetchall() for t, cols in TABLES.items()}
+    finally:
+        con.close()
+
+
+def one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file read and put in as a large one is: a transaction and a settling of its own."""
+    monkeypatch.setattr(pipeline, "SMALL_FILE", -1)
+    monkeypatch.setattr(readers, "SMALL_FILE", -1)
+
+
+def settled_together(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """What each group's settling together answered, as it answers."""
+    answers: list[bool] = []
+
+    def recorded(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> bool:
+        answers.append(settle_together(con, lo, hi))
+        return answers[-1]
+
+    settle_together = pipeline.settle_together
+    monkeypatch.setattr(pipeline, "settle_together", recorded)
+    return answers
+
+
+@pytest.mark.parametrize(("fast", "troubles"), [(True, ["received", "beyond", "all"]), (False, ["beyond"])],
+                         ids=["fast path", "sql path"])
+def test_groups_of_small_files_end_as_one_file_at_a_time(fast: bool, troubles: list[str], tmp_path: Path) -> None:
+    """For several log sets and groupings, grouped and one at a time give the same case, table by
+    table and row by row, and the same results per file; groups are settled together where
+    nothing turns over, one file at a time where something does."""
+    answers: list[bool] = []
+    for seed, trouble in enumerate(troubles):
+        logs = log_set(tmp_path / str(seed), seed, trouble)
+        with pytest.MonkeyPatch.context() as patch:
+            one_at_a_time(patch)
+            alone = forensics.ingest(logs, tmp_path / f"{seed}-alone.duckdb", fast=fast)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pipeline, "GROUP_FILES", random.Random(seed).choice([3, 5, 1000]))
+            together = settled_together(patch)
+            grouped = forensics.ingest(logs, tmp_path / f"{seed}-grouped.duckdb", fast=fast)
+        answers += together
+        assert [f.as_dict() for f in grouped.files] == [f.as_dict() for f in alone.files]
+        assert (grouped.records, grouped.case) == (alone.records, alone.case)
+        assert tables(tmp_path / f"{seed}-grouped.duckdb") == tables(tmp_path / f"{seed}-alone.duckdb")
+        statuses = {Path(f.path).name: f.status for f in grouped.files}
+        assert statuses["03b.jsonl.gz"] == "refused" and statuses["06b.jsonl"] == "already_in_case"
+        assert [s for name, s in statuses.items() if name not in ("03b.jsonl.gz", "06b.jsonl")] == ["ingested"] * 9
+    assert True in answers and False in answers  # (both ways were taken)
+
+
+def test_a_group_stopped_midway_leaves_nothing_of_it_and_a_rerun_completes_the_case(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group is all in or all out: stopped while it settles, the case holds the groups before it,
+    and running the same ingest again ends with the case of an ingest never stopped."""
+    logs = log_set(tmp_path / "logs", 2, "all")
+    forensics.ingest(logs, tmp_path / "whole.duckdb")
+    monkeypatch.setattr(pipeline, "GROUP_FILES", 4)
+    calls = []
+    settle_together = pipeline.settle_together
+
+    def stopped(con: duckdb.DuckDBPyConnection, lo: int, hi: int) -> bool:
+        calls.append(lo)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return settle_together(con, lo, hi)
+
+    monkeypatch.setattr(pipeline, "settle_together", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        forensics.ingest(logs, tmp_path / "case.duckdb")
+    con = duckdb.connect(str(tmp_path / "case.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM files").fetchone() == (4,)
+    assert con.execute("SELECT count(*) FROM records WHERE file_id > 4").fetchone() == (0,)
+    con.close()
+    monkeypatch.setattr(pipeline, "settle_together", settle_together)
+    forensics.ingest(logs, tmp_path / "case.duckdb")
+    whole, rerun = tables(tmp_path / "whole.duckdb"), tables(tmp_path / "case.duckdb")
+    assert {t: rows for t, rows in rerun.items() if t != "refused_files"} == \
+        {t: rows for t, rows in whole.items() if t != "refused_files"}
+    assert [r[:4] for r in rerun["refused_files"]] == [r[:4] for r in whole["refused_files"]]
+
+
+def test_the_progress_is_told_the_files_done_and_left(tmp_path: Path) -> None:
+    """A progress that takes files (FilesProgress) is told how many are read of how many, up to all
+    of them, as well as each file's bytes."""
+    logs = [write_jsonl(tmp_path / f"{i}.jsonl", [kv(i + 1, f"r{i}")]) for i in range(7)]
+
+    class Seen:
+        def __init__(self) -> None:
+            self.done: list[tuple[int, int]] = []
+            self.read: list[Path] = []
+
+        def __call__(self, path: Path, done: int, total: int) -> None:
+            self.read.append(path)
+
+        def files(self, done: int, total: int) -> None:
+            self.done.append((done, total))
+
+    seen = Seen()
+    assert isinstance(seen, pipeline.FilesProgress)
+    forensics.ingest(logs, tmp_path / "case.duckdb", progress=seen)
+    assert seen.done == [(n, 7) for n in range(8)]
+    assert sorted(set(seen.read)) == sorted(logs)
