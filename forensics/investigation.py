@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +13,15 @@ from forensics.exposure.analysis import analyse
 from forensics.ingestion import IngestResult, Progress, ingest
 from forensics.ingestion.readers import Limits
 from forensics.store import connect
+
+#: A long job's phases, told as they run: ``phase(name)`` is entered while the phase named runs
+#: (the CLI shows it on stderr; None: nothing is told).
+Phase = Callable[[str], AbstractContextManager[object]]
+
+
+def untold(name: str) -> AbstractContextManager[object]:
+    """A phase nobody is told of."""
+    return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -43,14 +54,19 @@ def investigate(
     options: Options | None = None,
     fast: bool | None = None,
     limits: Limits | None = None,
+    phase: Phase | None = None,
 ) -> Investigation:
     """Ingest ``paths`` into the case ``db`` (``format`` and ``options`` as for :func:`ingest`),
     rebuild its timelines and exposures. ``fast``: the compiled accelerators (True), none (False),
-    or each where the input is large enough to gain from it (None). ``limits``: the reader's bounds."""
-    result = ingest(paths, db, progress=progress, format=format, options=options, fast=fast, limits=limits)
-    con = connect(db)
-    try:
-        figures = analyse(con, fast=fast)
-    finally:
-        con.close()
+    or each where the input is large enough to gain from it (None). ``limits``: the reader's bounds.
+    ``phase``: told of the ingest and the analysis as each runs."""
+    told = phase or untold
+    with told("ingest"):
+        result = ingest(paths, db, progress=progress, format=format, options=options, fast=fast, limits=limits)
+    with told("analysis"):
+        con = connect(db)
+        try:
+            figures = analyse(con, fast=fast)
+        finally:
+            con.close()
     return Investigation(result, figures)

@@ -101,7 +101,7 @@ import importlib.util
 import io
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
@@ -116,6 +116,7 @@ import forensics
 from forensics.adapters import ADAPTERS, Options, read_tenant_map
 from forensics.errors import BadOption, BadValue, KvfError, OutputExists
 from forensics.ingestion.readers import KEPT_OF_LONG_LINE, Limits
+from forensics.investigation import Phase
 from forensics.schema import PLAUSIBLE_COUNT
 from forensics.store import system_refusal
 from forensics.text import csv_cell, shown
@@ -297,21 +298,33 @@ class Sections(StrEnum):
     json = "json"
 
 
-def _with_progress(job: Callable[[Any], T]) -> T:
-    """Run ``job(progress)`` with a progress bar when stderr is a terminal: the files read of how
-    many, and the file being read, its bytes read of how many."""
+def _with_progress(job: Callable[[Any, Phase], T]) -> T:
+    """Run ``job(progress, phase)`` telling on stderr what it does. In a terminal: rich's progress,
+    the files read of how many and the file being read, its bytes read of how many, and a spinner
+    for each phase of the job while it runs, then its time. Elsewhere (piped, logged): a line per
+    phase with its time."""
+    import time
+    from contextlib import contextmanager
+
     if not sys.stderr.isatty():
-        return job(None)
+        @contextmanager
+        def lines(name: str) -> Iterator[None]:
+            start = time.monotonic()
+            yield
+            typer.echo(f"{name}: {time.monotonic() - start:,.1f} s", err=True)
+
+        return job(None, lines)
     from rich.filesize import decimal
-    from rich.progress import BarColumn, Progress, TextColumn
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[amount]}"), transient=True
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[amount]}"),
+        transient=True,
     ) as bar:
 
         class Shown:  # (a forensics.ingestion.FilesProgress)
             def __init__(self) -> None:
-                self.files_task = bar.add_task("files", total=None, amount="")
+                self.files_task: Any = None
                 self.file_task: Any = None
                 self.path: Path | None = None
 
@@ -324,9 +337,28 @@ def _with_progress(job: Callable[[Any], T]) -> T:
                 bar.update(self.file_task, completed=done, amount=f"{decimal(done)}/{decimal(total)}")
 
             def files(self, done: int, total: int) -> None:
+                if self.files_task is None:
+                    self.files_task = bar.add_task("files", total=None, amount="")
                 bar.update(self.files_task, total=max(total, 1), completed=done, amount=f"{done:,}/{total:,}")
 
-        return job(Shown())
+        shown = Shown()
+
+        @contextmanager
+        def spinner(name: str) -> Iterator[None]:
+            task = bar.add_task(name, total=None, amount="")
+            start = time.monotonic()
+            try:
+                yield
+            finally:
+                bar.remove_task(task)
+            if name == "ingest":  # (its bars are done)
+                for t in (shown.files_task, shown.file_task):
+                    if t is not None:
+                        bar.remove_task(t)
+                shown.files_task = shown.file_task = None
+            bar.console.print(f"[dim]{name}: {time.monotonic() - start:,.1f} s[/dim]")
+
+        return job(shown, spinner)
 
 
 def _print_json(data: object) -> None:
@@ -443,7 +475,7 @@ def ingest(
     Canonical logs, and engine logs the adapters translate (see docs/adapters.md).
     """
     limits = Limits(max_line_bytes=max_line_bytes, max_expansion=max_expansion)
-    result = (_with_progress(lambda p: forensics.ingest(
+    result = (_with_progress(lambda p, _: forensics.ingest(
         paths, db, progress=p, format=format, limits=limits,
         options=_adapter_options(node, role, tenant_map, tenant_from, year, request_ids))))
     if as_json:
@@ -537,10 +569,10 @@ def investigate(
     if out_dir is not None:
         raise BadOption("--out-dir is for --engine spark; the DuckDB engine writes --db")
 
-    found = (_with_progress(lambda p: run(
+    found = (_with_progress(lambda p, told: run(
         paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
         generated_at=generated_at, with_replay=not no_replay, progress=p, format=format,
-        limits=limits, options=options)))
+        limits=limits, options=options, phase=told)))
     if as_json:
         _print_json(found.as_dict())
         _input_exit(found.investigation.ingest, paths)

@@ -24,7 +24,7 @@ from forensics.exposure.tiers import (
 )
 from forensics.ingestion import Progress
 from forensics.ingestion.readers import Limits
-from forensics.investigation import Investigation, investigate
+from forensics.investigation import Investigation, Phase, investigate, untold
 from forensics.store import connect, one
 from replay.replay import ReplayResult, WhatIf, default_out, logged_engine_of, replay
 from replay.schedule import ALTERNATIVES
@@ -123,13 +123,16 @@ def run(
     format: str | None = None,
     options: Options | None = None,
     limits: Limits | None = None,
+    phase: Phase | None = None,
 ) -> JobResult:
     """Ingest and analyse ``paths`` into ``db``; where page records are missing (engine nodes
     without them, seq gaps), replay to confirm and fill in the replay-backed tiers; with ``out``,
-    also the what-if replay and the report. The figures come per evidence tier."""
+    also the what-if replay and the report. The figures come per evidence tier. ``phase``: told of
+    each phase as it runs (ingest, analysis, each replay, the other schedules, the report)."""
+    told = phase or untold
     if out is not None:
         check_outputs(Path(out), audience)  # refused before hours of work, not after
-    found = investigate(paths, db, progress=progress, format=format, options=options, limits=limits)
+    found = investigate(paths, db, progress=progress, format=format, options=options, limits=limits, phase=phase)
     if found.ingest.empty:  # nothing to replay or report: the empty input is the answer
         return JobResult(found, replay_skipped="no records")
     missing, gaps = _evidence_gaps(db)
@@ -142,11 +145,17 @@ def run(
             confirm, what_if = job_replays(db)
             # without a report, only the replay the figures need
             engines = (confirm, what_if) if out is not None else (confirm,)
-            replays = tuple(replay(db, engine, default_out(db, engine, WhatIf())) for engine in engines)
-            filled = _fill(db, replays[0])
+            done = []
+            for engine in engines:
+                with told(f"replay under {engine}"):
+                    done.append(replay(db, engine, default_out(db, engine, WhatIf())))
+            replays = tuple(done)
+            filled = _fill(db, replays[0], told)
     written = None
     if out is not None:
-        written = report(db, out, audience=audience, pseudonymize_key=pseudonymize_key, generated_at=generated_at)
+        with told("report and its lists"):
+            written = report(db, out, audience=audience, pseudonymize_key=pseudonymize_key,
+                             generated_at=generated_at)
     con = connect(db, read_only=True, create=False)
     try:
         tiers = tier_figures(con)
@@ -157,7 +166,7 @@ def run(
     return JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen, victims)
 
 
-def _fill(db: Path | str, confirmed: ReplayResult) -> Filled:
+def _fill(db: Path | str, confirmed: ReplayResult, told: Phase = untold) -> Filled:
     """Fill in the replay-backed tiers from the confirming replay; where it met decode events the
     evidence places at more than one step, replay again under each other schedule the evidence
     allows (replay.schedule.ALTERNATIVES), so that each victim is certain (named under all of them)
@@ -167,9 +176,12 @@ def _fill(db: Path | str, confirmed: ReplayResult) -> Filled:
     varied = frozenset(confirmed.ambiguous_nodes)  # (the other nodes replay the same under every schedule)
     with tempfile.TemporaryDirectory(prefix="kvforensics-schedules-") as folder:
         if varied:
-            for schedule in ALTERNATIVES:
-                other = replay(db, confirmed.engine, Path(folder) / schedule.name, schedule=schedule, only=varied)
-                alternatives.append((schedule.name, other.out / "replay.duckdb"))
+            nodes = f"{len(varied):,} decode node{'' if len(varied) == 1 else 's'}"
+            with told(f"the other schedules the logs allow ({len(ALTERNATIVES)}, on {nodes})"):
+                for schedule in ALTERNATIVES:
+                    other = replay(db, confirmed.engine, Path(folder) / schedule.name, schedule=schedule,
+                                   only=varied)
+                    alternatives.append((schedule.name, other.out / "replay.duckdb"))
         disagreeing = sorted({d.node for d in confirmed.disagreements})
         return fill_from_replay(db, confirmed.out / "replay.duckdb", alternatives, disagreeing, sorted(varied))
 

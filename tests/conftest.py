@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -77,3 +78,15 @@ def unreadable(*paths: Path) -> Iterator[None]:
         patch.setattr(os, "open", opened)
         patch.setattr(os, "scandir", listed)
         yield
+
+
+#: A line the whole job writes to stderr as each phase ends, where stderr is not a terminal.
+PHASE_LINE = re.compile(r"^[a-z][\w ,()-]*: [\d,]+\.\d s$")
+
+
+def said(stderr: str | list[str]) -> list[str]:
+    """What a command said on stderr besides its progress: the lines that are not a phase's
+    (each of which is checked to be one: a phase's name and its time)."""
+    lines = stderr.strip().splitlines() if isinstance(stderr, str) else stderr
+    phases = [x for x in lines if PHASE_LINE.match(x) and not x.startswith("kvforensics:")]
+    return [x for x in lines if x not in phases]

@@ -33,10 +33,12 @@ def test_investigate_json_equals_the_library(tmp_path: Path) -> None:
     example = FIXTURES / "examples" / "placeholder" / "events.jsonl"
     result = RUNNER.invoke(app, ["investigate", str(example), "--db", str(tmp_path / "a.duckdb"), "--json"])
     assert result.exit_code == 0, result.output
-    printed = json.loads(result.output)
+    printed = json.loads(result.stdout)
     found = forensics.investigate([example], tmp_path / "b.duckdb")
     assert printed["exposure"] == found.exposure
     assert printed["records"] == found.ingest.records.as_dict()
+    # (stderr, not a terminal here: a line per phase of the job with its time)
+    assert re.findall(r"^(\w[\w ]*): [\d,]+\.\d s$", result.stderr, re.M) == ["ingest", "analysis"]
 
 
 def test_errors_are_one_line_and_exit_nonzero(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from conftest import FIXTURES, unreadable
+from conftest import FIXTURES, said, unreadable
 from typer.testing import CliRunner
 
 import forensics
@@ -246,8 +246,8 @@ def test_a_file_and_a_folder_that_cannot_be_read_are_refused_listed_and_exit_6(c
     assert f"{logs / 'sub'}: refused, nothing of it ingested: a folder that cannot be listed (Permission denied)" \
         in result.stdout
     assert f"{logs / 'a.jsonl'}: 13 read, 13 ingested" in result.stdout  # (the rest are in the case)
-    assert result.stderr.startswith("kvforensics: 2 of the files could not be read")
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert said(result.stderr)[0].startswith("kvforensics: 2 of the files could not be read")
+    assert len(said(result.stderr)) == 1
     assert _refused(db) == [(str(logs / "b.jsonl"), "cannot be read (Permission denied)"),
                             (str(logs / "sub"), "a folder that cannot be listed (Permission denied)")]
     again = RUNNER.invoke(app, [command, str(logs), "--db", str(db)])  # readable again: taken off the list
@@ -278,8 +278,8 @@ def test_an_input_without_records_is_its_own_answer(command: str, what: str, tmp
     extra = ["--out", str(out)] if command == "investigate" else []
     result = RUNNER.invoke(app, [command, str(logs), "--db", str(tmp_path / "case.duckdb"), *extra])
     assert result.exit_code == EXIT_NO_RECORDS, result.output
-    assert result.stderr.startswith(f"kvforensics: no records found in {logs}")
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert said(result.stderr)[0].startswith(f"kvforensics: no records found in {logs}")
+    assert len(said(result.stderr)) == 1
     assert "exposed_responses" not in result.stdout and not out.exists()
 
 

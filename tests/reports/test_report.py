@@ -131,8 +131,11 @@ def test_investigate_with_out_runs_the_whole_job_from_the_cli(tmp_path: Path) ->
                                  "--out", str(tmp_path / "r.html"), "--generated-at", "2026-11-30T12:00:00Z",
                                  "--json"])
     assert result.exit_code == 0, result.output
-    printed = json.loads(result.output)
+    printed = json.loads(result.stdout)
     assert [r["engine"] for r in printed["replays"]] == ["sglang-placeholder", "sglang-hardened"]
+    phases = [x.split(": ")[0] for x in result.stderr.splitlines()]  # (a line per phase, with its time)
+    assert phases == ["ingest", "analysis", "replay under sglang-placeholder", "replay under sglang-hardened",
+                      "report and its lists"]
     assert printed["replays"][0]["exposure"] == printed["exposure"]
     assert printed["report"]["figures"] == printed["exposure"]
     assert _figures((tmp_path / "r.html").read_text()) == printed["exposure"]
