@@ -31,6 +31,15 @@ catches, one in flight on decode when the decode server dies and starts again (a
 in the same captured file, one more served by the new process after it), and one whose bootstrap
 never completes (decode cannot reach the prefill's bootstrap server: its handshake fails; the
 prefill times out in ``KVPoll.Bootstrapping``).
+
+Two more runs, each in folders of its own beside the run's (SOURCE.json ``rotated`` and
+``hostile``): ``json-rotated/`` (0.5.8, 0.5.23: :data:`ROTATED`), the scenario with its arrivals
+500 times apart in the JSON form to ``--log-requests-target`` folders, rolled over hourly by the
+release's own ``TimedRotatingFileHandler`` (``utils/log_utils.py:40``) on the run's clock, the
+older pieces gzipped as logrotate would; and ``hostile-<form>-level<L>/`` (:data:`HOSTILE_SETS`),
+requests without a client rid (each server assigns its own) at ``--log-requests-level`` 2 or 3,
+whose prompts and outputs hold text that looks like log lines (:func:`hostile_texts`), one
+output of ~150 KB printed whole.
 """
 
 from __future__ import annotations
@@ -56,6 +65,8 @@ from replay.sglang_print.servers import (
     Setup,
     Spec,
     aborts_after_forward,
+    close_targets,
+    drawn_uuids,
     has_targets,
     retires,
     server_args_fields,
@@ -118,6 +129,8 @@ def run(release: Release, out: Path) -> None:
             sources.update(server.sources)
     lines = capacity_lines(release, folder / "lines", sources)
     flags = flag_lines(release, folder / "lines", sources)
+    rotation = rotated_run(release, folder / "json-rotated", sources) if release.version in ROTATED else None
+    hostile = hostile_runs(release, folder, sources)
     (folder / "SOURCE.json").write_text(json.dumps({
         "release": release.version, "wheel": release.wheel.name, "sha256": release.sha256,
         "made_by": "scripts/make_sglang_fixtures.py", "context_length": CONTEXT,
@@ -134,6 +147,15 @@ def run(release: Release, out: Path) -> None:
         "sources": dict(sorted(sources.items())),
         "lines": lines,
         "flag_lines": flags,
+        # the scenario again, its target files rotated by SGLang's handler and gzipped (0.5.8 on)
+        **({"rotated": rotation} if rotation else {}),
+        # the hostile run: server-assigned rids, user text like log lines at levels 2 and 3
+        **({"hostile": {"scenario": [
+            {"name": name, "prompt_tokens": p, "output_tokens": o, "outcome": outcome, "decode_dp_rank": dp,
+             "at_s": at, "bootstrap_room": room_of(name), "rids": {node: assigned_rid(node, name)
+                                                                    for node in ("prefill-0", "decode-0")}}
+            for name, p, o, outcome, dp, at in HOSTILE], "sets": hostile, "user_mark": USER_MARK}}
+           if hostile else {}),
     }, indent=2) + "\n", encoding="utf-8")
 
 
@@ -206,7 +228,19 @@ def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dic
 
 
 class Scenario(Printer):
-    """The scripted run on one server: start-up, requests, noise."""
+    """The scripted run on one server: start-up, requests, noise. ``scenario`` is
+    :data:`SCENARIO` unless given; with ``texts`` (name: prompt and output text) a request is
+    sent as its prompt's text, and a served one answers with the output's; with
+    ``assign_rids`` no client gives a rid and the server assigns its own (``assigned``: name to
+    rid, drawn from a generator seeded with the node)."""
+
+    def __init__(self, server: Server, scenario: list[tuple[str, int, int, str, int, float]] | None = None,
+                 texts: dict[str, tuple[str, str]] | None = None, assign_rids: bool = False):
+        super().__init__(server)
+        self.scenario = SCENARIO if scenario is None else scenario
+        self.texts = texts or {}
+        self.assign_rids = assign_rids
+        self.assigned: dict[str, str] = {}
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -215,18 +249,25 @@ class Scenario(Printer):
         CLOCK.at(0.0)
         self.startup()
         self.warmup(0.5)
-        for rid, prompt, output, outcome, dp_rank, at in SCENARIO:
+        for rid, prompt, output, outcome, dp_rank, at in self.scenario:
             self._request(rid, prompt, output, outcome, dp_rank, at)
-        CLOCK.at(max(at for *_, at in SCENARIO) + 1.0 + (BOOTSTRAP_WAIT if s.role == "prefill" else 0.0))
+        CLOCK.at(max(at for *_, at in self.scenario) + 1.0 + (BOOTSTRAP_WAIT if s.role == "prefill" else 0.0))
         s.configure(s.schedulers(0)[0])
         self._batch_line()
 
     def _request(self, rid: str, prompt: int, output: int, outcome: str, dp_rank: int, at: float) -> None:
         s, r = self.s, self.r
-        room = 9_000_000_000 + sum(map(ord, rid)) * 7919
+        room = room_of(rid)
         CLOCK.at(at)
         s.configure("")
-        obj = self._obj(rid, prompt, output, room, HOSTS["prefill"])
+        name, (text, answer) = rid, self.texts.get(rid, (None, ""))
+        if self.assign_rids:
+            with drawn_uuids(f"{s.spec.node}-{name}"):
+                obj = self._obj(None, prompt, output, room, HOSTS["prefill"], text)
+            rid = self.assigned[name] = obj.rid
+            assert rid == assigned_rid(s.spec.node, name), (rid, name)  # (the texts name it in advance)
+        else:
+            obj = self._obj(rid, prompt, output, room, HOSTS["prefill"], text)
         self._objs[rid] = obj
         if outcome == "over_context":
             self._context_rejection(obj, prompt, at)
@@ -323,7 +364,7 @@ class Scenario(Printer):
             s.configure(prefix)
             self._log_time_stats(req)
         s.configure("")
-        self._finish(obj, rid, prompt, output, None, t + 0.002)
+        self._finish(obj, rid, prompt, output, None, t + 0.002, text=answer)
 
     def _retired(self, req: Any, schedulers: list[str], at: float) -> None:
         """A request retired at the prefill bootstrap queue (0.5.21 on:
@@ -365,6 +406,158 @@ class Scenario(Printer):
             logging.getLogger(mod).error(line)
         self._finish(self._obj_of(req), req.rid, len(req.origin_input_ids), 0, self._abort_json(abort, 500), t + 0.06)
         return True
+
+
+#: The rotated run: the scenario's arrivals spread this many times wider (08:16 to 10:26), so that
+#: the hourly ``TimedRotatingFileHandler`` of ``--log-requests-target`` rolls each file over twice
+ROTATION_SCALE = 500
+#: The releases given a rotated run: the first with target files (bare JSON lines in them, to 0.5.11)
+#: and the newest (``[time] {...}``, from 0.5.12). The handler is the same call in every release
+#: from 0.5.8 to 0.5.23 (``utils/log_utils.py:40``); a run for each would cost ~110 KB of fixtures.
+ROTATED = ("0.5.8", "0.5.23")
+
+
+def rotated_run(release: Release, out: Path, sources: dict[str, str]) -> dict[str, Any]:
+    """The scenario, its arrivals :data:`ROTATION_SCALE` times apart, printed in the JSON form to
+    ``--log-requests-target`` folders (``out/<node>/``) through the release's own
+    ``TimedRotatingFileHandler`` (``when="H"``, ``backupCount=0``: ``utils/log_utils.py``),
+    whose rollover runs on the run's clock and names each piece ``HOST_RANK.log.%Y-%m-%d_%H``;
+    then every rotated piece but the newest gzipped, as an operator's logrotate does
+    (``compress``, ``delaycompress``). What it printed, for SOURCE.json's ``rotated``."""
+    scenario = [(rid, p, o, outcome, dp, at * ROTATION_SCALE) for rid, p, o, outcome, dp, at in SCENARIO]
+    start_clock(SETUP)
+    pieces = {}
+    for role in ("prefill", "decode"):
+        target = out / f"{role}-0"
+        server = Server(release, SPECS[role], SETUP, "json", target)
+        server.note("request_target_rotation", "sglang.srt.utils.log_utils", "TimedRotatingFileHandler(")
+        printer = Scenario(server, scenario)
+        printer.play()
+        (out / f"{role}-0.log").write_text(server.out.getvalue(), encoding="utf-8")
+        close_targets(printer)
+        pieces[f"{role}-0"] = logrotate(target)
+        sources.update(server.sources)
+    return {"folder": out.name, "arrivals_scaled_by": ROTATION_SCALE, "pieces": pieces,
+            "scenario": [dict(zip(("rid", "prompt_tokens", "output_tokens", "outcome", "decode_dp_rank", "at_s"), s,
+                                  strict=True)) for s in scenario]}
+
+
+def logrotate(folder: Path) -> list[str]:
+    """Gzip every piece the handler rotated but the newest (``compress`` with ``delaycompress``;
+    the gzip header without a name or time, so that a run prints the same bytes); the folder's
+    files, oldest first."""
+    import gzip
+    import re
+
+    rotated = sorted(p for p in folder.iterdir() if re.search(r"\.log\.\d{4}-\d\d-\d\d_\d\d$", p.name))
+    assert len(rotated) >= 2, f"{folder}: the run should roll its target file over twice"
+    for p in rotated[:-1]:
+        p.with_name(f"{p.name}.gz").write_bytes(gzip.compress(p.read_bytes(), mtime=0))
+        p.unlink()
+    return sorted((p.name for p in folder.iterdir()), key=lambda n: (n.endswith(".log"), n))
+
+
+#: The hostile run: no client gives a rid (each server assigns its own), and the prompts and
+#: outputs hold text that looks like log lines. (name, prompt tokens, output tokens, outcome,
+#: decode DP rank, arrival seconds)
+HOSTILE = [
+    ("evil-receive", 1500, 24, "served", 0, 2.0),
+        ("evil-fail", 3100, 16, "transfer_failed", 0, 4.0),
+    ("evil-context", 1_300_000, 8, "over_context", 1, 5.0),
+    ("evil-pool", 700_000, 8, "over_pool", 1, 6.0),
+    ("evil-long", 800, 40, "served", 0, 7.0),
+]
+#: The releases given a hostile run, and its sets: (form, --log-requests-level, whether
+#: ``evil-long``'s output is the ~150 KB line: printed whole at level 3, once in all the fixtures).
+#: 0.5.11: JSON to target files, bare (no time of their own), each string cut to 2,048 characters;
+#: 0.5.23: the text form, nothing cut. (Fixtures cost: ~100 and ~260 KB.)
+HOSTILE_SETS = {"0.5.11": (("json", 2, False),), "0.5.23": (("text", 3, True),)}
+#: In every user text: what a test looks for in printed output
+USER_MARK = "<<user text>>"
+
+
+def assigned_rid(node: str, name: str) -> str:
+    """The rid ``node``'s server assigns request ``name`` (:func:`drawn_uuids`' first draw)."""
+    import uuid
+
+    return uuid.UUID(int=random.Random(f"{node}-{name}").getrandbits(128), version=4).hex
+
+
+def room_of(name: str) -> int:
+    """The bootstrap room the router gives request ``name`` (as :meth:`Scenario._request` does)."""
+    return 9_000_000_000 + sum(map(ord, name)) * 7919
+
+
+def hostile_texts(long: bool) -> dict[str, tuple[str, str]]:
+    """Each hostile request's prompt and output: fake request-log lines (text and JSON) naming
+    other requests by their rids and rooms, fake time stats, ``server_args``, pool, length,
+    integrity and transfer-failure lines, access lines, quotes, CR/LF, NUL, ANSI escapes, the
+    Unicode line separators a JSON dump leaves raw; times in 2031, outside the run."""
+    other = {n: (assigned_rid("prefill-0", n), assigned_rid("decode-0", n), room_of(n)) for n, *_ in HOSTILE}
+    p_rid, d_rid, room = other["evil-fail"]
+    lines = [
+        f"[2031-01-01 00:00:01] Receive: obj=GenerateReqInput(rid='{p_rid}', sampling_params={{'max_new_tokens': 9}}, "
+        f"bootstrap_host='10.0.0.11', bootstrap_room={room})",
+        f"[2031-01-01 00:00:02] Finish: obj=GenerateReqInput(rid='{d_rid}', bootstrap_room={room}), out={{'meta_info': "
+        f"{{'id': '{d_rid}', 'finish_reason': {{'type': 'abort', "
+        "'message': 'KV checksum mismatch', 'status_code': 500}, "
+        "'prompt_tokens': 5, 'completion_tokens': 0}}",
+        f'{{"timestamp": "2031-01-01T00:00:03.000000", "event": "request.finished", "rid": "{d_rid}", "obj": {{"rid": '
+        f'"{d_rid}", "bootstrap_room": {room}}}, "out": {{"meta_info": {{"id": "{d_rid}", "finish_reason": {{"type": '
+        '"abort", "message": "x", "status_code": 500}, "prompt_tokens": 5, "completion_tokens": 0}}}',
+        f"[2031-01-01 00:00:04 DP1 TP1] ReqTimeStats(rid={d_rid}, bootstrap_room={room}, input_len=5, output_len=0, "
+        "entry_time=1924992004.000, type=decode)",
+        "[2031-01-01 00:00:05] server_args=ServerArgs(disaggregation_mode='prefill', page_size=1, context_length=8)",
+        "[2031-01-01 00:00:06 TP0] max_total_num_tokens=64, chunked_prefill_size=8, max_prefill_tokens=8, "
+        "max_running_requests=1, context_len=8, available_gpu_mem=1.00 GB",
+        f"[2031-01-01 00:00:07 TP0] Decode transfer failed for request rank=0 req.rid='{d_rid}' "
+        f"req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): "
+        "Failed to get kvcache from prefill instance, it might be dead",
+        f"[2031-01-01 00:00:08 TP0] Input length (900000 tokens) exceeds the maximum allowed length (681278 tokens). "
+        f"Use a shorter input or enable --allow-auto-truncate. self.rid='{p_rid}'",
+        f"[2031-01-01 00:00:09 TP0] Context corruption detected: Request {d_rid} (index 3) expected bootstrap_room "
+        f"{room}, got {room + 1}",
+        "[2031-01-01 00:00:10] [http_server] Error: The input (2000000 tokens) is longer than the model's context "
+        "length (1048576 tokens).",
+        'INFO:     10.0.0.2:51822 - "POST /generate HTTP/1.1" 500 Internal Server Error',
+    ]
+    seps = ["\n", "\r\n", "\r", "\x00", "\u2028", "\x85", "\x1b[31m", "\n\x1b[0m", "\u2029", "\x0b"]
+    fake = [f"{line}{seps[i % len(seps)]}" for i, line in enumerate(lines)]
+    quoted = f"{USER_MARK} it's a \"quoted\" 'log' \\ {{braces}} (parens) [brackets], rid='req-a1' "
+    out = {}
+    for n, (name, *_rest) in enumerate(HOSTILE):  # (each prompt and output three of the fake lines, in turn)
+        prompt = quoted + "".join(fake[(3 * n + k) % len(fake)] for k in range(3))
+        answer = f"{USER_MARK} " + "".join(fake[(3 * n + 5 + k) % len(fake)] for k in range(3)) + quoted
+        if name == "evil-long":
+            size = 150_000 if long else 3_000
+            whole = quoted + "".join(fake)
+            answer = (whole * (size // len(whole) + 1))[:size]
+        out[name] = (prompt, answer)
+    return out
+
+
+def hostile_runs(release: Release, folder: Path, sources: dict[str, str]) -> list[dict[str, Any]]:
+    """The hostile run through the release's request logger at each of its sets'
+    ``--log-requests-level`` (:data:`HOSTILE_SETS`), into ``folder/hostile-<form>-level<L>``
+    (the JSON form to ``--log-requests-target`` folders where the release has them). Each set,
+    for SOURCE.json's ``hostile``."""
+    described = []
+    for form, level, long in HOSTILE_SETS.get(release.version, ()):
+        out = folder / f"hostile-{form}-level{level}"
+        texts = hostile_texts(long)
+        start_clock(SETUP)
+        for role in ("prefill", "decode"):
+            target = out / f"{role}-0" if form == "json" and has_targets(release) else None
+            server = Server(release, SPECS[role], SETUP, form, target, level=level)
+            printer = Scenario(server, HOSTILE, texts, assign_rids=True)
+            printer.play()
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{role}-0.log").write_text(server.out.getvalue(), encoding="utf-8")
+            close_targets(printer)
+            sources.update(server.sources)
+        described.append({"folder": out.name, "form": form, "log_requests_level": level,
+                          "longest_line_chars": len(texts["evil-long"][1]) if level == 3 else None})
+    return described
 
 
 def vary(seed: int) -> None:

@@ -189,12 +189,41 @@ def rfc3339(ts: dt.datetime) -> str:
 def py_value(text: str) -> Any:
     """A Python repr as data: calls become dicts (``__type__`` naming the class), literals
     stay, anything else is kept as its source text. Nothing is evaluated."""
-    src = _TRUNCATED.sub(r"\1 + \2", _OPAQUE.sub(lambda m: repr(m.group(0)), text))
+    src = _syntax(text)
     try:
         tree = ast.parse(src, mode="eval")
         return _value(tree.body, src)
     except (RecursionError, MemoryError):  # a repr nested (or an expression chained) past what Python parses
         raise ValueError("nested too deeply to read") from None
+
+
+#: A string literal as ``repr`` writes one: quoted with ' or ", its quotes and backslashes escaped
+_STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+
+
+def _syntax(text: str) -> str:
+    """A repr made Python syntax: opaque reprs quoted, truncations joined (``'a' ... 'z'`` as
+    ``'a' + 'z'``), outside its string literals only: a user's text (a prompt or output logged at
+    levels 2 and 3) may hold ``<...>`` or ``' ... '`` itself, and is left as it was logged."""
+    if "<" not in text and " ... " not in text:
+        return text
+    out, at, quoted = [], 0, False
+    for m in _STRING.finditer(text):
+        out.append(_code(text[at:m.start()], quoted, True))
+        out.append(m.group(0))
+        at, quoted = m.end(), True
+    out.append(_code(text[at:], quoted, False))
+    return "".join(out)
+
+
+def _code(gap: str, after_string: bool, before_string: bool) -> str:
+    """The code between two string literals (or the text's ends) with :data:`_OPAQUE` and
+    :data:`_TRUNCATED` applied, the strings each side stood for by a quote."""
+    if "<" not in gap and " ... " not in gap:
+        return gap
+    left, right = "'" if after_string else "", "'" if before_string else ""
+    done = _TRUNCATED.sub(r"\1 + \2", _OPAQUE.sub(lambda m: repr(m.group(0)), left + gap + right))
+    return done[len(left):len(done) - len(right)]
 
 
 def _value(node: ast.AST, src: str) -> Any:

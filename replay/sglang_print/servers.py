@@ -25,6 +25,7 @@ import inspect
 import io
 import json
 import logging
+import logging.handlers
 import re
 import sys
 import time
@@ -92,8 +93,10 @@ BOOTSTRAP_WAIT = 300.2
 
 
 def start_clock(setup: Setup) -> None:
-    """Run logging (``LogRecord`` reads logging's ``time``), the release's ``datetime.now`` and
-    the schedulers' ``perf_counter`` on :data:`CLOCK`, in UTC."""
+    """Run logging (``LogRecord`` reads logging's ``time``, ``TimedRotatingFileHandler`` its
+    handlers module's: a ``--log-requests-target`` file rotates by the run's hours), the release's
+    ``datetime.now`` and the schedulers' ``perf_counter`` on :data:`CLOCK`, in UTC."""
+    import logging.handlers
     import os
     CLOCK.start(setup)
     os.environ["TZ"] = "UTC"
@@ -103,14 +106,16 @@ def start_clock(setup: Setup) -> None:
     fake.time_ns = lambda: int(CLOCK.now * 1e9)
     fake.perf_counter = CLOCK.perf
     logging.time = fake  # type: ignore[attr-defined]
+    logging.handlers.time = fake  # type: ignore[attr-defined]
 
 
 class Server:
     """One SGLang server (prefill or decode) of one release, logging to ``out`` (its stdout)."""
 
     def __init__(self, release: Release, spec: Spec, setup: Setup, form: str, target: Path | None,
-                 out: Any = None, log_ms: bool = False):
+                 out: Any = None, log_ms: bool = False, level: int = 1):
         self.r, self.spec, self.setup, self.form = release, spec, setup, form
+        self.level = level  # --log-requests-level: 2 and 3 log the prompt and output text (2 cut to 2048)
         self.log_ms = log_ms  # SGLANG_LOG_MS=1: milliseconds in the log prefix's time
         self.role = spec.role
         self.out = out if out is not None else io.StringIO()
@@ -236,7 +241,7 @@ class Printer:
         self.s.note("request_text", "sglang.srt.utils.request_logger", "Receive: obj=")
         self.s.note("request_json", "sglang.srt.utils.request_logger", '"request.received"')
         target = [str(self.s.target)] if self.s.target is not None else None
-        kwargs: dict[str, Any] = {"log_requests": True, "log_requests_level": 1,
+        kwargs: dict[str, Any] = {"log_requests": True, "log_requests_level": self.s.level,
                                   "log_requests_format": self.s.form}
         if "log_requests_target" in inspect.signature(m.RequestLogger.__init__).parameters:
             kwargs["log_requests_target"] = target
@@ -245,6 +250,10 @@ class Printer:
             for h in t.handlers:
                 if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
                     h.setStream(self.s.out)
+                if isinstance(h, logging.handlers.TimedRotatingFileHandler):
+                    # its first rollover, as the handler computes it for a file made as the server
+                    # starts (from the file's mtime, which is the real clock's here)
+                    h.rolloverAt = h.computeRollover(int(self.s.setup.epoch))
         return logger
 
     def _time_stats(self) -> Any:
@@ -344,7 +353,7 @@ class Printer:
                   "dp_size": spec.dp_size, "enable_dp_attention": spec.dp_size > 1,
                   "disaggregation_mode": s.role, "disaggregation_transfer_backend": "mooncake",
                   "disaggregation_bootstrap_port": setup.bootstrap_port, "host": spec.host, "port": spec.port,
-                  "log_requests": True, "log_requests_level": 1, "log_requests_format": s.form,
+                  "log_requests": True, "log_requests_level": s.level, "log_requests_format": s.form,
                   "enable_request_time_stats_logging": True, **dict(spec.args)}
         if "attn_dp_size" in fields:  # (0.5.23 resolves --enable-dp-attention --dp N to attn_dp_size N)
             values.update(attn_dp_size=spec.dp_size, dp_size=1)
@@ -418,12 +427,22 @@ class Printer:
     def _access(self, status: int) -> None:
         self.access.info('%s - "%s %s HTTP/%s" %d', "10.0.0.2:51822", "POST", "/generate", "1.1", status)
 
-    def _obj(self, rid: str, prompt: int, output: int, room: int, bootstrap_host: str) -> Any:
+    def _obj(self, rid: str | None, prompt: int, output: int, room: int, bootstrap_host: str,
+             text: str | None = None) -> Any:
+        """The request as the tokenizer logs it: its ``rid`` (None: the request's own
+        ``normalize_batch_and_arguments`` assigns one, as where no client or router gives it) and
+        eight token ids, or its prompt ``text`` instead."""
         cls = self.io.GenerateReqInput
         fields = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {"rid": rid, "input_ids": [1] * 8, "sampling_params": {"max_new_tokens": output, "temperature": 0.0},
-                  "stream": False, "bootstrap_host": bootstrap_host, "bootstrap_port": self.s.setup.bootstrap_port,
-                  "bootstrap_room": room}
+        kwargs: dict[str, Any] = {
+            "rid": rid, "input_ids": [1] * 8, "sampling_params": {"max_new_tokens": output, "temperature": 0.0},
+            "stream": False, "bootstrap_host": bootstrap_host, "bootstrap_port": self.s.setup.bootstrap_port,
+            "bootstrap_room": room}
+        if rid is None:
+            del kwargs["rid"]
+        if text is not None:
+            kwargs["text"] = text
+            del kwargs["input_ids"]
         obj = cls(**{k: v for k, v in kwargs.items() if k in fields})
         with contextlib.suppress(Exception):
             obj.normalize_batch_and_arguments()
@@ -548,9 +567,10 @@ class Printer:
         return self.finish.FINISH_ABORT(message, _HTTPStatus(status)).to_json()
 
     def _finish(self, obj: Any, rid: str, prompt: int, output: int, aborted: dict[str, Any] | None, at: float,
-                *, stop: bool = False, latency: float = 0.5) -> None:
+                *, stop: bool = False, latency: float = 0.5, text: str = "") -> None:
         """The request log's finish line at ``at`` (the abort's reason, else the length or, with
-        ``stop``, the end-of-sequence token reached), and uvicorn's access line."""
+        ``stop``, the end-of-sequence token reached; ``text`` the output, logged at levels 2 and
+        3), and uvicorn's access line."""
         CLOCK.at(at)
         self.s.configure("")
         done = self.finish.FINISH_MATCHED_TOKEN(matched=2) if stop else self.finish.FINISH_LENGTH(length=output)
@@ -559,11 +579,39 @@ class Printer:
                 "cached_tokens": 0, "e2e_latency": latency}
         if self.sends_time:
             meta["response_sent_to_client_ts"] = CLOCK.now  # (the tokenizer sets it just before logging)
-        out = {"text": "", "output_ids": [1] * output, "meta_info": meta}
+        out = {"text": text, "output_ids": [1] * output, "meta_info": meta}
         self.request_logger.log_finished_request(obj, out)
         status = 200 if aborted is None else int(aborted.get("status_code") or 500)
         self._access(status)
 
+
+
+@contextlib.contextmanager
+def drawn_uuids(seed: str) -> Any:
+    """``uuid.uuid4`` drawn from a generator seeded with ``seed`` meanwhile: the ids a server
+    assigns its requests itself, the same bytes at every run."""
+    import random
+    import uuid
+
+    draw, real = random.Random(seed), uuid.uuid4
+    uuid.uuid4 = lambda: uuid.UUID(int=draw.getrandbits(128), version=4)
+    try:
+        yield
+    finally:
+        uuid.uuid4 = real
+
+
+def close_targets(printer: Printer) -> list[Path]:
+    """Flush and close the request logger's ``--log-requests-target`` files (their handlers
+    removed, as at the process's exit); the files, as the handlers last named them."""
+    files = []
+    for target in getattr(printer.request_logger, "targets", []):
+        for h in list(target.handlers):
+            if isinstance(h, logging.FileHandler):
+                files.append(Path(h.baseFilename))
+                h.close()
+                target.removeHandler(h)
+    return files
 
 
 def has_targets(release: Release) -> bool:
