@@ -120,6 +120,8 @@ class ReportData:
     possible_victims: int = 0
     #: whether a replay under the engine the logs were made with confirmed the case
     confirmed: bool = False
+    #: whether any node logged page records (kv records)
+    page_records: bool = True
     #: DP attention pools among the nodes: (node, server, DP rank)
     dp_pools: list[tuple[str, str, int]] = field(default_factory=list)
 
@@ -283,6 +285,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],
         unseen_late_writes=evidence_tiers.unseen_late_writes(con),
         confirmed=any(r.get("mode") == "confirm" for r in replays),
+        page_records=bool(con.execute("SELECT EXISTS (SELECT 1 FROM kv_records)").fetchall()[0][0]),
         dp_pools=sorted({(c["node"], m["server"], int(m["rank"])) for c in configs
                          if (m := _DP_POOL.match(str(c["node"]))) is not None}),
     )

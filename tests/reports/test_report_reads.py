@@ -16,6 +16,7 @@ from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from kvforensics.job import run
@@ -136,6 +137,10 @@ def test_every_sentence_agrees_with_the_table_beside_it(cases: dict[str, Path], 
         assert ("were not replayed" in visible) is (not confirmed and "no page records:" in visible), name
         status = page.sentence("Status:")
         assert ("replay" in status and "not replayed" not in status) is confirmed, (name, status)
+        # page records are said to show something only where some node logged them
+        with duckdb.connect(str(db), read_only=True) as con:
+            logged_pages = con.execute("SELECT count(*) FROM kv_records").fetchall()[0][0] > 0
+        assert "The page records show" not in visible or logged_pages, name
         # the headings' counts are the cards' figures
         if audience != "customer":
             readers = next(h for h in page.headings if h.startswith("Responses that attended"))
