@@ -631,16 +631,16 @@ def _investigate_on_spark(paths: list[Path], out_dir: Path, out: Path | None, *,
     _print_counts(found.ingest)
     if found.ingest.empty:
         _input_exit(found.ingest, paths)
+    from forensics.investigation import Investigation
+    from kvforensics import story
+    from kvforensics.job import JobResult
+
+    # the story of the DuckDB path's last screen, told of the Parquet case (no replay on Spark)
+    job = JobResult(Investigation(found.ingest, found.exposure), report=done, without_page_records=tuple(missing),
+                    replay_skipped="not on Spark; investigate --out on a DuckDB case replays" if missing else None)
+    written = [f"case (Parquet): {shown(out_dir)}"] + ([f"report: {shown(done.out)}"] if done is not None else [])
     typer.echo("")
-    _print_figures(found.exposure)
-    if missing:
-        typer.echo(f"page records missing on {', '.join(shown(m) for m in missing)}: not replayed on Spark, so the "
-                   "figures rest on the page records elsewhere only (investigate --out on a DuckDB case fills in)")
-    else:
-        typer.echo("(evidence: page records, on every engine node that logged requests)")
-    if done is not None:
-        typer.echo(f"\nreport: {done.out}")
-    typer.echo(f"\ncase (Parquet): {shown(out_dir)}\nnext: kvforensics exposures --db {shown(out_dir)}")
+    typer.echo("\n".join(story.lines(story.tell(job, out_dir), render.width(), written)))
     _input_exit(found.ingest, paths)
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shlex
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import polars as pl
 import pytest
+from conftest import FIXTURES
 from rich.cells import cell_len
 
 from forensics.exposure.tiers import PAGE_EVIDENCE, REQUEST_REPLAY, TOTAL, TRANSFER_REPLAY
@@ -106,3 +108,30 @@ def test_the_verdict_says_on_what_evidence_nothing_was_exposed() -> None:
     assert replayed.endswith("; but 1 critical finding stands (below).")
     unknown = verdict(_found(0, (0, 0), (0, 0), missing=("decode-0",), filled=False), [])
     assert unknown.startswith("Not known: decode-0 logged no page records and was not replayed (no prefill config)")
+
+
+def test_the_story_is_told_of_a_parquet_case_as_spark_leaves_it(tmp_path: Path) -> None:
+    """investigate --engine spark ends with the same last screen, told of its Parquet case (here
+    the case exported as Spark writes it, so that no Spark runs): the verdict on page records, the
+    findings, and next commands on the Parquet case that run."""
+    from typer.testing import CliRunner
+
+    import forensics
+    from forensics.investigation import Investigation
+    from forensics.store import export_parquet_case
+    from kvforensics import story
+    from kvforensics.cli import app
+    from kvforensics.job import JobResult
+
+    db, parquet = tmp_path / "case.duckdb", tmp_path / "spark-case"
+    found = forensics.investigate([FIXTURES / "examples" / "placeholder" / "events.jsonl"], db)
+    export_parquet_case(db, parquet)
+    told = story.tell(JobResult(Investigation(found.ingest, found.exposure)), parquet)
+    assert told.verdict.startswith("Exposed:") and "on page records" in told.verdict
+    assert [f.id for f in told.findings] == [f.id for f in forensics.Case(db).findings()]
+    assert told.next_commands and all("--db" in c and str(parquet) in c for c in told.next_commands)
+    for command in told.next_commands:
+        if command[1] == "report":
+            continue
+        ran = CliRunner().invoke(app, command[1:], env={"COLUMNS": "100"})
+        assert ran.exit_code == 0 and ran.stdout.strip(), (command, ran.output)
