@@ -249,6 +249,9 @@ def test_investigate_ends_with_the_verdict_the_figures_the_findings_and_next_com
         assert f"findings: {', '.join(f'{n} {s}' for s, n in by_severity.items())}" in screen
         for f in found:  # a row each: severity, id, its count
             assert any(re.match(rf"{f.severity} +{re.escape(f.id)} +{f.count:,}  ", line) for line in screen), f.id
+        # one decode server with DP attention, two nodes: said what they are
+        assert ("decode-0.dp0, decode-0.dp1: the KV pools of DP ranks 0, 1 of the server decode-0"
+                in " ".join(" ".join(screen).split()))
     commands = _next_commands(screen)
     assert commands and all(c[0] == "kvforensics" for c in commands)
     assert (["kvforensics", "request", "req-long", "--db", str(db)] in commands) == (name == "sglang")

@@ -3,8 +3,8 @@ figure has a plain label, nothing prints as ``None`` or as a raw ISO time, and p
 table and leaves no heading at the foot of a page.
 
 Cases: the shipped sample (page records), a simulated incident without page records (request-level
-evidence: the replay names the victims), and the logs SGLang 0.5.5, 0.5.11, 0.5.19 and 0.5.23 printed
-(tests/adapters/releases: one release of each era of log formats), each rendered for every audience.
+evidence: the replay names the victims), and the logs SGLang 0.5.5, 0.5.11, 0.5.19, 0.5.20 and 0.5.23 printed
+(tests/adapters/releases: one release of each era), each rendered for every audience.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (root / "requests" / f.name).write_text("".join(
             x for x in f.read_text().splitlines(keepends=True) if '"kind":"kv"' not in x))
     inputs = {"the sample": SAMPLE, "request records": root / "requests"}
-    inputs |= {f"SGLang {v}": RELEASES / v / "text" for v in ("0.5.5", "0.5.11", "0.5.19", "0.5.23")}
+    # one release of each era of what a length-rejected prompt does and how the logs read: its stub
+    # sent (to 0.5.19; old and new time stats, repr and dict server_args), aborted after its forward
+    # (0.5.20: decode never starts), retired at intake (0.5.21 on, with the pool warning from 0.5.23)
+    inputs |= {f"SGLang {v}": RELEASES / v / "text" for v in ("0.5.5", "0.5.11", "0.5.19", "0.5.20", "0.5.23")}
     out = {}
     for name, logs in inputs.items():
         db = root / f"{name.replace(' ', '-')}.duckdb"
