@@ -361,6 +361,16 @@ def _with_progress(job: Callable[[Any, Phase], T]) -> T:
         return job(shown, spinner)
 
 
+def _told(name: str, work: Callable[[], T]) -> T:
+    """``work()``, a phase of a command told on stderr as investigate tells its own (:func:`_with_progress`)."""
+
+    def run(_: Any, told: Phase) -> T:
+        with told(name):
+            return work()
+
+    return _with_progress(run)
+
+
 def _print_json(data: object) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 
@@ -656,8 +666,8 @@ def report(
     """Write the self-contained HTML incident report of an analysed case."""
     from reports.render import report as write_report
 
-    done = (write_report(db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
-                                     generated_at=generated_at))
+    done = _told("report and its lists", lambda: write_report(
+        db, out, audience=str(audience), pseudonymize_key=pseudonymize_key, generated_at=generated_at))
     if as_json:
         _print_json(done.as_dict())
         return
@@ -982,7 +992,7 @@ def replay(
     what_if = WhatIf(prefill_pool_tokens=prefill_pool_tokens, context_length=context_length)
     check_what_if(db, what_if)
     target = out or default_out(db, str(engine), what_if)
-    result = (run_replay(db, str(engine), target, what_if=what_if))
+    result = _told(f"replay under {engine}", lambda: run_replay(db, str(engine), target, what_if=what_if))
     if as_json:
         _print_json(result.as_dict())
         _disagreement_exit(result)

@@ -99,7 +99,8 @@ def test_simulate_and_replay_print_what_the_library_returns(tmp_path: Path) -> N
     result = RUNNER.invoke(app, ["replay", "--db", str(tmp_path / "case.duckdb"), "--engine", "sglang-hardened",
                                  "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    printed = json.loads(result.output)
+    printed = json.loads(result.stdout)
+    assert re.fullmatch(r"replay under sglang-hardened: [\d,]+\.\d s\n", result.stderr)  # (its phase, told)
     assert printed["exposure"]["exposure_pairs"] == 0
     direct = replay(tmp_path / "case.duckdb", "sglang-hardened", tmp_path / "direct")
     assert printed["exposure"] == direct.exposure and printed["agreement"] == direct.as_dict()["agreement"]
