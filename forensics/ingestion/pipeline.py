@@ -25,8 +25,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import importlib
+import itertools
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -46,8 +48,8 @@ from forensics.ingestion import source
 from forensics.ingestion.readers import (
     LINES_SCHEMA,
     ROW_GROUP,
-    SMALL_FILE,
     Block,
+    FilePart,
     Limits,
     LogFile,
     PassedOver,
@@ -255,7 +257,7 @@ def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], prog
         # takes 0.1 s to plan), for the split is what the loader waits for first; the next file
         # is hashed while this one loads
         with ThreadPoolExecutor(max_workers=1) as pool, ReadAhead(logs, together=settler is settle) as ahead:
-            hashes = [pool.submit(sha256_of, log.path) for log in logs]
+            hashes = digests(pool, logs)
             try:
                 prepare(con)
                 # each file leaves each kind's table a part of a row group; DuckDB would merge those
@@ -371,8 +373,64 @@ def sha256_of(path: Path) -> Hashed:
     return Hashed(digest.hexdigest(), size, mtime_ns)
 
 
+#: Small files are hashed in batches of up to this many (a task a file cost 30 us of the loader's time).
+HASH_BATCH = 256
+
+
+class Digest:
+    """A file's hash on its way: one of a batch of files hashed together by the hashing thread."""
+
+    __slots__ = ("at", "batch")
+
+    def __init__(self, batch: Future[list[Hashed | UnreadableFile]], at: int) -> None:
+        self.batch, self.at = batch, at
+
+    def result(self) -> Hashed:
+        """The file's hash, once it is there; :class:`UnreadableFile` where it could not be read."""
+        done = self.batch.result()[self.at]
+        if isinstance(done, UnreadableFile):
+            raise done
+        return done
+
+    def cancel(self) -> None:
+        """Hash it only if it is not under way already (nor the rest of its batch)."""
+        self.batch.cancel()
+
+
+def digests(pool: ThreadPoolExecutor, logs: Sequence[LogFile]) -> list[Digest]:
+    """The files' hashes, made in order by ``pool``: small files in batches, each other file alone."""
+    out: list[Digest] = []
+    batch: list[Path] = []
+
+    def submit() -> None:
+        done = pool.submit(_sha256_of_each, list(batch))
+        out.extend(Digest(done, at) for at in range(len(batch)))
+        batch.clear()
+
+    for log in logs:
+        if not log.small and batch:
+            submit()
+        batch.append(log.path)
+        if not log.small or len(batch) >= HASH_BATCH:
+            submit()
+    if batch:
+        submit()
+    return out
+
+
+def _sha256_of_each(paths: Sequence[Path]) -> list[Hashed | UnreadableFile]:
+    """:func:`sha256_of` of each file, or why it could not be read."""
+    out: list[Hashed | UnreadableFile] = []
+    for path in paths:
+        try:
+            out.append(sha256_of(path))
+        except UnreadableFile as exc:
+            out.append(exc)
+    return out
+
+
 def _ingest_or_refuse(
-    con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Future[Hashed], progress: Progress | None,
+    con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Digest, progress: Progress | None,
     options: Options, ahead: ReadAhead, columns: dict[str, tuple[str, ...]], settler: Settler,
 ) -> FileResult:
     """:func:`_ingest_file`, or, for a file that cannot be read, its refusal: recorded in
@@ -383,7 +441,7 @@ def _ingest_or_refuse(
         return _refused(con, log, hashing, ahead, exc)
 
 
-def _refused(con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Future[Hashed], ahead: ReadAhead,
+def _refused(con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Digest, ahead: ReadAhead,
              exc: UnreadableFile) -> FileResult:
     """The file's refusal (``exc`` says why), in ``refused_files`` and as its result; the reader
     passes over what is left of it."""
@@ -401,8 +459,8 @@ def _refused(con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Future[Hashe
 #: Small files (:data:`~forensics.ingestion.readers.SMALL_FILE`) are read whole, then put in a
 #: group at a time, in one transaction (each file's own statements and settling cost about 80 ms,
 #: which for 50 records is everything). A group ends at this many files, or once this much is read.
-GROUP_FILES = 1000
-GROUP_BYTES = 64 << 20
+GROUP_FILES = 5000
+GROUP_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -411,11 +469,10 @@ class WholeFile:
 
     log: LogFile
     hashed: Hashed
-    blocks: tuple[Block, ...]
+    blocks: tuple[Block | FilePart, ...]  # (a file split with others: its share of their split)
     text: tuple[source.Piece, ...]  # its lines for ``source_lines`` where its blocks do not bring them
     notes: Notes
     ignored: int  # lines that are no event (an adapted file)
-    leap: int  # times at a leap second among its plain lines
 
     @property
     def nbytes(self) -> int:
@@ -435,7 +492,7 @@ class _Loading:
         # the case's files by their bytes, with the lines each ignored: a small file among them is there already
         self.known = {sha: int(n) for sha, n in con.execute("SELECT sha256, lines_ignored FROM files").fetchall()}
 
-    def all(self, logs: Sequence[LogFile], hashes: Sequence[Future[Hashed]], *, together: bool) -> list[FileResult]:
+    def all(self, logs: Sequence[LogFile], hashes: Sequence[Digest], *, together: bool) -> list[FileResult]:
         """Every file's result, in order. ``together``: small files go in groups."""
         results: list[FileResult | None] = [None] * len(logs)
         group: list[tuple[int, WholeFile]] = []
@@ -471,7 +528,7 @@ class _Loading:
         assert all(r is not None for r in results)
         return [r for r in results if r is not None]
 
-    def read_small(self, log: LogFile, size: int, hashing: Future[Hashed]) -> WholeFile | FileResult:
+    def read_small(self, log: LogFile, size: int, hashing: Digest) -> WholeFile | FileResult:
         """The small file ``log`` of ``size`` bytes read whole (:func:`_read_whole`), or its result
         where it is in the case already or is refused."""
         try:
@@ -524,13 +581,8 @@ class _Loading:
 
 
 def _small_size(log: LogFile) -> int | None:
-    """The file's size where it is small enough to be read whole, else None (as for one that
-    cannot even be looked at: the reading of large ones refuses it)."""
-    try:
-        size = log.path.stat().st_size
-    except OSError:
-        return None
-    return size if size <= SMALL_FILE else None
+    """The file's size where it is small enough to be read whole (as found), else None."""
+    return log.size if log.small and log.size is not None else None
 
 
 def _read_whole(log: LogFile, size: int, hashed: Hashed, progress: Progress | None, options: Options,
@@ -543,18 +595,19 @@ def _read_whole(log: LogFile, size: int, hashed: Hashed, progress: Progress | No
     def count_ignored(n: int) -> None:
         ignored[0] = n
 
-    blocks: list[Block] = []
-    done = leap = 0
-    for block in read_blocks(log, ahead, options, notes, count_ignored):
+    blocks: list[Block | FilePart] = []
+    done = 0
+    read = ahead.parts(log) if fast_path(log) else read_blocks(log, ahead, options, notes, count_ignored)
+    for block in read:
         blocks.append(block)
-        leap += sum(_leap_seconds(rows) for _, rows in block.kinds)
         done += block.nbytes
         if progress is not None:
             progress(log.path, min(done, size), size)
     text = () if fast_path(log) else tuple(source_pieces(log))
-    if hashed.size != size or not hashed.unchanged(log.path):
+    # (the size found is not looked at again: a file changed since is not as hashed at the end)
+    if not hashed.unchanged(log.path):
         raise FileChanged(f"{shown(log.path)}: changed while it was read; ingest it again once nothing writes to it")
-    return WholeFile(log, hashed, tuple(blocks), text, notes, ignored[0], leap)
+    return WholeFile(log, hashed, tuple(blocks), text, notes, ignored[0])
 
 
 def _stage_whole(con: duckdb.DuckDBPyConnection, first: int, wholes: Sequence[WholeFile],
@@ -570,20 +623,32 @@ def _stage_whole(con: duckdb.DuckDBPyConnection, first: int, wholes: Sequence[Wh
     text = source.Store(con)
     for i, w in zip(ids, wholes, strict=True):
         for block in w.blocks:
+            if isinstance(block, FilePart):  # (its rows stay in the split's tables: no table a file)
+                split, part = block.split, block.part
+                text.add(i, split.texts[part])
+                lines.add(i, split.lines, split.lines_at[part], split.lines_at[part + 1])
+                for kind, rows, at in split.kinds:
+                    plain.setdefault(kind, _Rows()).add(i, rows, at[part], at[part + 1])
+                continue
             text.add(i, block.text)
             lines.add(i, block.lines)
             for kind, rows in block.kinds:
                 plain.setdefault(kind, _Rows()).add(i, rows)
         text.add(i, w.text)
     text.flush()
-    if lines.tables:
+    if lines.runs:
         scan(con, batched(lines.table()), "chunk", f"INSERT INTO stage BY NAME {LINES_STAGE}")
+    leaps: Counter[int] = Counter()
     for kind, rows in plain.items():
-        _load_plain(con, kind, rows.table(), columns[kind] if kind is not None else ())
+        if not rows.runs:
+            continue
+        table = rows.table()
+        leaps.update(_leap_seconds_by_file(table))
+        _load_plain(con, kind, table, columns[kind] if kind is not None else ())
     staged = dict(con.execute("SELECT file_id, count(*) FROM stage GROUP BY ALL").fetchall())
-    leaps = dict(con.execute(
+    leaps.update(dict(con.execute(
         "SELECT file_id, count(*) FROM stage WHERE q_reason IS NULL AND contains(coalesce(doc, raw), ':59:60') "
-        "AND regexp_matches(coalesce(doc, raw), ?) GROUP BY ALL", [_LEAP_IN_LINE]).fetchall())
+        "AND regexp_matches(coalesce(doc, raw), ?) GROUP BY ALL", [_LEAP_IN_LINE]).fetchall()))
     _check_strict_json(con)
     all_notes = []
     files: dict[str, list[Any]] = {name: [] for name in _FILES_COLUMNS}
@@ -591,10 +656,10 @@ def _stage_whole(con: duckdb.DuckDBPyConnection, first: int, wholes: Sequence[Wh
     now = dt.datetime.now(dt.UTC)
     for i, w in zip(ids, wholes, strict=True):
         notes = Notes(dict(w.notes.counts), dict(w.notes.texts))
-        if leap := w.leap + leaps.get(i, 0):
+        if leap := leaps[i]:
             notes.add("leap", _LEAP_NOTE, leap)
         all_notes.append(notes)
-        read = sum(rows.num_rows for b in w.blocks for _, rows in b.kinds) + staged.get(i, 0)
+        read = sum(b.plain_rows for b in w.blocks) + staged.get(i, 0)
         row = [i, path_text(w.log.path), w.hashed.size, w.hashed.sha256, w.log.format, w.log.compression, now,
                __version__, read, w.log.adapter, w.ignored]
         for name, value in zip(_FILES_COLUMNS, row, strict=True):
@@ -617,24 +682,41 @@ def _tagged(table: pa.Table, file_id: int) -> pa.Table:
 
 
 class _Rows:
-    """Tables of rows of several files, to go in as one, each row with its file's id."""
+    """Rows of several files, to go in as one table, each row with its file's id: a file's own
+    table, or a file's run of rows in a table it shares with others (:class:`FilesSplit`)."""
 
     def __init__(self) -> None:
-        self.tables: list[pa.Table] = []
-        self.file_ids: list[int] = []
+        self.runs: list[tuple[pa.Table, int, int, int]] = []  # a table, the run's first row and end, its file
 
-    def add(self, file_id: int, table: pa.Table) -> None:
-        """Take ``table``'s rows, of file ``file_id``."""
-        if table.num_rows:
-            self.tables.append(table)
-            self.file_ids.append(file_id)
+    def add(self, file_id: int, table: pa.Table, start: int = 0, stop: int | None = None) -> None:
+        """Take ``table``'s rows (from ``start`` to ``stop``), of file ``file_id``."""
+        stop = table.num_rows if stop is None else int(stop)
+        if stop > start:
+            self.runs.append((table, int(start), stop, file_id))
 
     def table(self) -> pa.Table:
-        """The rows as one table in one piece (DuckDB scans a table of many small pieces slowly);
+        """The rows as one table, in few pieces (DuckDB scans a table of many small pieces slowly);
         a kind's tables have the columns their rows have, the others' NULL here."""
-        whole = pa.concat_tables(self.tables, promote_options="permissive").combine_chunks()
-        ids = np.repeat(np.array(self.file_ids, dtype=np.int32), [t.num_rows for t in self.tables])
-        return whole.append_column("file_id", pa.array(ids))
+        pieces = []
+        for _, same in itertools.groupby(self.runs, key=lambda run: id(run[0])):
+            runs = list(same)
+            table = runs[0][0]
+            starts = np.array([run[1] for run in runs])
+            stops = np.array([run[2] for run in runs])
+            # a slice of each stretch of files one after the other (a file passed over breaks one;
+            # Arrow takes no rows of a string view by index)
+            breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
+            firsts, lasts = np.r_[0, breaks], np.r_[breaks, len(runs)] - 1
+            piece = pa.concat_tables([table.slice(starts[a], stops[b] - starts[a])
+                                      for a, b in zip(firsts.tolist(), lasts.tolist(), strict=True)])
+            ids = np.repeat(np.array([run[3] for run in runs], dtype=np.int32), stops - starts)
+            pieces.append(piece.append_column("file_id", pa.array(ids)))
+        whole = pa.concat_tables(pieces, promote_options="permissive")
+        return whole.combine_chunks() if whole.column(0).num_chunks > _FEW_PIECES else whole
+
+
+#: A table of more pieces than this is put in one before it goes in.
+_FEW_PIECES = 16
 
 
 def _unopened(con: duckdb.DuckDBPyConnection, passed: PassedOver) -> FileResult:
@@ -676,7 +758,7 @@ def _size_or_zero(path: Path) -> int:
 
 
 def _ingest_file(
-    con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Future[Hashed], progress: Progress | None,
+    con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Digest, progress: Progress | None,
     options: Options, ahead: ReadAhead, columns: dict[str, tuple[str, ...]], settler: Settler,
 ) -> FileResult:
     size = _size_of(log.path)
@@ -829,6 +911,16 @@ def _load(
     if leap:
         notes.add("leap", _LEAP_NOTE, leap)
     return plain + count(con, "stage")
+
+
+def _leap_seconds_by_file(rows: pa.Table) -> Counter[int]:
+    """:func:`_leap_seconds` of plain ``rows`` of several files, by their file's id."""
+    if "ts_text" not in rows.column_names or not rows["ts_us"].null_count:
+        return Counter()
+    unread = pc.is_null(rows["ts_us"])
+    times = pc.filter(rows["ts_text"].cast(pa.large_string()), unread)
+    leap = pc.fill_null(pc.match_substring_regex(times, _LEAP_SECOND), False)
+    return Counter(pc.filter(pc.filter(rows["file_id"], unread), leap).to_pylist())
 
 
 def _leap_seconds(rows: pa.Table) -> int:

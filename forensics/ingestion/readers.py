@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -110,6 +110,18 @@ class LogFile:
     adapter: str = "canonical"  # the adapter that reads it (forensics.adapters)
     fast: bool = True  # whether its plain JSON lines may take the compiled fast path
     limits: Limits = Limits()
+    size: int | None = None  # its size (as stored) when found: whether it is small (:data:`SMALL_FILE`)
+
+    @property
+    def small(self) -> bool:
+        """Whether the file is small (:data:`SMALL_FILE`): read whole and put in with others.
+        The size found is enough (a file that grows on is found changed); without one, it is looked at."""
+        if self.size is not None:
+            return self.size <= SMALL_FILE
+        try:
+            return self.path.stat().st_size <= SMALL_FILE
+        except OSError:
+            return False  # (the reading says why)
 
 
 #: Plain JSON lines take the compiled fast path (with ``fast=None``) where their files add up to
@@ -145,10 +157,11 @@ def discover(
             looked = [_look_at(path, adapter, explicit=True)]
         found += [x for x in looked if isinstance(x, LogFile)]
         skipped += [x for x in looked if isinstance(x, PassedOver)]
-    found = [dataclasses.replace(log, limits=limits or Limits()) for log in found]
+    if limits is not None:
+        found = [dataclasses.replace(log, limits=limits) for log in found]
     if fast is None:  # the fast path where it pays: loading its machine code alone takes a second
         plain = [log for log in found if log.adapter == "canonical" and log.format == "jsonl"]
-        fast = sum(log.path.stat().st_size for log in plain) >= FAST_FROM_BYTES
+        fast = sum(log.path.stat().st_size if log.size is None else log.size for log in plain) >= FAST_FROM_BYTES
     if not fast:
         found = [dataclasses.replace(log, fast=False) for log in found]
     elif any(fast_path(log) for log in found):
@@ -179,7 +192,7 @@ def _look_at(path: Path, adapter: str | None, *, explicit: bool) -> LogFile | Pa
     open it, as a damaged file is; listed where it is no log file or no regular file, an error
     where it was named (``explicit``)."""
     try:
-        special = not_regular(path)
+        special, size = _regular(path)
         log = identify(path, explicit=explicit, adapter=adapter) if special is None else None
     except UnreadableFile as exc:
         return PassedOver(path_text(path), str(exc).removeprefix(f"{shown(path)}: "), refused=True)
@@ -195,27 +208,33 @@ def _look_at(path: Path, adapter: str | None, *, explicit: bool) -> LogFile | Pa
                 "optionally .gz or .zst); name one with --format"
             )
         return PassedOver(path_text(path), "not a log file")
-    return log
+    return dataclasses.replace(log, size=size)
 
 
 def not_regular(path: Path) -> str | None:
     """Why ``path`` is not read, if it is not a regular file (links followed): None if it is one.
     :class:`UnreadableFile` where the system will not even say what it is (no permission)."""
+    return _regular(path)[0]
+
+
+def _regular(path: Path) -> tuple[str | None, int]:
+    """:func:`not_regular`, and the file's size."""
     try:
-        mode = path.stat().st_mode
+        found = path.stat()
     except FileNotFoundError:
-        return "a broken symbolic link" if path.is_symlink() else "no such file"
+        return "a broken symbolic link" if path.is_symlink() else "no such file", 0
     except OSError as exc:
         raise UnreadableFile(f"{shown(path)}: cannot be read ({exc.strerror})") from exc
+    mode = found.st_mode
     if stat.S_ISREG(mode):
-        return None
+        return None, found.st_size
     if stat.S_ISDIR(mode):  # (met only as a link inside a folder: a folder named is searched)
-        return "a link to a folder, not followed"
+        return "a link to a folder, not followed", 0
     for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
-            return f"not a regular file ({what})"
-    return "not a regular file"
+            return f"not a regular file ({what})", 0
+    return "not a regular file", 0
 
 
 def open_regular(path: Path) -> io.FileIO:
@@ -242,7 +261,7 @@ def identify(path: Path, *, explicit: bool, adapter: str | None = None) -> LogFi
     """
     try:
         with open_regular(path) as fh:
-            head = fh.read(4)
+            head = fh.read(_HEAD_BYTES)
     except OSError as exc:
         raise UnreadableFile(f"{shown(path)}: cannot be read ({exc.strerror})") from exc
     suffixes = [s.lower() for s in path.suffixes]
@@ -265,7 +284,9 @@ def identify(path: Path, *, explicit: bool, adapter: str | None = None) -> LogFi
             fmt = "jsonl"
         return LogFile(path, fmt, compression) if fmt is not None else None
     if fmt == "jsonl" or (fmt is None and (explicit or adapters.log_like(path))):
-        found = adapters.sniff(_head(LogFile(path, "text", compression)))
+        found = _canonical_head(head) if compression == "none" else None
+        if found is None:
+            found = adapters.sniff(_head(LogFile(path, "text", compression)))
         if found is not None and found.name != "canonical":
             return LogFile(path, "text", compression, found.name)
         if found is not None and fmt is None:
@@ -275,6 +296,22 @@ def identify(path: Path, *, explicit: bool, adapter: str | None = None) -> LogFi
     if fmt is None:
         return None
     return LogFile(path, fmt, compression)
+
+
+#: How much of a file :func:`identify` reads first: its magic, and mostly enough for its first lines.
+_HEAD_BYTES = 16 << 10
+
+
+def _canonical_head(head: bytes) -> adapters.Adapter | None:
+    """The canonical adapter where the whole lines in ``head`` (a file's first bytes, as stored)
+    show a canonical record on the first line that is not blank, else None: then, and only then,
+    the adapters' sniff of the file's head (:func:`_head`) says canonical, for the canonical sniff
+    is tried first and reads that line alone. The file is not opened again (tens of thousands of
+    small files: 30 us a file)."""
+    canonical = adapters.ADAPTERS["canonical"]
+    assert next(iter(adapters.ADAPTERS.values())) is canonical, "the canonical sniff is tried first"
+    whole = head.decode("utf-8", "replace").splitlines()[:-1]  # (the last line may go on past the head)
+    return canonical if canonical.sniff(whole[: adapters.SNIFF_LINES]) else None
 
 
 def _head(log: LogFile) -> list[str]:
@@ -570,6 +607,37 @@ def _line_blocks(log: LogFile, lines: int | None, read_bytes: int) -> Iterator[L
             carry, carry_ends = rest, newlines(rest, 0)
 
 
+def _small_blocks(log: LogFile, lines: int, read_bytes: int) -> list[LineBlock] | None:
+    """:func:`_line_blocks` of a small uncompressed file, read in one go (the loop's second read and
+    copy cost as much as the file's 50 lines); None where that would not end as it does: a
+    compressed file, more than one read or one block, or a last line too long to hold."""
+    if log.compression != "none":
+        return None
+    newlines: Callable[[np.ndarray, int], np.ndarray] = _newlines
+    if log.fast:
+        from forensics.ingestion.fast import jsonlines
+
+        newlines = jsonlines.newlines
+    with _AsOpened(log.path) as raw:
+        if raw.size >= read_bytes:
+            return None
+        buf = np.empty(raw.size + 1, dtype=np.uint8)  # (room for a last newline)
+        got = _read_into(cast(IO[bytes], raw), buf[: raw.size])
+    start = 3 if bytes(buf[: min(got, 3)]) == b"\xef\xbb\xbf" else 0
+    data = buf[start:got]
+    ends = newlines(data, 0)
+    open_from = int(ends[-1]) + 1 if len(ends) else 0
+    if len(ends) >= lines or len(data) - open_from > log.limits.max_line_bytes:
+        return None
+    if not len(data):
+        return []
+    if data[-1] != 10:
+        buf[got] = 10
+        data = buf[start : got + 1]
+        ends = np.append(ends, len(data) - 1)
+    return [_bounded(data, 1, ends, log.limits.max_line_bytes)]
+
+
 def _read_past_line(fh: IO[bytes], start: np.ndarray, read_bytes: int) -> tuple[int, np.ndarray | None]:
     """Read on past the end of a line whose first bytes are ``start``: its length (without its
     newline or a "\r" before it), and what follows its newline (None: the file ended in it)."""
@@ -710,6 +778,11 @@ class Block:
     nbytes: int  # how much of the file (decompressed) the block covers
     text: tuple[source.Piece, ...] = ()  # the fast path: the block's lines for ``source_lines``
 
+    @property
+    def plain_rows(self) -> int:
+        """How many plain lines it holds."""
+        return sum(rows.num_rows for _, rows in self.kinds)
+
 
 def fast_path(log: LogFile) -> bool:
     """Whether the file's plain lines take the compiled fast path (canonical JSON Lines)."""
@@ -803,8 +876,10 @@ class ReadAhead:
         for index, log in enumerate(self._logs):
             out = self._queue(index)
             try:
-                small = self._together and _is_small(log)
-                blocks = _line_blocks(log, PLAIN_BLOCK_LINES, SMALL_READ_BYTES if small else PLAIN_READ_BYTES)
+                small = self._together and log.small
+                whole = _small_blocks(log, PLAIN_BLOCK_LINES, SMALL_READ_BYTES) if small else None
+                blocks = iter(whole) if whole is not None else _line_blocks(
+                    log, PLAIN_BLOCK_LINES, SMALL_READ_BYTES if small else PLAIN_READ_BYTES)
                 if small:
                     held = list(itertools.islice(blocks, 2))
                     if len(held) == 1 and len(held[0][0]) <= SPLIT_BYTES:
@@ -867,13 +942,19 @@ class ReadAhead:
 
     def blocks(self, log: LogFile) -> Iterator[Block]:
         """The next file's blocks, split."""
+        for piece in self.parts(log):
+            yield piece if isinstance(piece, Block) else piece.split.block(piece.part)
+
+    def parts(self, log: LogFile) -> Iterator[Block | FilePart]:
+        """The next file's blocks, split; a small file split with others as its share of their split
+        (:meth:`blocks` gives it as a block of its own)."""
         out = self._next(log)
         with _decoding(log):
             while (item := out.get()) is not self._END:
                 if isinstance(item, BaseException):
                     raise item
                 self._slots.release(item.nbytes)
-                yield item.block()
+                yield item.block() if item.part is None else FilePart(item.split.result(), item.part)
             self._ended.add(self._taken - 1)
         with self._queues_lock:
             del self._queues[self._taken - 1]
@@ -925,21 +1006,14 @@ class ReadAhead:
 class _Pending:
     """A block read and handed to a splitter (alone, or as the ``part``-th of several files')."""
 
-    split: Future[Any]  # a Block; with ``part``, a list of them
+    split: Future[Any]  # a Block; with ``part``, a FilesSplit
     nbytes: int
     part: int | None = None
 
     def block(self) -> Block:
         """The block, split (waiting for it)."""
         done = self.split.result()
-        return done if self.part is None else done[self.part]
-
-
-def _is_small(log: LogFile) -> bool:
-    try:
-        return log.path.stat().st_size <= SMALL_FILE
-    except OSError:
-        return False  # (the reading says why)
+        return done if self.part is None else done.block(self.part)
 
 
 class _Slots:
@@ -969,9 +1043,9 @@ class _Slots:
             self._changed.notify()
 
 
-def _split_files(blocks: Sequence[LineBlock], limits: Sequence[Limits]) -> list[Block]:
+def _split_files(blocks: Sequence[LineBlock], limits: Sequence[Limits]) -> FilesSplit:
     """Small files, a block each (with each file's limits), split as one block: each file's
-    block as :func:`_split` gives it, the same rows numbered by its own lines."""
+    rows as :func:`_split` gives them, numbered by its own lines, kept together file by file."""
     data = np.concatenate([block[0] for block in blocks])
     byte_at = np.cumsum([0, *(len(block[0]) for block in blocks)])
     line_at = np.cumsum([0, *(len(block[2]) for block in blocks)])
@@ -980,14 +1054,60 @@ def _split_files(blocks: Sequence[LineBlock], limits: Sequence[Limits]) -> list[
                   for k, why in _long_details(block[3], limit).items()}
     whole = _split(data, 0, ends, unreadable, with_text=False)  # (numbered by the line's place in data)
     firsts = np.array([block[1] for block in blocks], dtype=np.int64)
-    kinds = [(kind, *_by_file(rows, line_at, firsts)) for kind, rows in whole.kinds]
+    kinds = tuple((kind, *_by_file(rows, line_at, firsts)) for kind, rows in whole.kinds)
     lines, lines_at = _by_file(whole.lines, line_at, firsts)
-    out = []
-    for i, (file_data, first_line, file_ends, _) in enumerate(blocks):
-        mine = tuple((kind, rows.slice(at[i], at[i + 1] - at[i])) for kind, rows, at in kinds if at[i + 1] > at[i])
-        out.append(Block(mine, lines.slice(lines_at[i], lines_at[i + 1] - lines_at[i]), len(file_data),
-                         tuple(source.pieces(file_data, first_line, file_ends))))
-    return out
+    compressor = zstandard.ZstdCompressor(level=source.LEVEL)
+    return FilesSplit(kinds, lines, lines_at, tuple(len(block[0]) for block in blocks),
+                      tuple(tuple(source.pieces(file_data, first_line, file_ends, compressor))
+                            for file_data, first_line, file_ends, _ in blocks),
+                      tuple(_plain_rows(kinds, len(blocks))))
+
+
+def _plain_rows(kinds: Sequence[tuple[str | None, pa.Table, np.ndarray]], files: int) -> list[int]:
+    """How many plain lines each of ``files`` files split together holds."""
+    rows = np.zeros(files, dtype=np.int64)
+    for _, _, at in kinds:
+        rows += np.diff(at)
+    return [int(n) for n in rows]
+
+
+@dataclass(frozen=True)
+class FilesSplit:
+    """Small files split as one (:func:`_split_files`): each table holds the rows of every file,
+    file by file, the ``i``-th file's from ``at[i]`` to ``at[i + 1]``. A group of small files goes
+    in from these tables as they are (a table a file cost more to put together again than to load)."""
+
+    kinds: tuple[tuple[str | None, pa.Table, np.ndarray], ...]  # as Block.kinds, with where each file's rows start
+    lines: pa.Table
+    lines_at: np.ndarray
+    nbytes: tuple[int, ...]  # each file's
+    texts: tuple[tuple[source.Piece, ...], ...]  # each file's lines for ``source_lines``
+    plain_rows: tuple[int, ...]  # each file's plain lines
+
+    def block(self, part: int) -> Block:
+        """The ``part``-th file's block, as :func:`_split` gives it."""
+        mine = tuple((kind, rows.slice(at[part], at[part + 1] - at[part]))
+                     for kind, rows, at in self.kinds if at[part + 1] > at[part])
+        at = self.lines_at
+        return Block(mine, self.lines.slice(at[part], at[part + 1] - at[part]), self.nbytes[part], self.texts[part])
+
+
+@dataclass(frozen=True)
+class FilePart:
+    """A small file's rows, as its share of a :class:`FilesSplit`."""
+
+    split: FilesSplit
+    part: int
+
+    @property
+    def nbytes(self) -> int:
+        """How much of the file (decompressed) its rows cover."""
+        return self.split.nbytes[self.part]
+
+    @property
+    def plain_rows(self) -> int:
+        """How many plain lines it holds."""
+        return self.split.plain_rows[self.part]
 
 
 def _by_file(rows: pa.Table, line_at: np.ndarray, firsts: np.ndarray) -> tuple[pa.Table, np.ndarray]:

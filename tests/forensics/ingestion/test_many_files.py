@@ -107,7 +107,6 @@ def tables(db: Path) -> dict[str, list[tuple[Any, ...]]]:
 
 def one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every file read and put in as a large one is: a transaction and a settling of its own."""
-    monkeypatch.setattr(pipeline, "SMALL_FILE", -1)
     monkeypatch.setattr(readers, "SMALL_FILE", -1)
 
 
@@ -202,3 +201,48 @@ def test_the_progress_is_told_the_files_done_and_left(tmp_path: Path) -> None:
     forensics.ingest(logs, tmp_path / "case.duckdb", progress=seen)
     assert seen.done == [(n, 7) for n in range(8)]
     assert sorted(set(seen.read)) == sorted(logs)
+
+
+def test_a_small_file_read_in_one_go_gives_the_blocks_the_reading_loop_gives(tmp_path: Path) -> None:
+    """The reader's one read of a small file gives the very blocks its loop gives (or leaves the file
+    to the loop): with a byte-order mark, no last newline, CRLF, blank lines, long lines, nothing."""
+    bodies = [b"", b"\n", b"\xef\xbb\xbf", b'{"a": 1}', b'{"a": 1}\n{"b": 2}', b"\xef\xbb\xbf{}\r\n{}\r\n",
+              b"\n\n\n" * 2000, b"x" * 5000 + b"\n" + b"y" * 10, b"y" * 10 + b"\n" + b"x" * 5000,
+              b"\xef\xbb\xbf" + b"x" * 5000, b"z" * 9000 + b"\n"]
+    for n, body in enumerate(bodies):
+        path = tmp_path / f"{n}.jsonl"
+        path.write_bytes(body)
+        for limit in (4096, 16 << 20):
+            for lines in (3, 1000):
+                log = readers.LogFile(path, "jsonl", "none", limits=readers.Limits(max_line_bytes=limit))
+                once = readers._small_blocks(log, lines, readers.SMALL_READ_BYTES)
+                if once is None:
+                    continue
+                looped = list(readers._line_blocks(log, lines, readers.SMALL_READ_BYTES))
+                assert len(once) == len(looped), (n, limit, lines)
+                for a, b in zip(once, looped, strict=True):
+                    assert (bytes(a[0]), a[1], a[2].tolist(), a[3]) == (bytes(b[0]), b[1], b[2].tolist(), b[3])
+
+
+def test_the_quick_look_at_a_file_head_finds_the_format_the_full_sniff_finds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder of canonical, engine and other files: each is found the same format with the quick look
+    at its first bytes as with the adapters' sniff of its head alone."""
+    head = json.dumps(received("r1", "acme"))
+    engine = json.dumps({"event": "request.received", "rid": "x"})
+    bodies = {
+        "a.jsonl": head + "\n", "b.jsonl": "\n\n  \n" + head + "\n", "c.jsonl": "\ufeff" + head + "\n",
+        "d.jsonl": engine + "\n" + head + "\n", "e.jsonl": head, "f.jsonl": "x" * 40000 + "\n" + head + "\n",
+        "g.jsonl": '{"kind": 1}\n', "h.log": head + "\n", "i.log": "[2026-11-02 08:00:00] server_args=ServerArgs(x)\n",
+        "j.jsonl": '{"no": "kind"}\n' + head + "\n", "k.jsonl": "[1, 2]\n", "l.txt": head + "\r\n",
+        "m.jsonl": "\n" * 70 + head + "\n", "n.jsonl": head + "\u2028" + engine + "\n",
+        "o.jsonl": " " * 20000 + head + "\n",
+    }
+    for name, body in bodies.items():
+        (tmp_path / name).write_text(body, encoding="utf-8")
+    quick, _ = readers.discover([tmp_path])
+    monkeypatch.setattr(readers, "_canonical_head", lambda head: None)
+    full, _ = readers.discover([tmp_path])
+    assert [(log.path.name, log.format, log.adapter) for log in quick] == \
+        [(log.path.name, log.format, log.adapter) for log in full]
+    assert {log.adapter for log in quick} >= {"canonical"}
