@@ -276,8 +276,7 @@ class NodeEngine:
 
     def _kv(self, ts: str, rid: str, op: str, pages: Pages, source: str | None = None,
             text: str | None = None) -> None:
-        self._emit({"kind": "kv", "ts": ts, "request_id": rid, "op": op,
-                    "pages": text or self._text(pages), "source": source})
+        self.log.emit_kv(self.config.node, self.boot, ts, rid, op, text or self._text(pages), source)
         if op == "write" and self.behaviour == "page-tags":  # (only page tags read them)
             tag = self.tag_ids.get(rid)
             if tag is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import re
 from pathlib import Path
 from typing import IO, Any
 
@@ -86,6 +87,25 @@ class LogSet:
             self.lines.setdefault(node, []).append(record_line(record))
         self.records += 1
 
+    def emit_kv(self, node: str, boot: int, ts: str, request_id: str, op: str, pages: str,
+                source: str | None) -> None:
+        """:meth:`emit` of the page record ``{kind: kv, ts, node, boot, request_id, op, pages, source}``,
+        numbered, its line written as :func:`record_line` writes it (the same bytes) without the
+        dict: a replay emits one for every page a decode step takes."""
+        seq = self._seq.get(node, 0)
+        self._seq[node] = seq + 1
+        line = (f'{{"kind":"kv","ts":{_string(ts)},"node":{_string(node)},"seq":{seq}'
+                f'{f",{_BOOT}{boot}" if boot else ""},"request_id":{_string(request_id)},"op":{_string(op)},'
+                f'"pages":{_string(pages)}{"" if source is None else f",{_SOURCE}{_string(source)}"}}}')
+        if self._into is not None:
+            fh = self._open.get(node) or self._start(node, self._into)
+            fh.write(line)
+            fh.write("\n")
+            self._part_records += 1
+        else:
+            self.lines.setdefault(node, []).append(line)
+        self.records += 1
+
     def new_boot(self, node: str) -> None:
         """Seq numbers restart with a node's new boot."""
         self._seq[node] = 0
@@ -141,6 +161,17 @@ class LogSet:
         fh = (out / f"{name}.jsonl").open("w", encoding="utf-8", newline="\n")
         self._open[node] = fh
         return fh
+
+
+_BOOT = '"boot":'
+_SOURCE = '"source":'
+#: What JSON escapes in a string (json.dumps with ensure_ascii=False): quotes, backslashes, controls.
+_ESCAPED = re.compile(r'["\\\x00-\x1f]')
+
+
+def _string(text: str) -> str:
+    """``text`` as a JSON string, as json.dumps(ensure_ascii=False) writes it."""
+    return f'"{text}"' if _ESCAPED.search(text) is None else json.dumps(text, ensure_ascii=False)
 
 
 def _file_name(node: str) -> str:
