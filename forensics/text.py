@@ -9,6 +9,7 @@ prints of such text goes through one of these.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,21 @@ from pathlib import Path
 #: Characters that act on a terminal or on how text around them displays: C0 and C1 controls
 #: and DEL, and the Unicode controls of direction and invisible formatting (the bidi embeddings,
 #: overrides and isolates; marks; zero-width characters; the line and paragraph separators).
+#: The one format of a time, in the terminal and in the report: microseconds, in UTC.
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f UTC"
+#: Integer columns that hold a position or a number to type back or search for (a page, a seq, a
+#: line, an HTTP status), printed as they are; every other integer is grouped by thousands.
+AS_LOGGED = frozenset({"boot", "seq", "first_seq", "line", "line_no", "file_id", "lo", "hi", "page", "page_id",
+                       "status"})
+
+
+def time_text(value: dt.datetime) -> str:
+    """A time as the toolkit prints it everywhere (:data:`TIME_FORMAT`); a time without a zone is UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC).strftime(TIME_FORMAT)
+
+
 _CONTROLS = (
     "\x00-\x08\x0b-\x1f\x7f-\x9f"
     "\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"

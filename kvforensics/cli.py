@@ -351,11 +351,10 @@ def _with_progress(job: Callable[[Any, Phase], T]) -> T:
                 yield
             finally:
                 bar.remove_task(task)
-            if name == "ingest":  # (its bars are done)
-                for t in (shown.files_task, shown.file_task):
-                    if t is not None:
-                        bar.remove_task(t)
-                shown.files_task = shown.file_task = None
+            for t in (shown.files_task, shown.file_task):  # (the ingest's bars are done with it)
+                if t is not None:
+                    bar.remove_task(t)
+            shown.files_task = shown.file_task = None
             bar.console.print(f"[dim]{name}: {time.monotonic() - start:,.1f} s[/dim]")
 
         return job(shown, spinner)

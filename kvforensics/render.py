@@ -10,7 +10,6 @@ about a thousand rows a second, too slow for a list of a million); rich measures
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import re
 import shlex
@@ -22,20 +21,14 @@ from dataclasses import dataclass
 import polars as pl
 from rich.cells import cell_len, set_cell_size
 
-from forensics.text import shown
+from forensics.text import AS_LOGGED, shown, time_text
 
-#: The one format of a time, as the report prints them (reports/data.py): microseconds, in UTC.
-TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f UTC"
 #: The width when stdout is no terminal and COLUMNS does not say one.
 DEFAULT_WIDTH = 100
 #: No table is laid out narrower than this (COLUMNS=5 would leave nothing to read).
 NARROWEST = 20
 ELLIPSIS = "…"
 GAP = "  "  # between two columns
-#: Integer columns that hold a position or a number to type back or search for (a page, a seq, a
-#: line, an HTTP status), printed as they are; every other integer is grouped by thousands.
-UNGROUPED = frozenset({"boot", "seq", "first_seq", "line", "line_no", "file_id", "lo", "hi", "page", "page_id",
-                       "status"})
 #: A text column that is no id is cut to this many cells at most; an id or a time to this many
 #: (a forged id of a kilobyte is cut too).
 LONGEST_TEXT = 60
@@ -63,15 +56,6 @@ def width() -> int:
     except (OSError, ValueError, AttributeError):
         pass
     return DEFAULT_WIDTH
-
-
-def time_text(value: dt.datetime | None) -> str:
-    """A time as the toolkit prints it everywhere (:data:`TIME_FORMAT`); a time without a zone is UTC."""
-    if value is None:
-        return ""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.UTC)
-    return value.astimezone(dt.UTC).strftime(TIME_FORMAT)
 
 
 def number(value: int | float) -> str:
@@ -143,7 +127,7 @@ def _cells(series: pl.Series, null: str) -> list[str]:
     values = series.to_list()
     if dtype == pl.Boolean:
         return [null if v is None else ("true" if v else "false") for v in values]
-    if dtype.is_integer() and series.name in UNGROUPED:
+    if dtype.is_integer() and series.name in AS_LOGGED:
         return [null if v is None else str(v) for v in values]
     if dtype.is_numeric():
         return [null if v is None else number(v) for v in values]

@@ -8,7 +8,6 @@ A victim the replay names under only some of the schedules the logs allow is *po
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import polars as pl
 import forensics
 from forensics.exposure.tiers import PAGE_EVIDENCE, REQUEST_REPLAY, SUMMARY_TIERS, TOTAL, TRANSFER_REPLAY
 from forensics.findings import SEVERITIES, Finding
+from forensics.ids import dp_pools
 from forensics.text import shown
 from kvforensics import render
 
@@ -183,20 +183,12 @@ def tell(found: Any, db: Path) -> Story:
     return Story(verdict(found, findings), _figures(found), _notes(found) + _pools(nodes), findings, commands)
 
 
-#: A DP attention pool's node, as the SGLang adapter names it (``decode-0.dp1``).
-_DP_POOL = re.compile(r"^(?P<server>.+)\.dp(?P<rank>\d+)$")
-
-
 def _pools(nodes: Sequence[str]) -> list[str]:
     """A note per server whose DP attention pools are nodes of their own: which ranks they are."""
-    servers: dict[str, list[tuple[int, str]]] = {}
-    for node in nodes:
-        if (m := _DP_POOL.match(node)) is not None:
-            servers.setdefault(m["server"], []).append((int(m["rank"]), node))
-    return [f"{', '.join(shown(n) for _, n in sorted(pools))}: the KV pools of DP "
-            f"{'rank' if len(pools) == 1 else 'ranks'} {', '.join(str(r) for r, _ in sorted(pools))} of the server "
+    return [f"{', '.join(shown(n) for _, n in pools)}: the KV pools of DP "
+            f"{'rank' if len(pools) == 1 else 'ranks'} {', '.join(str(r) for r, _ in pools)} of the server "
             f"{shown(server)} (with DP attention each rank has a pool of its own)"
-            for server, pools in servers.items()]
+            for server, pools in dp_pools(nodes).items()]
 
 
 def by_severity(findings: Sequence[Finding]) -> dict[str, int]:

@@ -16,7 +16,9 @@ import duckdb
 from forensics.exposure import tiers as evidence_tiers
 from forensics.exposure.figures import DEFINITIONS, checked
 from forensics.findings import Finding, findings
+from forensics.ids import dp_pools
 from forensics.store import has_table, rows
+from forensics.text import AS_LOGGED, time_text
 
 AUDIENCES = ("internal", "regulator", "customer")
 #: The summary's figures in plain words: a label a manager can read, and a one-line definition
@@ -38,10 +40,7 @@ FIGURE_WORDS: dict[str, tuple[str, str]] = {
 }
 #: A finding's evidence shows at most this many columns in the report (its SQL, beside it, gives them all).
 EVIDENCE_COLUMNS = 6
-#: Evidence columns that are positions or codes, shown as logged rather than grouped by thousands.
-_AS_LOGGED = {"boot", "seq", "first_seq", "line", "line_no", "file_id", "lo", "hi", "page", "status"}
-#: A DP attention pool's node name, as the SGLang adapter makes it (``decode-0.dp1``).
-_DP_POOL = re.compile(r"^(?P<server>.+)\.dp(?P<rank>\d+)$")
+
 #: Prompts the prompts chart draws at most, besides those of exposed responses and those past the
 #: prefill limit (every one of which it draws).
 PROMPT_POINTS = 20_000
@@ -122,8 +121,8 @@ class ReportData:
     confirmed: bool = False
     #: whether any node logged page records (kv records)
     page_records: bool = True
-    #: DP attention pools among the nodes: (node, server, DP rank)
-    dp_pools: list[tuple[str, str, int]] = field(default_factory=list)
+    #: DP attention pools among the nodes: server -> its pools as (DP rank, node) (forensics.ids.dp_pools)
+    dp_pools: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 def natural(text: str) -> list[tuple[int, int | str]]:
@@ -139,7 +138,7 @@ def _tiers(values: list[str] | None) -> str:
 
 
 def _ts(value: dt.datetime | None) -> str | None:
-    return None if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    return None if value is None else time_text(value)
 
 
 def _shown(column: str, value: Any) -> str:
@@ -148,11 +147,11 @@ def _shown(column: str, value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, dt.datetime):
-        return _ts(value) or ""
+        return time_text(value)
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
-        return str(value) if column in _AS_LOGGED else f"{value:,}"
+        return str(value) if column in AS_LOGGED else f"{value:,}"
     if isinstance(value, list | tuple):
         return ", ".join(_shown(column, v) for v in value)
     return str(value)
@@ -286,6 +285,5 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         unseen_late_writes=evidence_tiers.unseen_late_writes(con),
         confirmed=any(r.get("mode") == "confirm" for r in replays),
         page_records=bool(con.execute("SELECT EXISTS (SELECT 1 FROM kv_records)").fetchall()[0][0]),
-        dp_pools=sorted({(c["node"], m["server"], int(m["rank"])) for c in configs
-                         if (m := _DP_POOL.match(str(c["node"]))) is not None}),
+        dp_pools=dp_pools(str(c["node"]) for c in configs),
     )

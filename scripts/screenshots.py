@@ -12,6 +12,7 @@ report's first page as a PNG from headless Chromium (Debian's `chromium`).
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             done = subprocess.run([KVF, "investigate", *inputs, "--db", f"{name}.duckdb", "--out", report.name,
                                    "--generated-at", "2026-12-05T00:00:00Z"],
                                   env=env, capture_output=True, text=True, check=True, cwd=work)
-            console = Console(record=True, width=WIDTH, file=open(os.devnull, "w"))  # noqa: SIM115
+            console = Console(record=True, width=WIDTH, file=io.StringIO())
             console.print(last_screen(done.stdout), markup=False, highlight=False)
             console.save_svg(str(args.out / f"investigate-{name}.svg"),
                              title=f"kvforensics investigate ({name})")

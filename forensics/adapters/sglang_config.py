@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 from forensics.adapters.base import Notes, Options, Untranslatable
 from forensics.adapters.sglang_log import Facts, LogLine, py_value, rfc3339
+from forensics.ids import dp_pool_node
 
 _SERVER_ARGS = re.compile(r"server_args=(ServerArgs\(.*\)|\{.*\})\s*$", re.S)
 _POOL = re.compile(r"max_total_num_tokens=(?P<tokens>\d+),.*?context_len=(?P<context>\d+)")
@@ -108,7 +109,7 @@ def translate(c: ConfigLine, line: LogLine, facts: Facts, options: Options, note
         **{k: v for k, v in facts.scheduling.items() if k in _SCHEDULING_OF[role]},
     }
     if facts.dp_pools > 1 and line.dp in (0, None):  # DP0's line, for every DP rank's pool
-        return [{**record, "node": f"{facts.node}.dp{d}"} for d in range(facts.dp_pools)]
+        return [{**record, "node": dp_pool_node(facts.node, d)} for d in range(facts.dp_pools)]
     return [record]
 
 

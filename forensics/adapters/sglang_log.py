@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from forensics.adapters.base import Options, Untranslatable
+from forensics.ids import dp_pool_node
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(
@@ -394,7 +395,7 @@ class Facts:
         so it is a node of its own (``decode-0.dp1``), named by the line's prefix or, for the
         tokenizer's lines (no ranks), by the DP rank that served the request; else the file's."""
         dp = line.dp if line.dp is not None else (self.dp_of.get(rid) if rid is not None else None)
-        return self.node if dp is None else f"{self.node}.dp{dp}"
+        return self.node if dp is None else dp_pool_node(self.node, dp)
 
     def calibrate(self) -> None:
         """Find the wall-clock time of the scheduler's ``perf_counter`` zero from the decode
