@@ -261,6 +261,16 @@ def _schema_version(con: duckdb.DuckDBPyConnection) -> str | None:
     return None if row is None else str(row[0])
 
 
+def roll_back(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the transaction open on ``con``. Where it has ended already (a COMMIT the disk
+    refused ends it), there is nothing to roll back, and the error that ended it is the one to
+    report, not the ROLLBACK's "no transaction is active"."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.TransactionException:
+        pass
+
+
 def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     """Whether the case has a table called ``name`` (tables the whole job adds, like replay_exposures)."""
     row = one(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name])

@@ -1026,8 +1026,8 @@ def _print_disagreements(result: Any, shown_rows: int = 10) -> None:
     kinds: dict[str, int] = {}
     for d in result.disagreements:
         kinds[d.kind] = kinds.get(d.kind, 0) + 1
-    typer.echo(f"\nconfirmed, with {n:,} disagreements (where the model could not do what the logs say, the logs "
-               f"were followed): {', '.join(f'{k} {v:,}' for k, v in sorted(kinds.items()))}")
+    typer.echo(f"\nconfirmed, with {n:,} disagreement{'' if n == 1 else 's'} (where the model could not do what "
+               f"the logs say, the logs were followed): {', '.join(f'{k} {v:,}' for k, v in sorted(kinds.items()))}")
     for d in result.disagreements[:shown_rows]:
         typer.echo(f"  {shown(d.request_id)} on {shown(d.node)}: {d.kind} ({shown(d.detail)})")
     if n > shown_rows:
@@ -1037,8 +1037,9 @@ def _print_disagreements(result: Any, shown_rows: int = 10) -> None:
 def _disagreement_exit(result: Any) -> None:
     """Exit with :data:`EXIT_DISAGREES` where a confirming replay could not follow the logs everywhere."""
     if result.mode == "confirm" and result.disagreements:
-        typer.echo(f"kvforensics: the replay confirms with {len(result.disagreements):,} disagreements "
-                   "(listed); exit 7", err=True)
+        n = len(result.disagreements)
+        typer.echo(f"kvforensics: the replay confirms with {n:,} disagreement{'' if n == 1 else 's'} (listed); exit 7",
+                   err=True)
         raise typer.Exit(EXIT_DISAGREES)
 
 

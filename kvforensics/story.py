@@ -121,7 +121,7 @@ def _notes(found: Any) -> list[str]:
         if r.agreement:
             a = r.agreement.exposed_responses
             agreement = f"; {a.confirmed:,} confirmed, {a.replay_only:,} replay only, {a.log_only:,} log only"
-        checked = (f"{len(r.disagreements):,} disagreements with the logs" if r.mode == "confirm"
+        checked = (f"{_plural(len(r.disagreements), 'disagreement')} with the logs" if r.mode == "confirm"
                    else f"what-if, {r.outcomes_changed:,} logged outcomes changed")
         notes.append(f"replay under {r.engine}: {r.exposure['exposed_responses']:,} exposed responses{agreement} "
                      f"({checked})")

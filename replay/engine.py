@@ -22,7 +22,7 @@ import numpy as np
 
 from forensics.emit import page_string
 from replay.logset import LogSet
-from replay.pool import PagePool, Pages, pages_for
+from replay.pool import BeyondBound, PagePool, Pages, pages_for
 
 
 def decode_steps(outputs: int, overlap: bool) -> int:
@@ -46,6 +46,13 @@ CLIP_MAX_NEW_TOKENS = 4096
 #: decode: a prompt larger than the whole pool (disaggregation/decode.py: ``input_len >
 #: max_total_num_tokens``, ``prepare_abort`` with 400); a smaller one waits for pages instead
 EXCEEDS_POOL = (400, "prompt_exceeds_kv_pool")
+#: The replay's bound on one request's pages on a node (its KV row: prompt and output), 2^22
+#: pages (32 MiB an array; at page size 1 four times the incident's context window). A request
+#: beyond it, or an allocation past the distinct pages a node's pool may hand out (pool.TOUCHED_BOUND), is
+#: not replayed page by page: the replay follows the logs there and lists a
+#: ``beyond_replay_bound`` disagreement (the time and memory a replay takes stay bounded whatever
+#: counts a log states, up to the 2^40 the ingest accepts).
+MAX_REQUEST_PAGES = 2**22
 COVERAGE_MISMATCH = (500, "kv_coverage_mismatch")
 TAG_MISMATCH = (500, "kv_tag_mismatch")
 DECODE_TIMEOUT = (504, "transfer_timeout")
@@ -163,6 +170,8 @@ DISAGREEMENTS = {
     "model_admits_rejected": "the model would admit a request the logs show rejected",
     "model_outcome_differs": "the replay, following the logs, still answers a request otherwise than they do",
     "steps_differ": "a request's decode steps fit no lockstep schedule of the node's logged order and outputs",
+    "beyond_replay_bound": "the request's pages are beyond the replay's bounds (2^22 pages a request, 2^25 distinct "
+                           "pages a node's pool hands out): it is not replayed page by page there",
 }
 
 
@@ -201,6 +210,8 @@ class NodeEngine:
     disagreements: list[Disagreement] = field(default_factory=list)
     #: decode steps that found too few free pages (SGLang would retract a request; not modelled)
     starved_steps: int = 0
+    #: a decode step of this boot went past the replay's bound on pages handed out (listed once)
+    bounded: bool = False
     pool: PagePool = field(init=False)
     held: dict[str, _Held] = field(init=False)
     #: decode: the running batch, in the order its requests joined
@@ -223,6 +234,7 @@ class NodeEngine:
         self.boot = boot
         self.config = config
         self.pool = PagePool(config.pool_pages)
+        self.bounded = False
         self.held = {}
         self.batch = []
         self.tags = np.full(0, -1, dtype=np.int64)
@@ -422,6 +434,8 @@ class NodeEngine:
         are followed: it goes on holding no pages."""
         ts, rid = record["ts"], record["request_id"]
         need = pages_for(tokens, self.config.page_size)
+        if need > MAX_REQUEST_PAGES:
+            return self._beyond(record, h, f"a prompt of {tokens:,} tokens, {need:,} pages")
         if log_rejection and tokens > self.config.pool_tokens:
             if self._disagrees(rid, "pool_cannot_supply", f"a prompt of {tokens} tokens, a pool of "
                                f"{self.config.pool_tokens}"):
@@ -443,10 +457,22 @@ class NodeEngine:
                             "reason": POOL_EXHAUSTED[1]})
             self._finish(ts, rid, POOL_EXHAUSTED)
             return False
+        try:
+            prompt = self._alloc_prompt(need, tokens)
+        except BeyondBound as e:
+            return self._beyond(record, h, str(e))
         self._emit(record)
-        h.prompt = self._alloc_prompt(need, tokens)
+        h.prompt = prompt
         self._kv(ts, rid, "alloc", h.prompt)
         return True
+
+    def _beyond(self, record: dict[str, Any], h: _Held, detail: str) -> bool:
+        """Past the replay's bounds: ``record`` goes on as logged, its request holding no pages
+        here, and the disagreement is listed (in a what-if too: it is the replay's limit, not the
+        model's answer)."""
+        self.disagreements.append(Disagreement(record["request_id"], self.config.node, "beyond_replay_bound", detail))
+        self._emit(record)
+        return not h.ended
 
     def _alloc_prompt(self, need: int, tokens: int) -> Pages:
         """A prompt's ``need`` pages for its ``tokens`` (known to be available) as SGLang takes
@@ -522,6 +548,12 @@ class NodeEngine:
         self._kv(ts, rid, "read", h.prompt)
         h.tokens = request.prompt_tokens
         h.allocs = h.allocs_left = decode_steps(request.outputs, self.config.overlap_schedule)
+        row = pages_for(h.tokens + h.allocs, self.config.page_size)
+        if row > MAX_REQUEST_PAGES:
+            self.disagreements.append(Disagreement(rid, self.config.node, "beyond_replay_bound",
+                                                   f"{request.outputs:,} tokens output, a row of {row:,} pages: "
+                                                   "its decode steps are not replayed"))
+            h.allocs = h.allocs_left = 0
         if h.allocs:
             self.batch.append(rid)
         return True
@@ -565,10 +597,15 @@ class NodeEngine:
         page_size = self.config.page_size
         starts = [h.tokens % page_size == 0 for _, h in rows]
         need = sum(starts)
-        if page_size == 1:
-            new = self.pool.try_alloc(need)
-        else:
-            new = self.pool.alloc_decode(need, len(rows))
+        try:
+            new = self.pool.try_alloc(need) if page_size == 1 else self.pool.alloc_decode(need, len(rows))
+        except BeyondBound as e:  # listed once a boot: from here on the node's pages are not SGLang's
+            if not self.bounded:
+                self.disagreements.append(Disagreement(rows[0][0], self.config.node, "beyond_replay_bound",
+                                                       f"a decode step: {e}; the node's later steps are not exact"))
+            self.bounded = True
+            new = np.empty(0, np.int64)
+            starts = [False] * len(starts)
         if new is None:  # SGLang retracts requests here; not modelled: these steps take no page
             self.starved_steps += 1
             self._disagrees(rows[0][0], "pool_cannot_supply", f"a decode step wanted {need} pages, "

@@ -36,17 +36,32 @@ def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
+#: The replay's bound on the distinct pages a node's pool hands out in one boot (page ids up to
+#: it): the pages handed out are held as arrays (8 bytes a page), so an allocation that would take
+#: a page beyond it is refused with :class:`BeyondBound` instead of exhausting memory. A pool of
+#: at most this many pages never reaches it; a larger one (a config may say 2^40) reaches it once
+#: it has handed out that many pages, as it takes never-used pages before it reuses freed ones.
+#: 2^25 pages is 256 MiB an array: at page size 1, 32 times the incident's context window.
+TOUCHED_BOUND = 2**25
+
+
 class PoolExhausted(Exception):
     """Fewer free pages than an allocation asks for."""
+
+
+class BeyondBound(Exception):
+    """An allocation would take a page beyond the replay's bound (:data:`TOUCHED_BOUND`): the pool
+    is left as it was, but for a merge the call itself made first."""
 
 
 class PagePool:
     """Free and release lists of one node's pool; the pages held are the rest."""
 
-    def __init__(self, pool_pages: int) -> None:
+    def __init__(self, pool_pages: int, bound: int = TOUCHED_BOUND) -> None:
         if pool_pages < 2:
             raise ValueError(f"a pool needs at least 2 pages (page 0 is reserved), not {pool_pages}")
         self.pool_pages = pool_pages
+        self.bound = bound
         self._free: Pages = np.empty(0, dtype=np.int64)  # the free list's head: pages allocated before
         self._head = 0
         self.fresh = 1  # the free list's tail: pages fresh .. pool_pages-1, never allocated
@@ -75,6 +90,10 @@ class PagePool:
         self.merges += 1
 
     def _take(self, n: int) -> Pages:
+        beyond = self.fresh + n - (len(self._free) - self._head) - 1
+        if beyond > self.bound:
+            raise BeyondBound(f"{n:,} pages would reach page {beyond:,}, beyond the replay's bound of "
+                              f"{self.bound:,} distinct pages a node's pool hands out")
         head = self._free[self._head:self._head + n]
         self._head += len(head)
         if len(head) == n:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 
 from forensics.exposure.figures import summary
-from forensics.store import has_table, sql_text
+from forensics.store import has_table, roll_back, sql_text
 
 
 def analyse(con: duckdb.DuckDBPyConnection, *, fast: bool | None = None) -> dict[str, int]:
@@ -26,6 +26,6 @@ def analyse(con: duckdb.DuckDBPyConnection, *, fast: bool | None = None) -> dict
         )
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        roll_back(con)  # (after a COMMIT the disk refused, its error is the one raised)
         raise
     return summary(con)
