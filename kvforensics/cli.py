@@ -63,9 +63,11 @@ def _on_stop(signum: int, frame: FrameType | None) -> None:
     elif _Stop.started:
         command = next((a for a in sys.argv[1:] if not a.startswith("-")), "the command")
         _Stop.step, _Stop.leaves = f"'{command}'", "the case is consistent"
-    if not _Stop.started:
+    if not _Stop.started:  # the modules loading: nothing is open or written, so the process ends here,
+        # without unwinding through an extension's initialisation (DuckDB's aborts, SIGABRT, when an
+        # exception passes through it)
         _say_stopped()
-        raise SystemExit(128 + signum)
+        os._exit(128 + signum)
     raise Stopped()
 
 
