@@ -679,31 +679,24 @@ def report(
         typer.echo(f"its complete lists (CSV, Parquet): {shown(folder_for(done.out))}")
 
 
-def _emit(frame: pl.DataFrame, fmt: Format, *, first: tuple[str, ...] = (), empty: str | None = None,
-          as_polars: bool = False) -> None:
+def _emit(frame: pl.DataFrame, fmt: Format, *, first: tuple[str, ...] = (), empty: str | None = None) -> None:
     """Print a table; what came from the logs is made safe for where it goes: a CSV's strings
     neutralised for spreadsheets (a leading ``=``, ``+``, ``-`` or ``@``), a table's controls shown
     as escapes, JSON escaped as JSON is. A table is fitted to the width (render.table: the columns
-    ``first`` kept before the others); an empty one is the line ``empty`` where given. ``as_polars``:
-    the table as polars prints it, dtypes under the names (``sql``'s, for people who write SQL)."""
+    ``first`` kept before the others); an empty one is the line ``empty`` where given."""
     if fmt is Format.json:
         _print_json(frame.to_dicts())
         return
-    if fmt is Format.table and not as_polars:
+    if fmt is Format.table:
         if not frame.height and empty is not None:
             typer.echo(empty)
         else:
             typer.echo("\n".join(render.table(frame, render.width(), first=first)))
         return
-    safe = csv_cell if fmt is Format.csv else shown
     strings = [c for c, t in frame.schema.items() if t == pl.String]
     if strings:
-        frame = frame.with_columns(pl.col(c).map_elements(safe, return_dtype=pl.String) for c in strings)
-    if fmt is Format.csv:
-        typer.echo(frame.write_csv(), nl=False)
-    else:
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
-            typer.echo(str(frame))
+        frame = frame.with_columns(pl.col(c).map_elements(csv_cell, return_dtype=pl.String) for c in strings)
+    typer.echo(frame.write_csv(), nl=False)
 
 
 @app.command()
@@ -827,7 +820,11 @@ def sql(
     from forensics.case import run_read_only
 
     result = run_read_only(db, query, limit=None if no_limit else limit)
-    _emit(result.frame, fmt, as_polars=True)
+    frame = result.frame
+    if fmt is Format.table and frame.columns == ["explain_key", "explain_value"]:  # a plan: DuckDB's drawing
+        typer.echo("\n".join(shown(line) for plan in frame["explain_value"] for line in str(plan).splitlines()))
+    else:  # fitted to the width as every table is; --format csv or json has every column whole
+        _emit(frame, fmt, empty="(no rows)")
     if result.truncated:
         typer.echo(f"kvforensics: the first {limit:,} rows shown; --limit N or --no-limit for more", err=True)
 

@@ -48,6 +48,29 @@ def test_errors_are_one_line_and_exit_nonzero(tmp_path: Path) -> None:
     assert "no such file or folder" in result.output
 
 
+def test_sql_prints_a_table_fitted_to_the_width_a_plan_as_drawn_and_no_rows_in_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As every command's table (it printed polars' frame: a wide text cell wrapped over four
+    lines, a plan's newlines as escapes): at most COLUMNS wide, the columns left out named."""
+    example = FIXTURES / "examples" / "placeholder" / "events.jsonl"
+    db = tmp_path / "a.duckdb"
+    forensics.investigate([example], db)
+    monkeypatch.setenv("COLUMNS", "60")
+    wide = RUNNER.invoke(app, ["sql", "--db", str(db), "SELECT *, repeat('x', 200) AS long FROM exposures"])
+    assert wide.exit_code == 0, wide.output
+    lines = wide.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 60 and lines[0].startswith("reader_")
+    assert "not shown at 60 columns" in wide.stdout and "long" in wide.stdout and "x" * 61 not in wide.stdout
+    rule = next(i for i, line in enumerate(lines) if line.startswith("─"))
+    note = next(i for i, line in enumerate(lines) if line.startswith("("))
+    assert [line.split()[0] for line in lines[rule + 1:note]] == ["r"]  # the one exposure
+    plan = RUNNER.invoke(app, ["sql", "--db", str(db), "EXPLAIN SELECT count(*) FROM exposures"])
+    assert plan.exit_code == 0 and "\\x0a" not in plan.stdout and len(plan.stdout.splitlines()) > 2
+    none = RUNNER.invoke(app, ["sql", "--db", str(db), "SELECT * FROM exposures WHERE false"])
+    assert none.exit_code == 0 and none.stdout == "(no rows)\n"
+
+
 def test_sql_refuses_writes(tmp_path: Path) -> None:
     example = FIXTURES / "examples" / "placeholder" / "events.jsonl"
     db = tmp_path / "a.duckdb"
