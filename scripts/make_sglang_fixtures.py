@@ -32,19 +32,26 @@ in the same captured file, one more served by the new process after it), and one
 never completes (decode cannot reach the prefill's bootstrap server: its handshake fails; the
 prefill times out in ``KVPoll.Bootstrapping``).
 
-Two more runs, each in folders of its own beside the run's (SOURCE.json ``rotated`` and
-``hostile``): ``json-rotated/`` (0.5.8, 0.5.23: :data:`ROTATED`), the scenario with its arrivals
+Every server starts with its warmup, as the release sends it: one batch with an item per DP rank
+before 0.5.18 (:meth:`Scenario._batched_warmup`), one request per DP rank from 0.5.18.
+
+Three more runs, each in folders of its own beside the run's (SOURCE.json ``rotated``, ``hostile``
+and ``reuse``): ``json-rotated/`` (0.5.8, 0.5.23: :data:`ROTATED`), the scenario with its arrivals
 500 times apart in the JSON form to ``--log-requests-target`` folders, rolled over hourly by the
 release's own ``TimedRotatingFileHandler`` (``utils/log_utils.py:40``) on the run's clock, the
 older pieces gzipped as logrotate would; and ``hostile-<form>-level<L>/`` (:data:`HOSTILE_SETS`),
 requests without a client rid (each server assigns its own) at ``--log-requests-level`` 2 or 3,
 whose prompts and outputs hold text that looks like log lines (:func:`hostile_texts`), one
-output of ~150 KB printed whole.
+output of ~150 KB printed whole; and ``text-reuse/`` (0.5.11, 0.5.18, 0.5.20, 0.5.23:
+:data:`REUSE_RELEASES`), the scenario after one long request on the over-long prompt's decode DP
+pool, that pool smaller (:func:`reuse_run`). The hostile and reuse runs are probed by periodic
+health checks (:meth:`Scenario._health_check`; SOURCE.json ``health_checks``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -53,6 +60,8 @@ import random
 import shutil
 import subprocess
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +69,7 @@ from replay.sglang_print.release import Release
 from replay.sglang_print.servers import (
     BOOTSTRAP_WAIT,
     CLOCK,
+    Lines,
     Printer,
     Server,
     Setup,
@@ -131,6 +141,7 @@ def run(release: Release, out: Path) -> None:
     flags = flag_lines(release, folder / "lines", sources)
     rotation = rotated_run(release, folder / "json-rotated", sources) if release.version in ROTATED else None
     hostile = hostile_runs(release, folder, sources)
+    reuse = reuse_run(release, folder / REUSE_FOLDER, sources) if release.version in REUSE_RELEASES else None
     (folder / "SOURCE.json").write_text(json.dumps({
         "release": release.version, "wheel": release.wheel.name, "sha256": release.sha256,
         "made_by": "scripts/make_sglang_fixtures.py", "context_length": CONTEXT,
@@ -156,6 +167,8 @@ def run(release: Release, out: Path) -> None:
                                                                     for node in ("prefill-0", "decode-0")}}
             for name, p, o, outcome, dp, at in HOSTILE], "sets": hostile, "user_mark": USER_MARK}}
            if hostile else {}),
+        # the scenario after a long request on the over-long prompt's decode pool, that pool smaller
+        **({"reuse": reuse} if reuse else {}),
     }, indent=2) + "\n", encoding="utf-8")
 
 
@@ -235,12 +248,17 @@ class Scenario(Printer):
     rid, drawn from a generator seeded with the node)."""
 
     def __init__(self, server: Server, scenario: list[tuple[str, int, int, str, int, float]] | None = None,
-                 texts: dict[str, tuple[str, str]] | None = None, assign_rids: bool = False):
+                 texts: dict[str, tuple[str, str]] | None = None, assign_rids: bool = False,
+                 health: tuple[tuple[float, bool], ...] = ()):
         super().__init__(server)
         self.scenario = SCENARIO if scenario is None else scenario
         self.texts = texts or {}
         self.assign_rids = assign_rids
         self.assigned: dict[str, str] = {}
+        #: the probes of ``/health_generate`` (:meth:`_health_check`): (seconds, whether the server is busy then)
+        self.health = health
+        self.health_rids: list[str] = []
+        self._silent = False  # (:meth:`_answered_elsewhere`)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -249,11 +267,135 @@ class Scenario(Printer):
         CLOCK.at(0.0)
         self.startup()
         self.warmup(0.5)
+        probes = sorted(self.health)
         for rid, prompt, output, outcome, dp_rank, at in self.scenario:
+            while probes and probes[0][0] < at:  # (a probe while a request runs: the run writes through Lines)
+                self._health_check(*probes.pop(0))
             self._request(rid, prompt, output, outcome, dp_rank, at)
+        for probe in probes:
+            self._health_check(*probe)
         CLOCK.at(max(at for *_, at in self.scenario) + 1.0 + (BOOTSTRAP_WAIT if s.role == "prefill" else 0.0))
         s.configure(s.schedulers(0)[0])
         self._batch_line()
+
+    @contextlib.contextmanager
+    def _answered_elsewhere(self) -> Iterator[None]:
+        """Meanwhile a finish prints no access line of its own (the HTTP answer is another's)."""
+        self._silent = True
+        try:
+            yield
+        finally:
+            self._silent = False
+
+    def _access(self, status: int) -> None:
+        if not self._silent:
+            super()._access(status)
+
+    def warmup(self, at: float) -> bool:
+        """The start-up warmup: one ``/generate`` per DP rank from 0.5.18 (:meth:`Printer.warmup`),
+        the batched one before (:meth:`_batched_warmup`)."""
+        return super().warmup(at) or self._batched_warmup(at)
+
+    def _batched_warmup(self, at: float) -> bool:
+        """The start-up warmup of a disaggregated server before 0.5.18 (``_execute_server_warmup``
+        in ``entrypoints/http_server.py``): ONE ``/generate`` whose fields are lists, one item per
+        DP rank (the release's own ``json_data``: bootstrap host 2.2.2.2, the rooms
+        ``i * (2**63 // dp_size) + i % tp_size``, four token ids each), sent by the server itself
+        with no rid (``normalize_batch_and_arguments`` assigns one per item, drawn here from a
+        seeded generator). The tokenizer logs the batch once as it arrives (``rid=[...]``) and
+        each item as it finishes (``obj[i]``: a single request); uvicorn logs the one POST, and
+        the warmup its start and its end (``resp:`` the items' outputs). False, printing
+        nothing, where the release has no such warmup."""
+        import ast
+
+        r, s = self.r, self.s
+        mod = "sglang.srt.entrypoints.http_server"
+        if "Start of pd disaggregation warmup" not in r.source(mod):
+            return False
+        function = next(n for n in ast.walk(r.tree(mod))
+                        if isinstance(n, ast.FunctionDef) and n.name == "_execute_server_warmup")
+        request = next(n for n in ast.walk(function) if isinstance(n, ast.Dict)
+                       and any(isinstance(k, ast.Constant) and k.value == "bootstrap_host" for k in n.keys))
+        fake = next(ast.literal_eval(n.value) for n in r.tree("sglang.srt.disaggregation.utils").body
+                    if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "FAKE_BOOTSTRAP_HOST"
+                                                         for t in n.targets))
+        json_data: Any = r.message_of(mod, request)(FAKE_BOOTSTRAP_HOST=fake, dp_size=s.spec.dp_size,
+                                                    tp_size=s.spec.tp_size)  # (the dict, evaluated)
+        CLOCK.at(at)
+        s.configure("")
+        log = logging.getLogger(mod)
+        log.info(r.message(mod, "Start of pd disaggregation warmup")())
+        s.note("warmup", mod, "Start of pd disaggregation warmup")
+        cls = self.io.GenerateReqInput
+        fields = {f.name for f in dataclasses.fields(cls)}
+        with drawn_uuids(f"{s.spec.node}-warmup-{at}"):
+            obj = cls(**{k: v for k, v in json_data.items() if k in fields})
+            obj.normalize_batch_and_arguments()
+        assert isinstance(obj.rid, list) and len(obj.rid) == s.spec.dp_size, obj.rid
+        self.request_logger.log_received_request(obj)
+        output = 8 if s.role == "decode" else 1
+        answers = []
+        with self._answered_elsewhere():  # (one POST: its access line below)
+            for i in range(s.spec.dp_size):
+                item = obj[i]
+                self._finish(item, item.rid, len(item.input_ids), output, None, at + 0.05 + 0.01 * i)
+                meta = {"id": item.rid, "finish_reason": self.finish.FINISH_LENGTH(length=output).to_json(),
+                        "prompt_tokens": len(item.input_ids), "completion_tokens": output, "cached_tokens": 0,
+                        "e2e_latency": 0.5}
+                answers.append({"text": "", "output_ids": [1] * output, "meta_info": meta})
+        self._access(200)
+        CLOCK.at(at + 0.1)
+        s.configure("")
+        done = next(m for m in ("Disaggregation warmup request completed", "End of prefill disaggregation mode warmup")
+                    if m in r.source(mod))
+        log.info(r.message(mod, done)(status_code=200, json=lambda: answers))
+        s.note("warmup_done", mod, done)
+        if "End of disaggregation warmup" in r.source(mod):
+            log.info(r.message(mod, "End of disaggregation warmup")())
+        return True
+
+    def _health_check(self, at: float, busy: bool) -> None:
+        """A probe of ``/health_generate`` (``health_generate`` in ``entrypoints/http_server.py``):
+        the release's own rid (``HEALTH_CHECK_`` and the time, or from 0.5.23 a uuid4 hex) and
+        sampling parameters, one token ``[0]``, ``log_metrics=False``, bootstrap host 2.2.2.2 and
+        room 0 (a disaggregated server's); logged by the request logger as it arrives. An idle
+        scheduler runs it: one token out, its finish logged; a busy one skips it
+        (``is_health_check_generate_req`` and not ``is_fully_idle``): no finish line. Either way the
+        handler answers 200 after its first one-second sleep: uvicorn's ``GET`` access line."""
+        import ast
+        import uuid
+
+        r, s = self.r, self.s
+        mod = "sglang.srt.entrypoints.http_server"
+        handler = next(n for n in ast.walk(r.tree(mod)) if isinstance(n, ast.AsyncFunctionDef)
+                       and n.name == "health_generate")
+        assigned = {n.targets[0].id: n.value for n in ast.walk(handler) if isinstance(n, ast.Assign)
+                    and isinstance(n.targets[0], ast.Name) and n.targets[0].id in ("rid", "sampling_params")}
+        prefix = next((ast.literal_eval(n.value) for n in r.tree("sglang.srt.constants").body
+                       if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "HEALTH_CHECK_RID_PREFIX"),
+                      None) if r.has("sglang.srt.constants") else None
+        fake = next(ast.literal_eval(n.value) for n in r.tree("sglang.srt.disaggregation.utils").body
+                    if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "FAKE_BOOTSTRAP_HOST"
+                                                         for t in n.targets))
+        CLOCK.at(at)
+        s.configure("")
+        with drawn_uuids(f"{s.spec.node}-health-{at}"):
+            rid = r.message_of(mod, assigned["rid"])(HEALTH_CHECK_RID_PREFIX=prefix, uuid=uuid,
+                                                    time=types.SimpleNamespace(time=lambda: CLOCK.now))
+        sampling = r.message_of(mod, assigned["sampling_params"])()
+        s.note("health_check", mod, "async def health_generate")
+        cls = self.io.GenerateReqInput
+        obj = cls(rid=rid, input_ids=[0], sampling_params=sampling, log_metrics=False)
+        obj.bootstrap_host, obj.bootstrap_room = fake, 0
+        obj.normalize_batch_and_arguments()
+        self.health_rids.append(rid)
+        self.request_logger.log_received_request(obj)
+        if not busy:
+            with self._answered_elsewhere():  # (its answer is the GET below)
+                self._finish(obj, rid, 1, 1, None, at + 0.02)
+        CLOCK.at(at + 1.0)
+        s.configure("")
+        self.access.info('%s - "%s %s HTTP/%s" %d', "10.0.0.5:47310", "GET", "/health_generate", "1.1", 200)
 
     def _request(self, rid: str, prompt: int, output: int, outcome: str, dp_rank: int, at: float) -> None:
         s, r = self.s, self.r
@@ -457,6 +599,59 @@ def logrotate(folder: Path) -> list[str]:
     return sorted((p.name for p in folder.iterdir()), key=lambda n: (n.endswith(".log"), n))
 
 
+#: The reuse run (:func:`reuse_run`): its folder, its releases (one of each era), the decode pool of
+#: each DP rank (tokens: the over-long prompt of :data:`SCENARIO` and decode's 512-token admission
+#: reserve fit in it, and it is smaller than the context), the long request first on the over-long
+#: prompt's DP rank (a prompt prefill admits: under ``max_req_input_len``), and how much later the
+#: rest of :data:`SCENARIO` comes (seconds: once that request is over on both servers)
+REUSE_FOLDER = "text-reuse"
+REUSE_RELEASES = ("0.5.11", "0.5.18", "0.5.20", "0.5.23")
+REUSE_DECODE_POOL = 704_512
+REUSE_FIRST = ("req-v", 650_000, 64, "served", 0, 2.0)
+REUSE_SHIFT = 6.0
+#: The reuse run's probes of ``/health_generate`` on both servers, every few seconds: (seconds, whether
+#: the servers are busy then: the long request in prefill's forward and in decode's steps)
+REUSE_HEALTH = ((4.0, True), (7.0, False), (17.0, False), (23.0, False))
+
+
+def reuse_scenario() -> list[tuple[str, int, int, str, int, float]]:
+    """:data:`REUSE_FIRST`, then :data:`SCENARIO` :data:`REUSE_SHIFT` seconds later."""
+    return [REUSE_FIRST] + [(rid, p, o, outcome, dp, round(at + REUSE_SHIFT, 3))
+                            for rid, p, o, outcome, dp, at in SCENARIO]
+
+
+def reuse_run(release: Release, out: Path, sources: dict[str, str]) -> dict[str, Any]:
+    """The scenario after one long request on the same decode DP pool as the over-long prompt,
+    in the text form, the decode pool :data:`REUSE_DECODE_POOL` tokens: the long request's pages
+    are written (its prompt by the transfer) and freed before the over-long prompt arrives, so
+    that a release sending the one-token stub has decode read, besides pages never written,
+    pages that request wrote (so many that no allocation order avoids them). What it printed,
+    for SOURCE.json's ``reuse``."""
+    scenario = reuse_scenario()
+    start_clock(SETUP)
+    out.mkdir(parents=True)
+    checks: dict[str, list[str]] = {}
+    for role in ("prefill", "decode"):
+        spec = SPECS[role] if role == "prefill" else dataclasses.replace(SPECS[role], pool=REUSE_DECODE_POOL)
+        server = Server(release, spec, SETUP, "text", None, out=Lines())  # (a probe inside a request's lines)
+        printer = Scenario(server, scenario, health=REUSE_HEALTH)
+        printer.play()
+        (out / f"{role}-0.log").write_text(server.out.getvalue(), encoding="utf-8")
+        sources.update(server.sources)
+        checks[f"{role}-0"] = printer.health_rids
+    return {"folder": out.name, "form": "text", "pool_tokens": {"prefill": POOL, "decode": REUSE_DECODE_POOL},
+            "scenario": [dict(zip(("rid", "prompt_tokens", "output_tokens", "outcome", "decode_dp_rank", "at_s"), s,
+                                  strict=True)) for s in scenario],
+            "health_checks": _health(REUSE_HEALTH, checks)}
+
+
+def _health(probes: tuple[tuple[float, bool], ...], rids: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The health checks of a run, for SOURCE.json: each probe's time, whether the servers were
+    busy (no finish line), and the rid each server logged."""
+    return [{"at_s": at, "busy": busy, "rids": {node: ids[n] for node, ids in rids.items()}}
+            for n, (at, busy) in enumerate(sorted(probes))]
+
+
 #: The hostile run: no client gives a rid (each server assigns its own), and the prompts and
 #: outputs hold text that looks like log lines. (name, prompt tokens, output tokens, outcome,
 #: decode DP rank, arrival seconds)
@@ -472,6 +667,9 @@ HOSTILE = [
 #: 0.5.11: JSON to target files, bare (no time of their own), each string cut to 2,048 characters;
 #: 0.5.23: the text form, nothing cut. (Fixtures cost: ~100 and ~260 KB.)
 HOSTILE_SETS = {"0.5.11": (("json", 2, False),), "0.5.23": (("text", 3, True),)}
+#: The hostile runs' probes of ``/health_generate`` on both servers, both while they are idle (each
+#: printed before the next request: a --log-requests-target file is written in the order printed)
+HOSTILE_HEALTH = ((3.0, False), (9.0, False))
 #: In every user text: what a test looks for in printed output
 USER_MARK = "<<user text>>"
 
@@ -546,17 +744,20 @@ def hostile_runs(release: Release, folder: Path, sources: dict[str, str]) -> lis
         out = folder / f"hostile-{form}-level{level}"
         texts = hostile_texts(long)
         start_clock(SETUP)
+        checks: dict[str, list[str]] = {}
         for role in ("prefill", "decode"):
             target = out / f"{role}-0" if form == "json" and has_targets(release) else None
             server = Server(release, SPECS[role], SETUP, form, target, level=level)
-            printer = Scenario(server, HOSTILE, texts, assign_rids=True)
+            printer = Scenario(server, HOSTILE, texts, assign_rids=True, health=HOSTILE_HEALTH)
             printer.play()
+            checks[f"{role}-0"] = printer.health_rids
             out.mkdir(parents=True, exist_ok=True)
             (out / f"{role}-0.log").write_text(server.out.getvalue(), encoding="utf-8")
             close_targets(printer)
             sources.update(server.sources)
         described.append({"folder": out.name, "form": form, "log_requests_level": level,
-                          "longest_line_chars": len(texts["evil-long"][1]) if level == 3 else None})
+                          "longest_line_chars": len(texts["evil-long"][1]) if level == 3 else None,
+                          "health_checks": _health(HOSTILE_HEALTH, checks)})
     return described
 
 

@@ -115,8 +115,8 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
                   "client's or router's): requests named by bootstrap room (room-B), which both servers of a "
                   "request log, as --request-ids room does (--request-ids rid keeps the rids)")
     if facts.warmups:
-        notes.add("warmup", "{n} requests the server sent itself (bootstrap host 2.2.2.2: its start-up warmup or "
-                  "a health check) left out: no client's request, no transfer", len(facts.warmups))
+        notes.add("warmup", "{n} requests the server sent itself (bootstrap host 2.2.2.2 or a HEALTH_CHECK rid: its "
+                  "start-up warmup or a health check) left out: no client's request, no transfer", len(facts.warmups))
     if len(facts.boot_lines) > 1:
         notes.add("restart", f"{{n}} restart(s) of the server inside one file (a server_args line each): each a "
                   f"new boot of its node, its pool fresh; requests in flight at each, left unfinished: "
@@ -379,7 +379,9 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
             value = _FORMATS[k].learn(value, line, facts, options)
             if k == _CONFIG and value.what == "server_args":  # a process of the server starts
                 if facts.boot_lines:
-                    facts.in_flight_at_restart.append(len(facts.received - facts.finished))
+                    # (received and never finished, but neither the server's own nor refused by its tokenizer)
+                    open_ = facts.received - facts.finished - facts.warmups
+                    facts.in_flight_at_restart.append(max(0, len(open_) - len(facts.pending_context)))
                 facts.boot_lines.append(line_no)
                 if line.ts is not None:
                     facts.boot_times.append((line.ts, line.precise))

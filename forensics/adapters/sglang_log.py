@@ -329,8 +329,11 @@ class Facts:
     boot_times: list[tuple[dt.datetime, bool]] = field(default_factory=list)
     boot_of: dict[str, int] = field(default_factory=dict)
     #: requests the server sent itself (bootstrap host 2.2.2.2: its start-up warmup, health
-    #: checks): no client's, so no record of them (counted in a file note)
+    #: checks; or a health check's rid): no client's, so no record of them (counted in a file note)
     warmups: set[str] = field(default_factory=set)
+    #: the items of the server's own batch past its first (the warmup before 0.5.18): the batch is
+    #: one POST, answered once, so their finishes are no answer of their own (access lines)
+    batched: set[str] = field(default_factory=set)
     received: set[str] = field(default_factory=set)  # every request the file has a receive line of
     #: the file's records name requests by bootstrap room (``room-B``), not by rid (--request-ids)
     by_room: bool = False

@@ -54,6 +54,9 @@ class RequestLine(NamedTuple):
     rid: str
     obj: dict[str, Any]
     meta: dict[str, Any]  # out.meta_info of a finish
+    #: the items' rids of a batch the server sent itself (its start-up warmup before 0.5.18), the
+    #: first of them ``rid``; each item finishes on a line of its own
+    batch: tuple[str, ...] = ()
 
     @property
     def finish_reason(self) -> dict[str, Any]:
@@ -101,6 +104,8 @@ def parse(line: LogLine, *, whole: bool = False) -> RequestLine | None:
     if rid is None:
         rid = obj.get("rid")
     if isinstance(rid, list):
+        if event == "received" and _own_batch(rid, obj):
+            return RequestLine(event, rid[0], {"bootstrap_host": FAKE_BOOTSTRAP_HOST}, {}, tuple(rid))
         raise Untranslatable("a batch request (rid is a list); log requests one by one")
     if not isinstance(rid, str) or not rid:
         raise Untranslatable("the logged request has no rid")
@@ -128,9 +133,29 @@ _FAST_STATUS = re.compile(r"'status_code': (?:(?P<n>\d+)|<HTTPStatus\.\w+: (?P<e
 
 _FAST_ROOM = re.compile(r", bootstrap_room=(-?\d+|None)(?=[,)])")
 #: The bootstrap host SGLang gives the requests it sends itself, with no transfer behind them: the
-#: start-up warmup of a disaggregated server (one per DP rank from 0.5.18, room = the DP rank, a
-#: server-assigned rid) and its health checks (``entrypoints/http_server.py``, every release)
+#: start-up warmup of a disaggregated server (before 0.5.18 one batch, an item per DP rank; from
+#: 0.5.18 one per DP rank, room = the DP rank; server-assigned rids) and its health checks
+#: (``entrypoints/http_server.py``, every release)
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+
+
+#: The rid prefix of SGLang's health checks (``/health_generate``, and ``/health`` where it generates:
+#: ``HEALTH_CHECK_RID_PREFIX``, written out in 0.5.5), which its scheduler tells by that prefix alone
+HEALTH_CHECK = "HEALTH_CHECK"
+
+
+def own_request(r: RequestLine) -> bool:
+    """Whether the server sent the request itself: bootstrap host 2.2.2.2 (the warmup and health
+    checks of a disaggregated server), or a health check's rid (a unified server's have no host)."""
+    return r.obj.get("bootstrap_host") == FAKE_BOOTSTRAP_HOST or r.rid.startswith(HEALTH_CHECK)
+
+
+def _own_batch(rids: list[Any], obj: dict[str, Any]) -> bool:
+    """Whether a batch request (``rid`` a list) is the server's own: every item's bootstrap host
+    2.2.2.2 (before 0.5.18 the start-up warmup is one batch, an item per DP rank)."""
+    hosts = obj.get("bootstrap_host")
+    return (bool(rids) and all(isinstance(rid, str) and rid for rid in rids) and isinstance(hosts, list)
+            and len(hosts) == len(rids) and all(host == FAKE_BOOTSTRAP_HOST for host in hosts))
 
 
 def _fast(msg: str) -> RequestLine | None:
@@ -264,11 +289,13 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
     room = r.obj.get("bootstrap_room")  # (dig's answer for a path of one key)
     if isinstance(room, int) and not isinstance(room, bool):
         facts.learn_room(r.rid, room)
-    if r.event == "received" and r.obj.get("bootstrap_host") == FAKE_BOOTSTRAP_HOST:
-        facts.warmups.add(r.rid)  # the server's own warmup (or health check): no client's request
+    if own_request(r):  # the server's own warmup or health check: no client's request
+        facts.warmups.update(r.batch or (r.rid,))
+        facts.batched.update(r.batch[1:])
     if r.event == "received":
-        facts.received.add(r.rid)
-        facts.open_receives[r.rid] = line.ts or facts.last_ts
+        facts.received.update(r.batch or (r.rid,))
+        if r.rid not in facts.warmups:  # (a health check skipped by a busy server never finishes: no client waits)
+            facts.open_receives[r.rid] = line.ts or facts.last_ts
         if line.ts is not None:
             facts.received_at.setdefault(r.rid, line.ts)
         if options.tenant_from is not None:
@@ -285,7 +312,8 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
     fr = r.finish_reason
     aborted = fr.get("type") == "abort"
     status = (status_code(fr.get("status_code")) or 500) if aborted else 200  # (finish_status)
-    facts.finish_status[status] = facts.finish_status.get(status, 0) + 1
+    if r.rid not in facts.batched and not r.rid.startswith(HEALTH_CHECK):  # (one answer a batch; a GET a health check)
+        facts.finish_status[status] = facts.finish_status.get(status, 0) + 1
     dp = r.meta.get("dp_rank")
     if isinstance(dp, int) and not isinstance(dp, bool):
         facts.dp_of.setdefault(r.rid, dp)
