@@ -1,7 +1,7 @@
 """The docs' own snippets run (issue #45 item 5): docs/adapters.md's command on the SGLang sample,
 as written, and docs/emit.md's Python block into a folder the ingest then reads. (docs/cli.md is
-the commands' own help: tests/kvforensics/test_reference.py; the README's Python block:
-test_readme_snippet.py.)"""
+the commands' own help: tests/kvforensics/test_reference.py; docs/notebook.md's Python block:
+test_notebook_page.py; the README's commands: test_readme.py.)"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The command line: every command has help and is in the README; JSON output is the library's."""
+"""The command line: every command has help and is in the guide (docs/investigate.md); JSON output is
+the library's."""
 
 from __future__ import annotations
 
@@ -17,16 +18,16 @@ import forensics
 from kvforensics.cli import app
 
 RUNNER = CliRunner()
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+GUIDE = (Path(__file__).resolve().parents[2] / "docs" / "investigate.md").read_text()
 COMMANDS = [c.name or c.callback.__name__ for c in app.registered_commands if c.callback]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_has_help_and_is_in_the_readme(command: str) -> None:
+def test_every_command_has_help_and_is_in_the_guide(command: str) -> None:
     result = RUNNER.invoke(app, [command, "--help"])
     assert result.exit_code == 0
     assert len(result.output.strip()) > 40
-    assert f"kvforensics {command}" in README
+    assert f"kvforensics {command}" in GUIDE
 
 
 def test_investigate_json_equals_the_library(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The README's notebook snippet runs against the sample incident, and its ids are the sample's
-(issue #45: it named ids the sample does not have, so it returned nothing or raised)."""
+"""docs/notebook.md's Python block (the README's, before it became a front page) runs against the
+sample incident, and its ids are the sample's (issue #45: it named ids the sample does not have,
+so it returned nothing or raised)."""
 
 from __future__ import annotations
 
@@ -15,18 +16,18 @@ import forensics
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_readme_python_block_runs_on_the_sample_and_finds_what_it_names(
+def test_the_notebook_page_python_block_runs_on_the_sample_and_finds_what_it_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "notebook.md").read_text(), re.S)
                 if "sample_logs/" in b]
     (tmp_path / "sample_logs").symlink_to(ROOT / "sample_logs")
     (tmp_path / "out").mkdir()
     monkeypatch.chdir(tmp_path)
     lines = block.strip().splitlines()
     scope: dict[str, object] = {}
-    exec(compile("\n".join(lines[:3]), "README.md", "exec"), scope)  # noqa: S102 (the README's own code)
-    shown = [eval(compile(line.split("#")[0].strip(), "README.md", "eval"), scope)  # noqa: S307
+    exec(compile("\n".join(lines[:3]), "notebook.md", "exec"), scope)  # noqa: S102 (the page's own code)
+    shown = [eval(compile(line.split("#")[0].strip(), "notebook.md", "eval"), scope)  # noqa: S307
              for line in lines[3:]]
     summary, exposures, seen_by, timeline, findings = shown
     assert summary["exposed_responses"] > 0
