@@ -7,7 +7,8 @@ they go in within 3x the time of the same records in a few large files. The reco
 generated once (4 node logs, bench/generate.py), then cut into files of ``--per-file`` lines,
 each node's lines in order (as rotation cuts them). Both sets are ingested into fresh cases in
 one process, after a warm-up ingest that loads the compiled fast path; the two cases must hold
-the same records, duplicates and quarantined lines. Prints the times and the ratio.
+the same records, duplicates and quarantined lines. Prints the times and the ratio, and the
+machine's load average before and after (the two sides slow differently under others' load).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main() -> None:
         ingest(first, tmp / "first.duckdb")  # loads the compiled fast path, once a process
         print(f"records: {n:,} ({size / 2**20:.0f} MiB): {len(list(few.iterdir()))} files, "
               f"and {files:,} files of {args.per_file}", flush=True)
+        print(f"load average before: {load()}", flush=True)
         times = {}
         for name, logs in (("few", few), ("many", tmp / "many")):
             if args.only not in (None, name):
@@ -95,6 +97,12 @@ def main() -> None:
             assert contents(tmp / "few.duckdb") == contents(tmp / "many.duckdb"), "the two cases differ"
             print("the two cases hold the same records, duplicates and quarantined lines")
             print(f"ratio many / few: {times['many'] / times['few']:.2f}x (target <= 3x)")
+        print(f"load average after: {load()}")
+
+
+def load() -> str:
+    """The machine's load average over 1, 5 and 15 minutes."""
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 if __name__ == "__main__":

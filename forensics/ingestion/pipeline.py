@@ -12,8 +12,9 @@ DuckDB writes straight to the case file. Every line read is kept, compressed, in
 
 Each file is all in or all out: a process killed mid-way leaves the case as it was before
 that file, and running the same command again finishes the job. A large file is a transaction of
-its own; small files (a fleet's hourly logs: tens of thousands of them) are read whole and go in
-a group at a time, one transaction, one statement per table and one settling for the group
+its own; small files (a fleet's hourly logs: tens of thousands of them) are read whole (canonical
+ones in one read, hashed from the same bytes) and go in a group at a time, one transaction, one
+statement per table and one settling for the group
 (:func:`~forensics.ingestion.settle.settle_together`), which ends exactly as they would one by
 one, or where it might not, one transaction each. The outcome does not depend on file order: a
 conflict on ``(node, boot, seq)`` keeps the record whose canonical JSON sorts first, even when the
@@ -43,18 +44,21 @@ import pyarrow.compute as pc
 
 from forensics import adapters
 from forensics.adapters import Notes, Options
-from forensics.errors import FileChanged, UnreadableFile
+from forensics.errors import UnreadableFile
 from forensics.ingestion import source
 from forensics.ingestion.readers import (
     LINES_SCHEMA,
     ROW_GROUP,
     Block,
     FilePart,
+    FilesSplit,
+    Hashed,
     Limits,
     LogFile,
     PassedOver,
     ReadAhead,
     batched,
+    changed,
     discover,
     fast_path,
     open_regular,
@@ -257,7 +261,7 @@ def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], prog
         # takes 0.1 s to plan), for the split is what the loader waits for first; the next file
         # is hashed while this one loads
         with ThreadPoolExecutor(max_workers=1) as pool, ReadAhead(logs, together=settler is settle) as ahead:
-            hashes = digests(pool, logs)
+            hashes = digests(pool, logs, ahead.reads_whole)
             try:
                 prepare(con)
                 # each file leaves each kind's table a part of a row group; DuckDB would merge those
@@ -270,7 +274,8 @@ def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], prog
                 results = loading.all(logs, hashes, together=settler is settle)
             finally:
                 for digest in hashes:
-                    digest.cancel()
+                    if digest is not None:
+                        digest.cancel()
         final = _with_counts(con, results) + [_unopened(con, p) for p in skipped if p.refused]
         _forget_listed(con, searched, {r.path for r in final if r.status == "refused"})
         # a file named twice, or two paths with the same bytes, is one piece of evidence
@@ -335,29 +340,13 @@ def _with_counts(con: duckdb.DuckDBPyConnection, results: list[FileResult]) -> l
     """The files' counts as they stand now (a later file can turn a record into a conflict)."""
     rows = con.execute(
         "SELECT sha256, read, ingested, duplicates, quarantined FROM file_counts "
-        "WHERE list_contains(?, sha256)",
+        "WHERE sha256 IN (SELECT unnest(?::VARCHAR[]))",  # (a join: list_contains, 0.25 s for 20,000 files)
         [[r.sha256 for r in results]],
     ).fetchall()
-    counts = {sha: Counts(*(int(v) for v in rest)) for sha, *rest in rows}
+    counts = {sha: Counts(int(read), int(ingested), int(duplicates), int(quarantined))
+              for sha, read, ingested, duplicates, quarantined in rows}
     return [r if r.status == "refused" else FileResult(**{**r.__dict__, "counts": counts[r.sha256]})
             for r in results]
-
-
-@dataclass(frozen=True)
-class Hashed:
-    """A file as hashed: the SHA-256 and size of its bytes as stored, and when it was last written."""
-
-    sha256: str
-    size: int
-    mtime_ns: int
-
-    def unchanged(self, path: Path) -> bool:
-        """Whether the file is as it was hashed (same size, not written since)."""
-        try:
-            now = path.stat()
-        except OSError:
-            return False
-        return now.st_size == self.size and now.st_mtime_ns == self.mtime_ns
 
 
 def sha256_of(path: Path) -> Hashed:
@@ -397,20 +386,25 @@ class Digest:
         self.batch.cancel()
 
 
-def digests(pool: ThreadPoolExecutor, logs: Sequence[LogFile]) -> list[Digest]:
-    """The files' hashes, made in order by ``pool``: small files in batches, each other file alone."""
-    out: list[Digest] = []
-    batch: list[Path] = []
+def digests(pool: ThreadPoolExecutor, logs: Sequence[LogFile],
+            hashed_as_read: Callable[[LogFile], bool]) -> list[Digest | None]:
+    """The files' hashes, made in order by ``pool``: small files in batches, each other file alone;
+    None for a file hashed as it is read (``hashed_as_read``: :meth:`ReadAhead.reads_whole`)."""
+    out: list[Digest | None] = [None] * len(logs)
+    batch: list[tuple[int, Path]] = []  # (each file's index in ``logs``)
 
     def submit() -> None:
-        done = pool.submit(_sha256_of_each, list(batch))
-        out.extend(Digest(done, at) for at in range(len(batch)))
+        done = pool.submit(_sha256_of_each, [path for _, path in batch])
+        for at, (index, _) in enumerate(batch):
+            out[index] = Digest(done, at)
         batch.clear()
 
-    for log in logs:
+    for index, log in enumerate(logs):
+        if hashed_as_read(log):
+            continue
         if not log.small and batch:
             submit()
-        batch.append(log.path)
+        batch.append((index, log.path))
         if not log.small or len(batch) >= HASH_BATCH:
             submit()
     if batch:
@@ -441,15 +435,16 @@ def _ingest_or_refuse(
         return _refused(con, log, hashing, ahead, exc)
 
 
-def _refused(con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Digest, ahead: ReadAhead,
+def _refused(con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Digest | None, ahead: ReadAhead,
              exc: UnreadableFile) -> FileResult:
     """The file's refusal (``exc`` says why), in ``refused_files`` and as its result; the reader
-    passes over what is left of it."""
+    passes over what is left of it. ``hashing`` None: the file was to be hashed as it was read; it
+    is hashed now, for the record."""
     if fast_path(log):
         ahead.abandon(log)
     why = str(exc).removeprefix(f"{shown(log.path)}: ")
     try:
-        hashed = hashing.result()
+        hashed = hashing.result() if hashing is not None else sha256_of(log.path)
     except UnreadableFile:
         hashed = Hashed("", _size_or_zero(log.path), 0)
     _refuse(con, path_text(log.path), hashed.size, hashed.sha256 or None, why)
@@ -461,6 +456,8 @@ def _refused(con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Digest, ahea
 #: which for 50 records is everything). A group ends at this many files, or once this much is read.
 GROUP_FILES = 5000
 GROUP_BYTES = 128 << 20
+#: The first group ends at this many files, the next at twice as many, and so on (:func:`_group_files`).
+FIRST_GROUP_FILES = 500
 
 
 @dataclass(frozen=True)
@@ -473,6 +470,7 @@ class WholeFile:
     text: tuple[source.Piece, ...]  # its lines for ``source_lines`` where its blocks do not bring them
     notes: Notes
     ignored: int  # lines that are no event (an adapted file)
+    path: str  # its path as the case stores it (:func:`~forensics.text.path_text`)
 
     @property
     def nbytes(self) -> int:
@@ -492,24 +490,32 @@ class _Loading:
         # the case's files by their bytes, with the lines each ignored: a small file among them is there already
         self.known = {sha: int(n) for sha, n in con.execute("SELECT sha256, lines_ignored FROM files").fetchall()}
 
-    def all(self, logs: Sequence[LogFile], hashes: Sequence[Digest], *, together: bool) -> list[FileResult]:
+    def all(self, logs: Sequence[LogFile], hashes: Sequence[Digest | None], *, together: bool) -> list[FileResult]:
         """Every file's result, in order. ``together``: small files go in groups."""
         results: list[FileResult | None] = [None] * len(logs)
         group: list[tuple[int, WholeFile]] = []
         group_bytes = 0
+        groups = 0
+        small = [_small_size(log) is not None and together for log in logs]
+        small_from = list(itertools.accumulate(reversed(small), initial=0))[::-1]  # (small files from each on)
+        group_files = 0
 
         def put_group_in() -> None:
-            nonlocal group_bytes
+            nonlocal group_bytes, groups
+            if not group:
+                return
             for (at, _), result in zip(group, self.put_in([whole for _, whole in group]), strict=True):
                 results[at] = result
             group.clear()
             group_bytes = 0
+            groups += 1
 
         if self.files is not None:
             self.files(0, len(logs))
         for at, (log, hashing) in enumerate(zip(logs, hashes, strict=True)):
             size = _small_size(log) if together else None
             if size is None:
+                assert hashing is not None, "a file hashed apart"
                 put_group_in()
                 results[at] = _ingest_or_refuse(self.con, log, hashing, self.progress, self.options, self.ahead,
                                                 self.columns, self.settler)
@@ -518,9 +524,11 @@ class _Loading:
                 if isinstance(read, FileResult):
                     results[at] = read
                 else:
+                    if not group:
+                        group_files = _group_files(groups, small_from[at])
                     group.append((at, read))
                     group_bytes += read.nbytes
-                    if len(group) >= GROUP_FILES or group_bytes >= GROUP_BYTES:
+                    if len(group) >= group_files or group_bytes >= GROUP_BYTES:
                         put_group_in()
             if self.files is not None:
                 self.files(at + 1, len(logs))
@@ -528,9 +536,12 @@ class _Loading:
         assert all(r is not None for r in results)
         return [r for r in results if r is not None]
 
-    def read_small(self, log: LogFile, size: int, hashing: Digest) -> WholeFile | FileResult:
-        """The small file ``log`` of ``size`` bytes read whole (:func:`_read_whole`), or its result
-        where it is in the case already or is refused."""
+    def read_small(self, log: LogFile, size: int, hashing: Digest | None) -> WholeFile | FileResult:
+        """The small file ``log`` of ``size`` bytes read whole (:func:`_read_whole`; ``hashing`` None:
+        by the reader, which hashed it as it read it), or its result where it is in the case already
+        or is refused."""
+        if hashing is None:
+            return self.taken_whole(log, size)
         try:
             hashed = hashing.result()
             if hashed.sha256 in self.known:
@@ -543,6 +554,19 @@ class _Loading:
             return _refused(self.con, log, hashing, self.ahead, exc)
         self.known[hashed.sha256] = whole.ignored  # (a copy of it later on is there already)
         return whole
+
+    def taken_whole(self, log: LogFile, size: int) -> WholeFile | FileResult:
+        """:meth:`read_small` of a file the reader read whole and hashed, in one read."""
+        try:
+            hashed, parts = self.ahead.whole(log)
+        except UnreadableFile as exc:
+            return _refused(self.con, log, None, self.ahead, exc)
+        if hashed.sha256 in self.known:
+            return FileResult(status="already_in_case", ignored=self.known[hashed.sha256], **_identity(log, hashed))
+        self.known[hashed.sha256] = 0
+        if self.progress is not None:
+            self.progress(log.path, min(sum(part.nbytes for part in parts), size), size)
+        return WholeFile(log, hashed, tuple(parts), (), Notes(), 0, path_text(log.path))
 
     def put_in(self, wholes: Sequence[WholeFile]) -> list[FileResult]:
         """Small files read whole into the case: in one transaction, where settling them together
@@ -569,15 +593,29 @@ class _Loading:
                     return None
             else:
                 self.settler(con, first, self.columns)
-            con.execute("DELETE FROM refused_files WHERE list_contains(?, path)",
-                        [[path_text(w.log.path) for w in wholes]])
+            con.execute("DELETE FROM refused_files WHERE path IN (SELECT unnest(?::VARCHAR[]))",
+                        [[w.path for w in wholes]])
             con.execute("COMMIT")
         except BaseException:
             _roll_back(con)
             raise
         con.execute("DROP TABLE IF EXISTS stage")
-        return [FileResult(status="ingested", ignored=w.ignored, notes=tuple(n.lines()), **_identity(w.log, w.hashed))
+        return [FileResult(status="ingested", ignored=w.ignored, notes=tuple(n.lines()),
+                           **_identity(w.log, w.hashed, w.path))
                 for w, n in zip(wholes, notes, strict=True)]
+
+
+def _group_files(before: int, small: int) -> int:
+    """How many files the group after ``before`` others holds, with ``small`` small files from its
+    first on. The first groups are small, and each twice the one before up to :data:`GROUP_FILES`
+    (from :data:`FIRST_GROUP_FILES`): the case's statements start once a few files are read, not
+    thousands, while the reader reads on. Then the groups are as even as they can be (20,002 files:
+    500, 1,000, 2,000, 4,000, then 3 of about 4,168, not 2 of 5,000 and one of 2,502): a group's
+    own statements cost about as much for a few files as for thousands."""
+    ramp = FIRST_GROUP_FILES << min(before, 32)
+    if ramp < GROUP_FILES:
+        return ramp
+    return -(-small // -(-small // GROUP_FILES))
 
 
 def _small_size(log: LogFile) -> int | None:
@@ -588,7 +626,7 @@ def _small_size(log: LogFile) -> int | None:
 def _read_whole(log: LogFile, size: int, hashed: Hashed, progress: Progress | None, options: Options,
                 ahead: ReadAhead) -> WholeFile:
     """The small file ``log`` read whole, as :func:`_load` reads a file, and checked as it is: what
-    was read must be what was hashed (:class:`FileChanged`)."""
+    was read must be what was hashed (:class:`~forensics.errors.FileChanged`)."""
     notes = Notes()
     ignored = [0]
 
@@ -606,8 +644,8 @@ def _read_whole(log: LogFile, size: int, hashed: Hashed, progress: Progress | No
     text = () if fast_path(log) else tuple(source_pieces(log))
     # (the size found is not looked at again: a file changed since is not as hashed at the end)
     if not hashed.unchanged(log.path):
-        raise FileChanged(f"{shown(log.path)}: changed while it was read; ingest it again once nothing writes to it")
-    return WholeFile(log, hashed, tuple(blocks), text, notes, ignored[0])
+        raise changed(log.path)
+    return WholeFile(log, hashed, tuple(blocks), text, notes, ignored[0], path_text(log.path))
 
 
 def _stage_whole(con: duckdb.DuckDBPyConnection, first: int, wholes: Sequence[WholeFile],
@@ -621,19 +659,29 @@ def _stage_whole(con: duckdb.DuckDBPyConnection, first: int, wholes: Sequence[Wh
     lines = _Rows()
     plain: dict[str | None, _Rows] = {}
     text = source.Store(con)
-    for i, w in zip(ids, wholes, strict=True):
+    for run in _split_runs(ids, wholes):
+        if isinstance(run, _SplitRun):  # (their rows stay in the split's tables: no table a file)
+            split, parts = run.split, slice(run.part, run.part + len(run.ids) + 1)  # (and where the last ends)
+            for file_id, texts in zip(run.ids.tolist(), split.texts[run.part : run.part + len(run.ids)], strict=True):
+                text.add(file_id, texts)
+            lines.add(run.ids, split.lines, split.lines_at[parts])
+            for kind, rows, at in split.kinds:
+                plain.setdefault(kind, _Rows()).add(run.ids, rows, at[parts])
+            continue
+        i, w = run
+        one = np.array([i], dtype=np.int32)
         for block in w.blocks:
-            if isinstance(block, FilePart):  # (its rows stay in the split's tables: no table a file)
-                split, part = block.split, block.part
-                text.add(i, split.texts[part])
-                lines.add(i, split.lines, split.lines_at[part], split.lines_at[part + 1])
+            if isinstance(block, FilePart):
+                split, parts = block.split, slice(block.part, block.part + 2)
+                text.add(i, split.texts[block.part])
+                lines.add(one, split.lines, split.lines_at[parts])
                 for kind, rows, at in split.kinds:
-                    plain.setdefault(kind, _Rows()).add(i, rows, at[part], at[part + 1])
+                    plain.setdefault(kind, _Rows()).add(one, rows, at[parts])
                 continue
             text.add(i, block.text)
-            lines.add(i, block.lines)
+            lines.add(one, block.lines, np.array([0, block.lines.num_rows]))
             for kind, rows in block.kinds:
-                plain.setdefault(kind, _Rows()).add(i, rows)
+                plain.setdefault(kind, _Rows()).add(one, rows, np.array([0, rows.num_rows]))
         text.add(i, w.text)
     text.flush()
     if lines.runs:
@@ -651,24 +699,64 @@ def _stage_whole(con: duckdb.DuckDBPyConnection, first: int, wholes: Sequence[Wh
         "AND regexp_matches(coalesce(doc, raw), ?) GROUP BY ALL", [_LEAP_IN_LINE]).fetchall()))
     _check_strict_json(con)
     all_notes = []
-    files: dict[str, list[Any]] = {name: [] for name in _FILES_COLUMNS}
-    file_notes: list[tuple[int, str, int, str]] = []
-    now = dt.datetime.now(dt.UTC)
+    file_notes: list[list[Any]] = []
     for i, w in zip(ids, wholes, strict=True):
-        notes = Notes(dict(w.notes.counts), dict(w.notes.texts))
+        notes = w.notes
         if leap := leaps[i]:
+            notes = Notes(dict(w.notes.counts), dict(w.notes.texts))
             notes.add("leap", _LEAP_NOTE, leap)
         all_notes.append(notes)
-        read = sum(b.plain_rows for b in w.blocks) + staged.get(i, 0)
-        row = [i, path_text(w.log.path), w.hashed.size, w.hashed.sha256, w.log.format, w.log.compression, now,
-               __version__, read, w.log.adapter, w.ignored]
-        for name, value in zip(_FILES_COLUMNS, row, strict=True):
-            files[name].append(value)
-        file_notes += [(i, key, n, note) for key, n, note in notes.rows()]
-    scan(con, pa.table(files), "new_files", "INSERT INTO files SELECT * FROM new_files")
+        if notes.counts:
+            file_notes += [[i, key, n, note] for key, n, note in notes.rows()]
+    n = len(wholes)
+    files = pa.table({
+        "file_id": pa.array(ids, pa.int32()), "path": [w.path for w in wholes],
+        "size": pa.array([w.hashed.size for w in wholes], pa.int64()), "sha256": [w.hashed.sha256 for w in wholes],
+        "format": [w.log.format for w in wholes], "compression": [w.log.compression for w in wholes],
+        "ingested_at": pa.array([dt.datetime.now(dt.UTC)] * n, pa.timestamp("us", "UTC")),
+        "toolkit_version": [__version__] * n,
+        "records_read": pa.array([sum(b.plain_rows for b in w.blocks) + staged.get(i, 0)
+                                  for i, w in zip(ids, wholes, strict=True)], pa.int64()),
+        "adapter": [w.log.adapter for w in wholes], "lines_ignored": pa.array([w.ignored for w in wholes], pa.int64()),
+    })
+    assert tuple(files.column_names) == _FILES_COLUMNS
+    scan(con, files, "new_files", "INSERT INTO files SELECT * FROM new_files")
     if file_notes:
-        con.executemany("INSERT INTO file_notes VALUES (?, ?, ?, ?)", [list(row) for row in file_notes])
+        con.executemany("INSERT INTO file_notes VALUES (?, ?, ?, ?)", file_notes)
     return all_notes
+
+
+@dataclass(frozen=True)
+class _SplitRun:
+    """Files one after the other in a group, each read whole as one part of the same split, the
+    parts one after the other too: their rows are slices of the split's tables, one a kind."""
+
+    split: FilesSplit
+    part: int  # the first file's
+    ids: np.ndarray  # the files' ids, in order
+
+
+def _split_runs(ids: range, wholes: Sequence[WholeFile]) -> Iterator[_SplitRun | tuple[int, WholeFile]]:
+    """The files (numbered ``ids``) as runs of parts of one split, and each other file alone."""
+    run: list[int] = []  # (file ids)
+    split: FilesSplit | None = None
+    part = 0
+    for i, w in zip(ids, wholes, strict=True):
+        block = w.blocks[0] if len(w.blocks) == 1 and not w.text else None
+        if isinstance(block, FilePart) and block.split is split and block.part == part + len(run):
+            run.append(i)
+            continue
+        if run:
+            assert split is not None
+            yield _SplitRun(split, part, np.array(run, dtype=np.int32))
+        if isinstance(block, FilePart):
+            run, split, part = [i], block.split, block.part
+        else:
+            run, split = [], None
+            yield i, w
+    if run:
+        assert split is not None
+        yield _SplitRun(split, part, np.array(run, dtype=np.int32))
 
 
 #: The columns of ``files``, in order.
@@ -682,17 +770,17 @@ def _tagged(table: pa.Table, file_id: int) -> pa.Table:
 
 
 class _Rows:
-    """Rows of several files, to go in as one table, each row with its file's id: a file's own
-    table, or a file's run of rows in a table it shares with others (:class:`FilesSplit`)."""
+    """Rows of several files, to go in as one table, each row with its file's id: runs of files
+    whose rows follow each other in a table (a file's own table, or a :class:`FilesSplit`'s)."""
 
     def __init__(self) -> None:
-        self.runs: list[tuple[pa.Table, int, int, int]] = []  # a table, the run's first row and end, its file
+        self.runs: list[tuple[pa.Table, np.ndarray, np.ndarray]] = []  # a table, where each file's rows start
+        # (and the last's end), the files' ids
 
-    def add(self, file_id: int, table: pa.Table, start: int = 0, stop: int | None = None) -> None:
-        """Take ``table``'s rows (from ``start`` to ``stop``), of file ``file_id``."""
-        stop = table.num_rows if stop is None else int(stop)
-        if stop > start:
-            self.runs.append((table, int(start), stop, file_id))
+    def add(self, file_ids: np.ndarray, table: pa.Table, at: np.ndarray) -> None:
+        """Take ``table``'s rows of the files ``file_ids``: the ``k``-th's from ``at[k]`` to ``at[k + 1]``."""
+        if at[-1] > at[0]:
+            self.runs.append((table, at, file_ids))
 
     def table(self) -> pa.Table:
         """The rows as one table, in few pieces (DuckDB scans a table of many small pieces slowly);
@@ -701,16 +789,18 @@ class _Rows:
         for _, same in itertools.groupby(self.runs, key=lambda run: id(run[0])):
             runs = list(same)
             table = runs[0][0]
-            starts = np.array([run[1] for run in runs])
-            stops = np.array([run[2] for run in runs])
+            starts = np.concatenate([at[:-1] for _, at, _ in runs]).astype(np.int64)
+            stops = np.concatenate([at[1:] for _, at, _ in runs]).astype(np.int64)
+            ids = np.concatenate([file_ids for _, _, file_ids in runs])
+            rows = stops > starts
+            starts, stops, ids = starts[rows], stops[rows], ids[rows]
             # a slice of each stretch of files one after the other (a file passed over breaks one;
             # Arrow takes no rows of a string view by index)
             breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
-            firsts, lasts = np.r_[0, breaks], np.r_[breaks, len(runs)] - 1
+            firsts, lasts = np.r_[0, breaks], np.r_[breaks, len(starts)] - 1
             piece = pa.concat_tables([table.slice(starts[a], stops[b] - starts[a])
                                       for a, b in zip(firsts.tolist(), lasts.tolist(), strict=True)])
-            ids = np.repeat(np.array([run[3] for run in runs], dtype=np.int32), stops - starts)
-            pieces.append(piece.append_column("file_id", pa.array(ids)))
+            pieces.append(piece.append_column("file_id", pa.array(np.repeat(ids.astype(np.int32), stops - starts))))
         whole = pa.concat_tables(pieces, promote_options="permissive")
         return whole.combine_chunks() if whole.column(0).num_chunks > _FEW_PIECES else whole
 
@@ -781,8 +871,7 @@ def _ingest_file(
         if hashed.size != size or not hashed.unchanged(log.path):
             # a live log, written or truncated (logrotate's copytruncate) while it was read: what was
             # read is not what the manifest's hash stands for
-            raise FileChanged(
-                f"{shown(log.path)}: changed while it was read; ingest it again once nothing writes to it")
+            raise changed(log.path)
         _check_strict_json(con)
         # the file's row goes in before its records settle: its lines are read back by its format
         con.execute(
@@ -814,10 +903,10 @@ def _roll_back(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("DROP TABLE IF EXISTS stage")
 
 
-def _identity(log: LogFile, hashed: Hashed) -> dict[str, Any]:
-    """A file's result fields that say which file it is."""
-    return dict(path=path_text(log.path), sha256=hashed.sha256, size=hashed.size, format=log.format,
-                compression=log.compression, counts=Counts(), adapter=log.adapter)
+def _identity(log: LogFile, hashed: Hashed, path: str | None = None) -> dict[str, Any]:
+    """A file's result fields that say which file it is (``path``: its :func:`path_text`, if made already)."""
+    return dict(path=path_text(log.path) if path is None else path, sha256=hashed.sha256, size=hashed.size,
+                format=log.format, compression=log.compression, counts=Counts(), adapter=log.adapter)
 
 
 def _size_of(path: Path) -> int:

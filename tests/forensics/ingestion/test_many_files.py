@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import json
+import os
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pytest
 from conftest import write_jsonl
 
@@ -203,25 +207,75 @@ def test_the_progress_is_told_the_files_done_and_left(tmp_path: Path) -> None:
     assert sorted(set(seen.read)) == sorted(logs)
 
 
-def test_a_small_file_read_in_one_go_gives_the_blocks_the_reading_loop_gives(tmp_path: Path) -> None:
-    """The reader's one read of a small file gives the very blocks its loop gives (or leaves the file
-    to the loop): with a byte-order mark, no last newline, CRLF, blank lines, long lines, nothing."""
+def test_a_small_file_read_in_one_go_gives_the_blocks_the_reading_loop_gives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's one read of a small file gives the very blocks its loop gives, and the hash of
+    the bytes as stored: with a byte-order mark, no last newline, CRLF, blank lines, long lines,
+    nothing, compressed; as one block for a split with other files wherever the loop gives one."""
     bodies = [b"", b"\n", b"\xef\xbb\xbf", b'{"a": 1}', b'{"a": 1}\n{"b": 2}', b"\xef\xbb\xbf{}\r\n{}\r\n",
               b"\n\n\n" * 2000, b"x" * 5000 + b"\n" + b"y" * 10, b"y" * 10 + b"\n" + b"x" * 5000,
               b"\xef\xbb\xbf" + b"x" * 5000, b"z" * 9000 + b"\n"]
     for n, body in enumerate(bodies):
-        path = tmp_path / f"{n}.jsonl"
-        path.write_bytes(body)
-        for limit in (4096, 16 << 20):
-            for lines in (3, 1000):
-                log = readers.LogFile(path, "jsonl", "none", limits=readers.Limits(max_line_bytes=limit))
-                once = readers._small_blocks(log, lines, readers.SMALL_READ_BYTES)
-                if once is None:
-                    continue
-                looped = list(readers._line_blocks(log, lines, readers.SMALL_READ_BYTES))
-                assert len(once) == len(looped), (n, limit, lines)
-                for a, b in zip(once, looped, strict=True):
-                    assert (bytes(a[0]), a[1], a[2].tolist(), a[3]) == (bytes(b[0]), b[1], b[2].tolist(), b[3])
+        for compression, stored in (("none", body), ("gzip", gzip.compress(body))):
+            path = tmp_path / f"{n}.jsonl{'.gz' if compression == 'gzip' else ''}"
+            path.write_bytes(stored)
+            for limit in (4096, 16 << 20):
+                for lines in (3, 1000):
+                    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", lines)
+                    log = readers.LogFile(path, "jsonl", compression, limits=readers.Limits(max_line_bytes=limit))
+                    hashed, once = readers.read_small(log)
+                    assert (hashed.sha256, hashed.size) == (hashlib.sha256(stored).hexdigest(), len(stored))
+                    looped = list(readers._line_blocks(log, lines, readers.SMALL_READ_BYTES))
+                    if isinstance(once, tuple):  # one block: where its lines end is found in the split
+                        data = bytes(once[0])
+                        blocks = [(once[0], 1, np.flatnonzero(np.frombuffer(data, np.uint8) == 10), once[1])]
+                    else:
+                        blocks = list(once)
+                    assert len(blocks) == len(looped), (n, compression, limit, lines)
+                    for a, b in zip(blocks, looped, strict=True):
+                        assert (bytes(a[0]), a[1], a[2].tolist(), a[3]) == (bytes(b[0]), b[1], b[2].tolist(), b[3])
+
+
+def test_a_small_file_written_while_it_is_read_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one read of a small file is checked on the open file: appended to or truncated while read,
+    or grown past what a small file is read whole up to since it was found, it is refused as
+    changed, alone, and the files around it go in."""
+    logs = [write_jsonl(tmp_path / "logs" / f"{i}.jsonl", [kv(i + 1, f"r{i}")]) for i in range(3)]
+    real_read = readers._read_fd
+    for trouble in ("appended", "truncated", "grown"):
+        def read(fd: int, size: int, trouble: str = trouble) -> bytes:
+            if os.fstat(fd).st_ino == logs[1].stat().st_ino:
+                with logs[1].open("ab") as fh:
+                    if trouble == "truncated":
+                        fh.truncate(5)
+                    else:
+                        fh.write(b"\n")
+            return real_read(fd, size)
+
+        if trouble == "grown":  # (grown after it was found small, before the reader opens it)
+            monkeypatch.setattr(readers, "_open_regular_fd", _grown_first(readers._open_regular_fd, logs[1]))
+        else:
+            monkeypatch.setattr(readers, "_read_fd", read)
+        result = forensics.ingest(logs, tmp_path / f"{trouble}.duckdb", fast=True)
+        assert [(Path(f.path).name, f.status, f.why) for f in result.files] == [
+            ("0.jsonl", "ingested", None),
+            ("1.jsonl", "refused", "changed while it was read; ingest it again once nothing writes to it"),
+            ("2.jsonl", "ingested", None)], trouble
+        assert result.records.read == 2
+        monkeypatch.undo()
+        logs[1].write_text(json.dumps(kv(2, "r1")) + "\n")
+
+
+def _grown_first(open_fd: Any, grows: Path) -> Any:
+    """:func:`readers._open_regular_fd` that makes ``grows`` past a small file's read before the
+    reader opens it (not before it is found)."""
+    def opened(path: Path) -> Any:
+        if path == grows and threading.current_thread().name == "kvf-read":
+            with grows.open("ab") as fh:
+                fh.write(b"\n" * (readers.SMALL_READ_BYTES + 1))
+        return open_fd(path)
+    return opened
 
 
 def test_the_quick_look_at_a_file_head_finds_the_format_the_full_sniff_finds(
@@ -236,7 +290,9 @@ def test_the_quick_look_at_a_file_head_finds_the_format_the_full_sniff_finds(
         "g.jsonl": '{"kind": 1}\n', "h.log": head + "\n", "i.log": "[2026-11-02 08:00:00] server_args=ServerArgs(x)\n",
         "j.jsonl": '{"no": "kind"}\n' + head + "\n", "k.jsonl": "[1, 2]\n", "l.txt": head + "\r\n",
         "m.jsonl": "\n" * 70 + head + "\n", "n.jsonl": head + "\u2028" + engine + "\n",
-        "o.jsonl": " " * 20000 + head + "\n",
+        "o.jsonl": " " * 20000 + head + "\n", "p.jsonl": "\u2028" + head + "\n", "q.jsonl": "  \r" + engine + "\n",
+        "r.jsonl": "\ufeff\n" + head + "\n", "s.jsonl": "\x1c" + head + "\r\n" + engine + "\n",
+        "t.jsonl": engine + "\r" + head + "\n", "u.jsonl": "\t\n\u3000\n" + head,
     }
     for name, body in bodies.items():
         (tmp_path / name).write_text(body, encoding="utf-8")
@@ -246,3 +302,74 @@ def test_the_quick_look_at_a_file_head_finds_the_format_the_full_sniff_finds(
     assert [(log.path.name, log.format, log.adapter) for log in quick] == \
         [(log.path.name, log.format, log.adapter) for log in full]
     assert {log.adapter for log in quick} >= {"canonical"}
+
+
+def test_a_small_file_is_opened_once_after_it_is_found_and_hashed_from_that_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small canonical files are opened twice in all: once when found (their head), once by the reader,
+    which hashes the very bytes it splits; they are not hashed apart. A CSV beside them still is."""
+    logs = [write_jsonl(tmp_path / f"{i}.jsonl", [kv(i + 1, f"r{i}")]) for i in range(6)]
+    table = tmp_path / "t.csv"
+    table.write_text("kind,ts,node,request_id,event,tenant_id,prompt_tokens\n"
+                     f"request,{TS},router,c1,received,acme,3\n")
+    opened: list[Path] = []
+    open_fd = readers._open_regular_fd
+
+    def counted(path: Path) -> Any:
+        opened.append(Path(path))
+        return open_fd(path)
+
+    hashed_apart: list[Path] = []
+    sha256_of = pipeline.sha256_of
+
+    def counted_hash(path: Path) -> Any:
+        hashed_apart.append(path)
+        return sha256_of(path)
+
+    monkeypatch.setattr(readers, "_open_regular_fd", counted)
+    monkeypatch.setattr(pipeline, "sha256_of", counted_hash)
+    result = forensics.ingest([*logs, table], tmp_path / "case.duckdb", fast=True)
+    assert [f.status for f in result.files] == ["ingested"] * 7
+    assert {log: opened.count(log) for log in logs} == {log: 2 for log in logs}
+    assert hashed_apart == [table]
+    assert [f.sha256 for f in result.files] == [hashlib.sha256(p.read_bytes()).hexdigest() for p in [*logs, table]]
+
+
+def test_groups_start_small_and_grow_then_are_even() -> None:
+    """The first groups double from FIRST_GROUP_FILES up to GROUP_FILES; then the small files left go in
+    groups as even as they can be, none larger than GROUP_FILES and none a runt."""
+    sizes = []
+    left = 20_002
+    while left > 0:
+        sizes.append(min(pipeline._group_files(len(sizes), left), left))
+        left -= sizes[-1]
+    first = pipeline.FIRST_GROUP_FILES
+    assert sizes[:3] == [first, 2 * first, 4 * first]
+    assert sum(sizes) == 20_002 and max(sizes) <= pipeline.GROUP_FILES
+    rest = sizes[sizes.index(max(sizes)) :]
+    assert max(rest) - min(rest) <= 2
+    assert pipeline._group_files(40, 7) == 7 and pipeline._group_files(40, 10_000) == 5_000
+
+
+def test_a_small_file_of_many_blocks_is_taken_as_it_comes_among_files_split_together(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small file that decompresses to more than one block comes block by block, as a large file's
+    do, between small files split together; one damaged past its first blocks is refused alone; the
+    case is the one a file at a time leaves."""
+    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 5)
+    folder = tmp_path / "logs"
+    write_jsonl(folder / "a.jsonl", [kv(s, "ra") for s in range(1, 4)])
+    for name, node in (("b", "decode-2"), ("c", "decode-3")):
+        packed = gzip.compress("".join(json.dumps(kv(s, f"r{name}", node=node)) + "\n" for s in range(1, 400)).encode())
+        (folder / f"{name}.jsonl.gz").write_bytes(packed if name == "b" else packed[: len(packed) * 2 // 3])
+    write_jsonl(folder / "d.jsonl", [kv(s, "rd", node="decode-4") for s in range(1, 4)])
+    grouped = forensics.ingest([folder], tmp_path / "grouped.duckdb", fast=True)
+    with pytest.MonkeyPatch.context() as patch:
+        one_at_a_time(patch)
+        alone = forensics.ingest([folder], tmp_path / "alone.duckdb", fast=True)
+    assert [(Path(f.path).name, f.status) for f in grouped.files] == [
+        ("a.jsonl", "ingested"), ("b.jsonl.gz", "ingested"), ("c.jsonl.gz", "refused"), ("d.jsonl", "ingested")]
+    assert grouped.records.ingested == 3 + 399 + 3
+    assert [f.as_dict() for f in grouped.files] == [f.as_dict() for f in alone.files]
+    assert tables(tmp_path / "grouped.duckdb") == tables(tmp_path / "alone.duckdb")
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvf-")]
