@@ -184,6 +184,9 @@ class _Held:
     tokens: int = 0  # decode: the KV slots of its row (prompt, then a slot a step)
     allocs_left: int = 0  # decode: steps still to give it a slot (0: not, or no longer, decoding)
     allocs: int = 0  # decode: the steps it takes part in, from its first
+    #: decode: the prompt's last page where its first step's slot falls and its transfer wrote
+    #: nothing (a placeholder's): that step writes it, its version the request's from then on
+    first_write: Pages | None = None
     ended: bool = False  # the engine ended the request on this node
     reading: bool = False  # decode: attending its pages (from decode_started)
     released: bool = False
@@ -548,6 +551,10 @@ class NodeEngine:
         self._kv(ts, rid, "read", h.prompt)
         h.tokens = request.prompt_tokens
         h.allocs = h.allocs_left = decode_steps(request.outputs, self.config.overlap_schedule)
+        page_size = self.config.page_size
+        last = h.tokens // page_size  # (the page of its first step's slot)
+        if h.allocs and h.tokens % page_size and pages_for(p.kv_tokens, page_size) <= last < len(h.prompt):
+            h.first_write = h.prompt[last:last + 1]
         row = pages_for(h.tokens + h.allocs, self.config.page_size)
         if row > MAX_REQUEST_PAGES:
             self.disagreements.append(Disagreement(rid, self.config.node, "beyond_replay_bound",
@@ -573,6 +580,11 @@ class NodeEngine:
         read by it at the step's time (``when``, or ``when(k)`` for the k-th step of the call).
         Steps run while some request is decoding; how many ran."""
         page_size = self.config.page_size
+        if steps > 0:  # a first step into a prompt page the transfer left unwritten writes it
+            for rid, h in self.decoding():
+                if h.first_write is not None and h.allocs_left == h.allocs:
+                    self._kv(when if isinstance(when, str) else when(0), rid, "write", h.first_write, "decode")
+                    h.first_write = None
         ran = 0
         while ran < steps:
             rows = self.decoding()

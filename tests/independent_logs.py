@@ -8,7 +8,9 @@ timed events), keeps each node's page pool as the spec describes (page 0 reserve
 the call's own rule says: a prompt's pages when ``tokens // page_size + 2`` exceeds the free list,
 a decode step's when the running batch does; never zeroed), decodes in steps (every
 :data:`STEP` while a request is decoding, each running request, in the order they joined, taking
-the slot of its next token and a page where that slot starts one; under the overlap scheduler one
+the slot of its next token and a page where that slot starts one (its KV written there: a first slot
+on a prompt page the transfer left unwritten, a placeholder's last partly filled page, writes that
+page, as SGLang's decode writes the token into it); under the overlap scheduler one
 step more than the tokens it outputs after the first, its finish logged half a step after its last
 step), and writes the full log set: configs, the router's ``received``, each node's request and
 transfer events and its ``kv`` page records.
@@ -228,6 +230,11 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         if what == "step":  # rid: the decode node
             d = nodes[rid]
             running = [x for x in d.batch if decoding[(d.name, x)][1] > 0]
+            for x in running:  # a step writes its token's KV into its slot: a first slot on a prompt
+                slots = decoding[(d.name, x)][0]  # page the transfer left unwritten writes that page
+                sent = 1 if info[x]["over"] else info[x]["prompt"]
+                if slots == info[x]["prompt"] and slots % page_size and slots // page_size >= ceil_div(sent, page_size):
+                    kv(d, t, x, "write", [held[(d.name, x)][slots // page_size]], "decode")
             starting = [x for x in running if decoding[(d.name, x)][0] % page_size == 0]
             for x, page in zip(starting, d.pool.take_step(len(starting), len(running)), strict=True):
                 held[(d.name, x)].append(page)
