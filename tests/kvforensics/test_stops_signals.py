@@ -28,6 +28,8 @@ KVF = str(Path(sys.executable).with_name("kvforensics"))
 #: so that a signal can be sent while that step works.
 MARKED = """
 import sys
+import time
+import forensics.ingestion.pipeline
 import forensics.investigation
 import kvforensics.job
 from kvforensics.cli import main
@@ -38,6 +40,14 @@ def marked(name, step):
         return step(*args, **kwargs)
     return run
 
+def held(name, step):  # (said, then held a moment: a stop sent on the mark lands inside the step)
+    def run(*args, **kwargs):
+        print(f"step: {name}", file=sys.stderr, flush=True)
+        time.sleep(0.5)
+        return step(*args, **kwargs)
+    return run
+
+forensics.ingestion.pipeline._Loading.transaction = held("ingest", forensics.ingestion.pipeline._Loading.transaction)
 forensics.investigation.analyse = marked("analysis", forensics.investigation.analyse)
 kvforensics.job.replay = marked("replay", kvforensics.job.replay)
 kvforensics.job.report = marked("report", kvforensics.job.report)
@@ -173,9 +183,11 @@ def test_a_stop_while_the_modules_load_ends_there_without_unwinding_them(sig: si
 def test_a_stop_in_the_ingest_leaves_whole_files_and_a_rerun_finishes_the_case(
     logs: Path, analysed: Path, tmp_path: Path
 ) -> None:
+    """The stop is sent as a transaction of files begins (it was sent 50 ms after the case file
+    appeared, and a loaded machine had ingested every file by then)."""
     db = tmp_path / "case.duckdb"
-    code, lines = stop([KVF, "investigate", str(logs), "--db", str(db)], lambda *_: db.exists(), signal.SIGINT,
-                       after=0.05)
+    code, lines = stop([sys.executable, "-c", MARKED, "investigate", str(logs), "--db", str(db)],
+                       step_began("ingest"), signal.SIGINT, after=0.05)
     said_one_stop(code, lines, signal.SIGINT, "the ingest")
     assert "the case is consistent" in said(lines)[0]
     subprocess.run([KVF, "investigate", str(logs), "--db", str(db)], check=True, capture_output=True)
