@@ -583,7 +583,8 @@ class NodeEngine:
         if steps > 0:  # a first step into a prompt page the transfer left unwritten writes it
             for rid, h in self.decoding():
                 if h.first_write is not None and h.allocs_left == h.allocs:
-                    self._kv(when if isinstance(when, str) else when(0), rid, "write", h.first_write, "decode")
+                    self._kv(when if isinstance(when, str) else when(0), rid, "write", h.first_write, "decode",
+                             str(int(h.first_write[0])))  # (its text given: nothing cached for a page let go)
                     h.first_write = None
         ran = 0
         while ran < steps:

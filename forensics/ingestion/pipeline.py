@@ -68,7 +68,7 @@ from forensics.ingestion.readers import (
 from forensics.ingestion.settle import RECORD_TABLES, count, place, settle, settle_together
 from forensics.ingestion.validate import LENIENT_SUSPECT, PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 from forensics.schema import KINDS, Reason
-from forensics.store import connect, one, scan
+from forensics.store import connect, one, roll_back, scan
 from forensics.text import path_text, shown
 from forensics.version import __version__
 
@@ -893,13 +893,9 @@ def _ingest_file(
 
 
 def _roll_back(con: duckdb.DuckDBPyConnection) -> None:
-    """Roll the file's transaction back, and its stage with it. Where the transaction has ended
-    already (a COMMIT the disk refused), there is nothing to roll back, and the error that ended
-    it is the one to report, not the ROLLBACK's."""
-    try:
-        con.execute("ROLLBACK")
-    except duckdb.TransactionException:
-        pass
+    """Roll the file's transaction back (store.roll_back: after a COMMIT the disk refused, that
+    error is the one reported), and its stage with it."""
+    roll_back(con)
     con.execute("DROP TABLE IF EXISTS stage")
 
 
