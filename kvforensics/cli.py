@@ -1025,7 +1025,7 @@ def _print_disagreements(result: Any, shown_rows: int = 10) -> None:
     kinds: dict[str, int] = {}
     for d in result.disagreements:
         kinds[d.kind] = kinds.get(d.kind, 0) + 1
-    typer.echo(f"\nconfirmed, with {n:,} disagreement{'' if n == 1 else 's'} (where the model could not do what "
+    typer.echo(f"\nconfirmed, with {render.plural(n, 'disagreement')} (where the model could not do what "
                f"the logs say, the logs were followed): {', '.join(f'{k} {v:,}' for k, v in sorted(kinds.items()))}")
     for d in result.disagreements[:shown_rows]:
         typer.echo(f"  {shown(d.request_id)} on {shown(d.node)}: {d.kind} ({shown(d.detail)})")
@@ -1036,9 +1036,8 @@ def _print_disagreements(result: Any, shown_rows: int = 10) -> None:
 def _disagreement_exit(result: Any) -> None:
     """Exit with :data:`EXIT_DISAGREES` where a confirming replay could not follow the logs everywhere."""
     if result.mode == "confirm" and result.disagreements:
-        n = len(result.disagreements)
-        typer.echo(f"kvforensics: the replay confirms with {n:,} disagreement{'' if n == 1 else 's'} (listed); exit 7",
-                   err=True)
+        typer.echo(f"kvforensics: the replay confirms with {render.plural(len(result.disagreements), 'disagreement')} "
+                   "(listed); exit 7", err=True)
         raise typer.Exit(EXIT_DISAGREES)
 
 

@@ -63,6 +63,11 @@ def number(value: int | float) -> str:
     return f"{value:,}"
 
 
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``n`` things, grouped by thousands: ``1 disagreement``, ``2 disagreements``."""
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"
+
+
 def _length(text: str) -> int:
     return len(text) if text.isascii() else cell_len(text)
 

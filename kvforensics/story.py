@@ -40,10 +40,6 @@ class Story:
     next_commands: list[list[str]] = field(default_factory=list)
 
 
-def _plural(n: int, one: str, many: str | None = None) -> str:
-    return f"{n:,} {one if n == 1 else (many or one + 's')}"
-
-
 def verdict(found: Any, findings: list[Finding]) -> str:
     """The verdict on the whole job ``found`` (a :class:`kvforensics.job.JobResult`) in one sentence."""
     tiers = found.tiers or {TOTAL: found.investigation.exposure, PAGE_EVIDENCE: found.investigation.exposure}
@@ -56,7 +52,7 @@ def verdict(found: Any, findings: list[Finding]) -> str:
     victims, tenants = certainty["victim_requests"], certainty["affected_tenants"]
     on = [t for t in _EVIDENCE if (tiers.get(t) or {}).get("exposed_responses")]
     critical = sum(1 for f in findings if f.severity == "critical")
-    but = f"; but {_plural(critical, 'critical finding')} stand{'s' if critical == 1 else ''} (below)" \
+    but = f"; but {render.plural(critical, 'critical finding')} stand{'s' if critical == 1 else ''} (below)" \
         if critical else ""
     nodes = ", ".join(shown(n) for n in missing)
     not_replayed = bool(missing) and found.filled is None
@@ -66,10 +62,10 @@ def verdict(found: Any, findings: list[Finding]) -> str:
     if exposed and victims["certain"]:
         read = "read other requests' KV pages" if not victims["possible"] else \
             "read, or may have read, other requests' KV pages"
-        return (f"Exposed: {_plural(exposed, 'delivered response')} {read}: {_victims(victims, tenants)}, "
+        return (f"Exposed: {render.plural(exposed, 'delivered response')} {read}: {_victims(victims, tenants)}, "
                 f"on {' and '.join(on) or PAGE_EVIDENCE}{unmeasured}.")
     if exposed:
-        return (f"Possibly exposed: {_plural(exposed, 'delivered response')} may have read other requests' KV "
+        return (f"Possibly exposed: {render.plural(exposed, 'delivered response')} may have read other requests' KV "
                 f"pages: {_victims(victims, tenants)} (named by the replay on only some of the schedules the "
                 f"logs allow, or where records are missing), on {' and '.join(on) or PAGE_EVIDENCE}{unmeasured}.")
     if not_replayed:
@@ -88,13 +84,13 @@ def _victims(victims: dict[str, int], tenants: dict[str, int]) -> str:
     """``329 victim requests of 12 tenants, all certain``, or each count split into certain and
     possible (never a possible one counted as certain)."""
     v, t = victims["certain"] + victims["possible"], tenants["certain"] + tenants["possible"]
-    both = f"{_plural(v, 'victim request')} of {_plural(t, 'tenant')}"
+    both = f"{render.plural(v, 'victim request')} of {render.plural(t, 'tenant')}"
     if not victims["possible"] and not tenants["possible"]:
         return f"{both}, all certain"
     if not victims["certain"] and not tenants["certain"]:
         return f"{both}, all possible (none certain)"
-    return (f"{_plural(v, 'victim request')} ({victims['certain']:,} certain, {victims['possible']:,} possible) "
-            f"of {_plural(t, 'tenant')} ({tenants['certain']:,} certain, {tenants['possible']:,} possible)")
+    return (f"{render.plural(v, 'victim request')} ({victims['certain']:,} certain, {victims['possible']:,} possible) "
+            f"of {render.plural(t, 'tenant')} ({tenants['certain']:,} certain, {tenants['possible']:,} possible)")
 
 
 def _notes(found: Any) -> list[str]:
@@ -121,7 +117,7 @@ def _notes(found: Any) -> list[str]:
         if r.agreement:
             a = r.agreement.exposed_responses
             agreement = f"; {a.confirmed:,} confirmed, {a.replay_only:,} replay only, {a.log_only:,} log only"
-        checked = (f"{_plural(len(r.disagreements), 'disagreement')} with the logs" if r.mode == "confirm"
+        checked = (f"{render.plural(len(r.disagreements), 'disagreement')} with the logs" if r.mode == "confirm"
                    else f"what-if, {r.outcomes_changed:,} logged outcomes changed")
         notes.append(f"replay under {r.engine}: {r.exposure['exposed_responses']:,} exposed responses{agreement} "
                      f"({checked})")

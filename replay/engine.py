@@ -555,7 +555,7 @@ class NodeEngine:
         last = h.tokens // page_size  # (the page of its first step's slot)
         if h.allocs and h.tokens % page_size and pages_for(p.kv_tokens, page_size) <= last < len(h.prompt):
             h.first_write = h.prompt[last:last + 1]
-        row = pages_for(h.tokens + h.allocs, self.config.page_size)
+        row = pages_for(h.tokens + h.allocs, page_size)
         if row > MAX_REQUEST_PAGES:
             self.disagreements.append(Disagreement(rid, self.config.node, "beyond_replay_bound",
                                                    f"{request.outputs:,} tokens output, a row of {row:,} pages: "

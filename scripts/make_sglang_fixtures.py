@@ -657,7 +657,7 @@ def _health(probes: tuple[tuple[float, bool], ...], rids: dict[str, list[str]]) 
 #: decode DP rank, arrival seconds)
 HOSTILE = [
     ("evil-receive", 1500, 24, "served", 0, 2.0),
-        ("evil-fail", 3100, 16, "transfer_failed", 0, 4.0),
+    ("evil-fail", 3100, 16, "transfer_failed", 0, 4.0),
     ("evil-context", 1_300_000, 8, "over_context", 1, 5.0),
     ("evil-pool", 700_000, 8, "over_pool", 1, 6.0),
     ("evil-long", 800, 40, "served", 0, 7.0),

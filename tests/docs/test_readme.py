@@ -1,6 +1,7 @@
 """The README is a front page (issue #46 item 5): under 100 lines, and every command it shows is
-run here as written: the tour on the main job's case, and the SGLang sample's investigation
-(the two commands themselves are what .ci/run and a new user run)."""
+run as written: the tour here, on the main job's case; the SGLang sample's investigation is
+docs/adapters.md's command, word for word, which test_docs_snippets.py runs (checked here); the
+two commands themselves are what .ci/run and a new user run."""
 
 from __future__ import annotations
 
@@ -32,15 +33,22 @@ def test_the_readme_is_a_front_page_that_links_what_it_leaves_out() -> None:
     assert (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1].endswith("bash scripts/test.sh")
 
 
-def test_every_command_the_readme_shows_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_readme_investigates_the_sglang_sample_as_the_adapters_page_does() -> None:
+    """(So test_docs_snippets.py's run of that page's command runs the README's, as written.)"""
+    (page,) = re.findall(r"```sh\n(.*?)```", (ROOT / "docs" / "adapters.md").read_text(), re.S)
+    assert _commands()[-1] == shlex.split(page.replace("\\\n", " "))
+
+
+def test_every_tour_command_the_readme_shows_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the main job's case (made as scripts/investigate-sample.sh makes it), from the repo's
     root as the README's reader stands: each ends 0 and says something; the report is written."""
     (tmp_path / "sample_logs").symlink_to(ROOT / "sample_logs")
     (tmp_path / "out").mkdir()
     monkeypatch.chdir(tmp_path)
     forensics.investigate([Path("sample_logs/glm53-incident/")], Path("out/sample-case.duckdb"))
-    commands = _commands()
-    assert [argv[1] for argv in commands] == ["findings", "exposures", "request", "page", "report", "investigate"]
+    *commands, sglang = _commands()
+    assert [argv[1] for argv in commands] == ["findings", "exposures", "request", "page", "report"]
+    assert sglang[1] == "investigate"
     runner = CliRunner()
     for argv in commands:
         assert argv[0] == "kvforensics"
@@ -51,4 +59,3 @@ def test_every_command_the_readme_shows_runs_as_written(tmp_path: Path, monkeypa
             assert (tmp_path / argv[argv.index("--out") + 1]).is_file(), argv
     exposures = runner.invoke(app, commands[1][1:], env={"COLUMNS": "100"}).stdout
     assert "tenant-01" in exposures and "certain" in exposures
-    assert "verdict: Exposed: 9 delivered responses" in " ".join(result.stdout.split())  # (the SGLang sample's)
