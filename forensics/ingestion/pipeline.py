@@ -217,7 +217,7 @@ def ingest(
     what the engine's logs do not say (node, role, tenants). ``fast``: plain JSON lines take the
     compiled fast path (True), the SQL validator as every other line does (False: the same
     records, slower on large logs), or the fast path where they add up to
-    :data:`~forensics.ingestion.readers.FAST_FROM_BYTES` (None). ``limits``: the reader's bounds
+    :data:`~forensics.ingestion.readers.discovery.FAST_FROM_BYTES` (None). ``limits``: the reader's bounds
     (the longest line, how far a compressed file may expand).
 
     A file that cannot be read (damaged compression, a bomb, changed while read, no permission to
@@ -451,7 +451,7 @@ def _refused(con: duckdb.DuckDBPyConnection, log: LogFile, hashing: Digest | Non
     return FileResult(status="refused", why=why, **_identity(log, hashed))
 
 
-#: Small files (:data:`~forensics.ingestion.readers.SMALL_FILE`) are read whole, then put in a
+#: Small files (:data:`~forensics.ingestion.readers.logfile.SMALL_FILE`) are read whole, then put in a
 #: group at a time, in one transaction (each file's own statements and settling cost about 80 ms,
 #: which for 50 records is everything). A group ends at this many files, or once this much is read.
 GROUP_FILES = 5000

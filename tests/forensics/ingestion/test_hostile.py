@@ -26,7 +26,8 @@ import forensics
 from forensics.errors import CaseError, UnreadableFile
 from forensics.ingestion import readers
 from forensics.ingestion.pipeline import _strict_json_ok
-from forensics.ingestion.readers import KEPT_OF_LONG_LINE, Limits
+from forensics.ingestion.readers import KEPT_OF_LONG_LINE, Limits, readahead, tables
+from forensics.ingestion.readers.lines import _line_blocks
 from forensics.store import connect
 
 TS = "2026-09-14T08:00:00Z"
@@ -154,8 +155,8 @@ def test_the_strict_json_scan_agrees_with_pythons_parser(value: Any, lenient: st
 def test_a_line_past_the_limit_is_quarantined_with_its_start_kept(
     tmp_path: Path, fast: bool, crlf: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 20_000)
-    monkeypatch.setattr(readers, "CHUNK_BYTES", 20_000)
+    monkeypatch.setattr(readahead, "PLAIN_READ_BYTES", 20_000)
+    monkeypatch.setattr(tables, "CHUNK_BYTES", 20_000)
     end = "\r\n" if crlf else "\n"
     huge = '{"kind": "kv", "pad": "' + "x" * 100_000 + '"}'  # past several reads
     long = '{"kind": "kv", "pad": "' + "y" * 9_000 + '"}'  # past the limit, inside one read
@@ -188,7 +189,7 @@ def test_blocks_keep_every_line_and_cut_only_the_long_ones(
     path.write_bytes(content)
     log = readers.LogFile(path, "jsonl", "none", fast=False, limits=Limits(max_line_bytes=limit))
     got, longs, line = b"", {}, 1
-    for data, first, ends, long in readers._line_blocks(log, per_block, read_bytes):
+    for data, first, ends, long in _line_blocks(log, per_block, read_bytes):
         assert first == line and np.array_equal(ends, np.flatnonzero(data == 10))
         longs.update({first + i: n for i, n in long.items()})
         got += bytes(data)

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 import forensics
 from forensics.errors import CaseError, CaseLocked, InputNotFound, UnrecognisedFile
-from forensics.ingestion import readers
 from forensics.ingestion.pipeline import record_columns
+from forensics.ingestion.readers import logfile
 from forensics.schema import FIELDS, KIND_FIELDS, KINDS, VARIANTS
 from forensics.store import connect
 
@@ -502,7 +502,7 @@ def test_a_file_written_while_it_is_read_is_refused_and_left_out(
     the file is read as a large one is, in blocks (a small one is read and hashed in one read,
     checked on the open file: test_many_files.py)."""
     if fast:
-        monkeypatch.setattr(readers, "SMALL_FILE", -1)
+        monkeypatch.setattr(logfile, "SMALL_FILE", -1)
     log = write_jsonl(tmp_path / "a.jsonl", [kv(seq) for seq in range(1, 40)])
     db = tmp_path / "case.duckdb"
 

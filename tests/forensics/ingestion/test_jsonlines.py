@@ -18,7 +18,9 @@ from test_ingest import QUARANTINE_CASES
 
 from forensics.ingestion.fast import jsonlines
 from forensics.ingestion.pipeline import _strict_json_ok, plain_stages
-from forensics.ingestion.readers import _line_bounds, _lines_table, _split
+from forensics.ingestion.readers.blocks import _split
+from forensics.ingestion.readers.lines import _line_bounds
+from forensics.ingestion.readers.tables import _lines_table
 from forensics.ingestion.validate import PLAUSIBLE_TIMES, plain_stage_sql, prepare, stage_sql
 from forensics.schema import FIELDS, VARIANTS, FieldType, fields_of
 

@@ -23,6 +23,8 @@ from conftest import write_jsonl
 
 import forensics
 from forensics.ingestion import pipeline, readers
+from forensics.ingestion.readers import discovery, logfile, opening, readahead
+from forensics.ingestion.readers.lines import _line_blocks
 
 TS = "2026-08-27T10:00:00.000000Z"
 #: Every case table, with the columns that hold the time of the run left out.
@@ -111,7 +113,7 @@ def tables(db: Path) -> dict[str, list[tuple[Any, ...]]]:
 
 def one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every file read and put in as a large one is: a transaction and a settling of its own."""
-    monkeypatch.setattr(readers, "SMALL_FILE", -1)
+    monkeypatch.setattr(logfile, "SMALL_FILE", -1)
 
 
 def settled_together(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
@@ -221,11 +223,11 @@ def test_a_small_file_read_in_one_go_gives_the_blocks_the_reading_loop_gives(
             path.write_bytes(stored)
             for limit in (4096, 16 << 20):
                 for lines in (3, 1000):
-                    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", lines)
+                    monkeypatch.setattr(readahead, "PLAIN_BLOCK_LINES", lines)
                     log = readers.LogFile(path, "jsonl", compression, limits=readers.Limits(max_line_bytes=limit))
-                    hashed, once = readers.read_small(log)
+                    hashed, once = readahead.read_small(log)
                     assert (hashed.sha256, hashed.size) == (hashlib.sha256(stored).hexdigest(), len(stored))
-                    looped = list(readers._line_blocks(log, lines, readers.SMALL_READ_BYTES))
+                    looped = list(_line_blocks(log, lines, readahead.SMALL_READ_BYTES))
                     if isinstance(once, tuple):  # one block: where its lines end is found in the split
                         data = bytes(once[0])
                         blocks = [(once[0], 1, np.flatnonzero(np.frombuffer(data, np.uint8) == 10), once[1])]
@@ -242,7 +244,7 @@ def test_a_small_file_written_while_it_is_read_is_refused(
     or grown past what a small file is read whole up to since it was found, it is refused as
     changed, alone, and the files around it go in."""
     logs = [write_jsonl(tmp_path / "logs" / f"{i}.jsonl", [kv(i + 1, f"r{i}")]) for i in range(3)]
-    real_read = readers._read_fd
+    real_read = readahead._read_fd
     for trouble in ("appended", "truncated", "grown"):
         def read(fd: int, size: int, trouble: str = trouble) -> bytes:
             if os.fstat(fd).st_ino == logs[1].stat().st_ino:
@@ -254,9 +256,9 @@ def test_a_small_file_written_while_it_is_read_is_refused(
             return real_read(fd, size)
 
         if trouble == "grown":  # (grown after it was found small, before the reader opens it)
-            monkeypatch.setattr(readers, "_open_regular_fd", _grown_first(readers._open_regular_fd, logs[1]))
+            monkeypatch.setattr(readahead, "_open_regular_fd", _grown_first(readahead._open_regular_fd, logs[1]))
         else:
-            monkeypatch.setattr(readers, "_read_fd", read)
+            monkeypatch.setattr(readahead, "_read_fd", read)
         result = forensics.ingest(logs, tmp_path / f"{trouble}.duckdb", fast=True)
         assert [(Path(f.path).name, f.status, f.why) for f in result.files] == [
             ("0.jsonl", "ingested", None),
@@ -268,12 +270,12 @@ def test_a_small_file_written_while_it_is_read_is_refused(
 
 
 def _grown_first(open_fd: Any, grows: Path) -> Any:
-    """:func:`readers._open_regular_fd` that makes ``grows`` past a small file's read before the
+    """:func:`opening._open_regular_fd` that makes ``grows`` past a small file's read before the
     reader opens it (not before it is found)."""
     def opened(path: Path) -> Any:
         if path == grows and threading.current_thread().name == "kvf-read":
             with grows.open("ab") as fh:
-                fh.write(b"\n" * (readers.SMALL_READ_BYTES + 1))
+                fh.write(b"\n" * (readahead.SMALL_READ_BYTES + 1))
         return open_fd(path)
     return opened
 
@@ -297,7 +299,7 @@ def test_the_quick_look_at_a_file_head_finds_the_format_the_full_sniff_finds(
     for name, body in bodies.items():
         (tmp_path / name).write_text(body, encoding="utf-8")
     quick, _ = readers.discover([tmp_path])
-    monkeypatch.setattr(readers, "_canonical_head", lambda head: None)
+    monkeypatch.setattr(discovery, "_canonical_head", lambda head: None)
     full, _ = readers.discover([tmp_path])
     assert [(log.path.name, log.format, log.adapter) for log in quick] == \
         [(log.path.name, log.format, log.adapter) for log in full]
@@ -313,7 +315,7 @@ def test_a_small_file_is_opened_once_after_it_is_found_and_hashed_from_that_read
     table.write_text("kind,ts,node,request_id,event,tenant_id,prompt_tokens\n"
                      f"request,{TS},router,c1,received,acme,3\n")
     opened: list[Path] = []
-    open_fd = readers._open_regular_fd
+    open_fd = opening._open_regular_fd
 
     def counted(path: Path) -> Any:
         opened.append(Path(path))
@@ -326,7 +328,8 @@ def test_a_small_file_is_opened_once_after_it_is_found_and_hashed_from_that_read
         hashed_apart.append(path)
         return sha256_of(path)
 
-    monkeypatch.setattr(readers, "_open_regular_fd", counted)
+    for module in (discovery, opening, readahead):  # (each looks it up in its own namespace)
+        monkeypatch.setattr(module, "_open_regular_fd", counted)
     monkeypatch.setattr(pipeline, "sha256_of", counted_hash)
     result = forensics.ingest([*logs, table], tmp_path / "case.duckdb", fast=True)
     assert [f.status for f in result.files] == ["ingested"] * 7
@@ -356,7 +359,7 @@ def test_a_small_file_of_many_blocks_is_taken_as_it_comes_among_files_split_toge
     """A small file that decompresses to more than one block comes block by block, as a large file's
     do, between small files split together; one damaged past its first blocks is refused alone; the
     case is the one a file at a time leaves."""
-    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 5)
+    monkeypatch.setattr(readahead, "PLAIN_BLOCK_LINES", 5)
     folder = tmp_path / "logs"
     write_jsonl(folder / "a.jsonl", [kv(s, "ra") for s in range(1, 4)])
     for name, node in (("b", "decode-2"), ("c", "decode-3")):

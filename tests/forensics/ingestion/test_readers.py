@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 import forensics
 from forensics.ingestion import pipeline, readers
-from forensics.ingestion.readers import LogFile, ReadAhead
+from forensics.ingestion.readers import LogFile, ReadAhead, readahead
+from forensics.ingestion.readers.blocks import _split
+from forensics.ingestion.readers.lines import _line_blocks
 
 TS = "2026-08-27T10:00:00.000000Z"
 
@@ -41,7 +43,7 @@ def blocks_of(content: bytes, read_bytes: int, lines: int | None) -> list[tuple[
     with tempfile.TemporaryDirectory() as tmp:
         for path, data in ((Path(tmp) / "a.jsonl", content), (Path(tmp) / "a.jsonl.gz", gzip.compress(content))):
             path.write_bytes(data)
-            blocks = list(readers._line_blocks(log_of(path), lines, read_bytes))
+            blocks = list(_line_blocks(log_of(path), lines, read_bytes))
             for block, _, ends, long in blocks:  # the line ends handed on are the block's newlines
                 assert np.array_equal(ends, np.flatnonzero(block == 10))
                 assert long == {}  # no line is longer than the reader's limit
@@ -100,8 +102,8 @@ def test_without_a_line_count_each_read_gives_its_whole_lines(
 
 
 def test_read_ahead_gives_each_file_its_blocks_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 4096)
-    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 5)
+    monkeypatch.setattr(readahead, "PLAIN_READ_BYTES", 4096)
+    monkeypatch.setattr(readahead, "PLAIN_BLOCK_LINES", 5)
     sizes = [23, 40, 1, 17]
     logs = [log_of(write_jsonl(tmp_path / f"{i}.jsonl", [kv(f"n{i}", s) for s in range(n)]))
             for i, n in enumerate(sizes)]
@@ -139,7 +141,7 @@ def test_a_blocks_plain_rows_come_by_kind_in_file_order() -> None:
     """The fast path gives a block's plain rows kind by kind, each kind's in file order."""
     records = [mixed("d0", s) for s in range(120)]
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
-    block = readers._split(data, 1)
+    block = _split(data, 1)
     assert sum(t.num_rows for _, t in block.kinds) == len(records)
     seen = []
     for kind, rows in block.kinds:
@@ -181,10 +183,10 @@ def test_small_blocks_give_the_same_case(
         return records, others
 
     whole = case(tmp_path / "whole.duckdb")
-    for module in (readers, pipeline):
+    for module in (readahead, pipeline):
         monkeypatch.setattr(module, "ROW_GROUP", 16)
-    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 32)
-    monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 8192)
+    monkeypatch.setattr(readahead, "PLAIN_BLOCK_LINES", 32)
+    monkeypatch.setattr(readahead, "PLAIN_READ_BYTES", 8192)
     if ready is not None:
         monkeypatch.setattr(ReadAhead, "next_ready", lambda self: ready)
     small = case(tmp_path / "small.duckdb")
@@ -202,9 +204,9 @@ def test_small_blocks_give_the_same_case(
 
 def test_background_priority_is_only_set_where_nice_is_per_thread() -> None:
     """Elsewhere than Linux, setpriority on a thread id would name a process: nothing is set."""
-    nice = readers.background_nice()
+    nice = readahead.background_nice()
     assert (nice is None) == (sys.platform != "linux")
-    readers.in_background(None)  # leaves the thread as it is, on any platform
+    readahead.in_background(None)  # leaves the thread as it is, on any platform
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="nice is per thread on Linux only; elsewhere it is left alone")
@@ -217,7 +219,7 @@ def test_the_reader_and_splitters_run_below_the_loaders_priority(tmp_path: Path)
         assert workers
         for t in workers:
             assert t.native_id is not None
-            assert os.getpriority(os.PRIO_PROCESS, t.native_id) == min(19, mine + readers.BACKGROUND_NICE)
+            assert os.getpriority(os.PRIO_PROCESS, t.native_id) == min(19, mine + readahead.BACKGROUND_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
 
 
@@ -226,8 +228,8 @@ def test_a_file_that_fails_mid_way_is_refused_and_the_others_are_ingested(
 ) -> None:
     """A truncated .gz between two good files: it is refused with why (nothing of it stays, and it is
     listed in refused_files), the files before and after it go in, and the counts add up."""
-    monkeypatch.setattr(readers, "PLAIN_READ_BYTES", 16384)
-    monkeypatch.setattr(readers, "PLAIN_BLOCK_LINES", 50)
+    monkeypatch.setattr(readahead, "PLAIN_READ_BYTES", 16384)
+    monkeypatch.setattr(readahead, "PLAIN_BLOCK_LINES", 50)
     logs = tmp_path / "logs"
     write_jsonl(logs / "a.jsonl", [kv("a", s) for s in range(500)])
     packed = gzip.compress("".join(json.dumps(kv("b", s)) + "\n" for s in range(5000)).encode())
