@@ -31,7 +31,7 @@ import duckdb
 import pyarrow as pa
 
 import forensics
-from forensics.adapters.sglang_eras import releases_of
+from forensics.adapters.sglang.eras import releases_of
 from forensics.errors import CaseError, OutputExists
 from forensics.ingestion import source
 from forensics.schema import V1_1_CONFIG

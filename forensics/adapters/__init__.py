@@ -10,7 +10,9 @@ each line of such a file into canonical records (``translate``). Every line ends
 - ignored: a line that is no event the adapter translates (other log output), counted.
 
 ``canonical`` is in the table too: the toolkit's own format, read by :mod:`forensics.ingestion.readers`.
-Adding a format is one module with an :class:`Adapter` and one line in :data:`ADAPTERS`.
+Adding a format is a package with its :class:`Adapter` records and one entry in :data:`ADAPTERS`
+(docs/adapters.md, "Writing the next adapter"); the files it reads along with its own, the ingest
+finds where its ``companions`` say (:class:`Beside`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from forensics.adapters.base import (
     LINES_SCHEMA,
     SNIFF_LINES,
     Adapter,
+    Beside,
+    Companions,
     Lines,
     Notes,
     Options,
@@ -71,6 +75,6 @@ def sniff(head: Sequence[str]) -> Adapter | None:
     return None
 
 
-__all__ = ["ADAPTERS", "LINES_SCHEMA", "SNIFF_LINES", "Adapter", "Lines", "Notes", "Options", "Outcome",
-           "Unreadable", "Untranslatable", "chunks", "first_object", "get", "log_like", "node_of", "read_tenant_map",
-           "sniff", "table"]
+__all__ = ["ADAPTERS", "LINES_SCHEMA", "SNIFF_LINES", "Adapter", "Beside", "Companions", "Lines", "Notes", "Options",
+           "Outcome", "Unreadable", "Untranslatable", "chunks", "first_object", "get",
+           "log_like", "node_of", "read_tenant_map", "sniff", "table"]

@@ -1,5 +1,5 @@
-"""What every adapter shares: operator options, notes, outcomes, the Adapter record, and the
-Arrow shape of the lines it hands to the validator."""
+"""What every adapter shares: operator options, notes, outcomes, the line-format protocol, the
+Adapter record, and the Arrow shape of the lines it hands to the validator."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -96,6 +96,71 @@ class Notes:
 Outcome = tuple[int, str, "list[dict[str, Any]] | Untranslatable | None"]
 #: The lines of a file, re-readable: each call gives ``(line_no, text)`` from the start.
 Lines = Callable[[], Iterator[tuple[int, str]]]
+#: The files an adapter reads along with the one it translates, found by the ingest where the
+#: adapter's :class:`Beside` of that name says: each with its lines. Asked for by name, when the
+#: adapter needs them (finding them reads the heads of the files around).
+Companions = Callable[[str], "list[tuple[Path, Lines]]"]
+
+
+def no_companions(name: str) -> list[tuple[Path, Lines]]:
+    """A file read alone: no companion of any name."""
+    return []
+
+
+#: A place beside a file (:class:`Beside`).
+Place = Literal["node", "up", "here"]
+
+
+@dataclass(frozen=True)
+class Beside:
+    """Where the files an adapter reads along with its file lie, for the ingest to find them: the
+    files that ``adapters`` read in ``places`` (by name), each place relative to the file: ``node``
+    the folder named after the file's node beside it (``prefill-0.log``, ``prefill-0/``), ``up``
+    the folder above the file's, its files of the node that the file's folder is named after,
+    ``here`` the file's own folder. With ``one``, the file of the first place that holds exactly one."""
+
+    places: tuple[Place, ...]
+    adapters: tuple[str, ...]
+    one: bool = False
+
+
+class Translate(Protocol):
+    """An adapter's translation: each line of a file, read with its companions, to its outcome
+    (without them, the file is read alone)."""
+
+    def __call__(self, lines: Lines, path: Path, options: Options, notes: Notes,
+                 companions: Companions = no_companions, /) -> Iterator[Outcome]: ...
+
+
+#: A line as an adapter splits it (its time, its message), what the adapter learns of a whole
+#: file, and what a format reads of one of its lines.
+LineT = TypeVar("LineT", contravariant=True)
+StateT = TypeVar("StateT", contravariant=True)
+ValueT = TypeVar("ValueT")
+
+
+class LineFormat(Protocol[LineT, StateT, ValueT]):
+    """One format of line in an engine's log, as an adapter offers it each line of a file read
+    twice: the first pass ``read``s a line and ``learn``s from it what lines elsewhere in the file
+    need (a prompt's length, the node's role), the second ``translate``s it with all the file taught."""
+
+    #: text only lines of this format hold: a file with one in its first lines is the engine's
+    signs: tuple[str, ...]
+    #: what ``read`` gives (a named tuple of plain data: it travels to and from a worker process)
+    value: type[ValueT]
+
+    def read(self, line: LineT, options: Options, /) -> ValueT | Untranslatable | None:
+        """What the line says in this format; None for a line of another; why not, for a broken one."""
+        ...
+
+    def learn(self, value: ValueT, line: LineT, state: StateT, options: Options, /) -> ValueT:
+        """First pass: what the line tells of the file, into ``state``; what of it the second pass reads."""
+        ...
+
+    def translate(self, value: ValueT, line: LineT, state: StateT, options: Options, notes: Notes,
+                  /) -> list[dict[str, Any]]:
+        """Second pass: the line's canonical records (raises :class:`Untranslatable`)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -106,7 +171,9 @@ class Adapter:
     reads: str  # what it reads, one line, for --help and docs
     evidence: str  # the evidence tier its records give
     sniff: Callable[[Sequence[str]], bool]
-    translate: Callable[[Lines, Path, Options, Notes], Iterator[Outcome]] | None
+    translate: Translate | None
+    #: the files it reads along with its file, by name (what ``translate``'s companions find)
+    companions: Mapping[str, Beside] = field(default_factory=dict)
 
 
 def table(*adapters: Adapter) -> dict[str, Adapter]:

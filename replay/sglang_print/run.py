@@ -277,7 +277,7 @@ def find_wheel(version: str, wheel: Path | None = None) -> Path:
     """The wheel of SGLang ``version``: ``wheel`` if given; else one in the wheel cache
     (``$KVFORENSICS_WHEELS``, default ``~/.cache/kvforensics/wheels``), downloaded there from
     PyPI (``pip download --no-deps sglang==VERSION``) if it is not yet."""
-    from forensics.adapters.sglang_eras import RELEASES
+    from forensics.adapters.sglang.eras import RELEASES
 
     if version not in RELEASES:
         raise Refused(f"sglang {version}: not a release the adapters read ({RELEASES[0]} to {RELEASES[-1]})")

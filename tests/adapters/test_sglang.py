@@ -15,9 +15,10 @@ import pytest
 import forensics
 from forensics.adapters import ADAPTERS, Adapter, Notes, Options, read_tenant_map, sniff, table
 from forensics.adapters.sglang import ADAPTERS as SGLANG_ADAPTERS
-from forensics.adapters.sglang_eras import releases_of
-from forensics.adapters.sglang_log import py_value, split
+from forensics.adapters.sglang.eras import releases_of
+from forensics.adapters.sglang.log import py_value, split
 from forensics.errors import BadOption, UnrecognisedFile
+from forensics.ingestion.readers import translated
 from kvforensics.job import run
 from replay.replay import replay
 from replay.sglang_logs import write as write_sglang_logs
@@ -137,7 +138,7 @@ def test_tenants_come_from_a_map_or_a_field_and_unknown_ones_are_said(tmp_path: 
 
 
 def test_json_and_text_request_lines_read_alike() -> None:
-    from forensics.adapters.sglang_requests import parse
+    from forensics.adapters.sglang.requests import parse
 
     text = split("[2026-09-14 08:01:02] Finish: obj=GenerateReqInput(text='a long prompt' ... 'its end', "
                  "input_ids=[1, 2] ... [8, 9], sampling_params={'max_new_tokens': 8}, rid='r1', "
@@ -228,7 +229,7 @@ def test_sglang_request_logs_plus_replay_give_the_page_logs_figures(
 
 
 def test_text_logs_without_a_consistent_clock_fall_back_to_their_own_seconds() -> None:
-    from forensics.adapters.sglang_log import Facts
+    from forensics.adapters.sglang.log import Facts
 
     second = dt.datetime(2026, 9, 14, 8, 1, 2, tzinfo=dt.UTC)
     facts = Facts()
@@ -245,8 +246,8 @@ def test_text_logs_without_a_consistent_clock_fall_back_to_their_own_seconds() -
 def test_both_time_stats_formats_count_back_from_the_finish() -> None:
     """Older releases write ``prealloc_duration=...``, newer ones ``prealloc_queue_duration(...) = ...;``."""
     from forensics.adapters import Notes
-    from forensics.adapters.sglang_log import Facts
-    from forensics.adapters.sglang_timestats import read, translate
+    from forensics.adapters.sglang.log import Facts
+    from forensics.adapters.sglang.timestats import read, translate
 
     facts = Facts(node="decode-1")
     finish = dt.datetime(2026, 9, 14, 8, 1, 2, 500000, tzinfo=dt.UTC)
@@ -286,7 +287,7 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_19_logs_
         adapter = next(a for a in SGLANG_ADAPTERS if a.sniff(lines[:64]))
         notes = Notes()
         assert adapter.translate is not None
-        for _ in adapter.translate(lambda ls=lines: enumerate(ls, 1), path, Options(), notes):
+        for _ in translated(adapter, lambda ls=lines: enumerate(ls, 1), path, Options(), notes):
             pass
         (era,) = [t for t in notes.lines() if "in the format of SGLang" in t]
         assert "0.5.19" in (releases_of(era.rsplit(" ", 1)[-1]) or []), (path.name, era)
@@ -316,8 +317,8 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_19_logs_
 def test_a_request_line_whose_text_holds_an_access_line_is_read_as_a_request_line() -> None:
     """A prompt may hold anything, an access line's text too: a request line is read as one
     (not counted as an HTTP status a client got), and an access line still as an access line."""
-    from forensics.adapters.sglang import read_line
-    from forensics.adapters.sglang_requests import RequestLine
+    from forensics.adapters.sglang.formats import read_line
+    from forensics.adapters.sglang.requests import RequestLine
 
     spoof = ('[2026-11-02 08:00:02] Receive: obj=GenerateReqInput(rid=\'r1\', text=\'x - "POST /generate '
              'HTTP/1.1" 500 Internal Server Error\', sampling_params={\'max_new_tokens\': 8})')
@@ -330,7 +331,7 @@ def test_a_request_line_whose_text_holds_an_access_line_is_read_as_a_request_lin
 
 def test_record_times_are_rfc3339_utc_to_the_microsecond_from_any_zone() -> None:
     """rfc3339 against the standard library's isoformat, over random times and zones."""
-    from forensics.adapters.sglang_log import rfc3339
+    from forensics.adapters.sglang.log import rfc3339
 
     rng = random.Random(7)
     start = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
@@ -344,7 +345,7 @@ def test_record_times_are_rfc3339_utc_to_the_microsecond_from_any_zone() -> None
 def test_user_text_is_looked_for_as_its_three_forms_say() -> None:
     """The one-scan test for user text against its definition: ``text='``, ``text="`` or
     ``'text': `` in the line, over random strings of the pieces that make them and near misses."""
-    from forensics.adapters.sglang_requests import _has_text
+    from forensics.adapters.sglang.requests import _has_text
 
     rng = random.Random(3)
     pieces = ["text", "'", '"', "=", ": ", " ", "x", "te", "xt", "'text'", "text=", ",", "con"]

@@ -31,7 +31,7 @@ import pytest
 from test_sglang_releases import ROOT, _rows, _source, assert_as_scripted
 
 import forensics
-from forensics.adapters.sglang_eras import RELEASES
+from forensics.adapters.sglang.eras import RELEASES
 
 ROTATED = [r for r in ("0.5.8", "0.5.23") if "rotated" in _source(r)]
 HOSTILE = [(r, s["folder"]) for r in ("0.5.11", "0.5.23") for s in _source(r).get("hostile", {}).get("sets", [])]

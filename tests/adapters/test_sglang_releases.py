@@ -29,7 +29,8 @@ import pytest
 import forensics
 from forensics.adapters import Lines, Notes, Options, Untranslatable, sniff
 from forensics.adapters.sglang import ADAPTERS as SGLANG
-from forensics.adapters.sglang_eras import RELEASES, releases_of
+from forensics.adapters.sglang.eras import RELEASES, releases_of
+from forensics.ingestion.readers import translated
 
 #: The fixtures; scripts/check_sglang_releases.py points this at sets made for other releases and runs.
 ROOT = Path(os.environ.get("KVFORENSICS_SGLANG_RELEASES") or Path(__file__).parent / "releases")
@@ -87,7 +88,7 @@ def test_every_line_a_release_printed_is_read_and_none_is_quarantined(release: s
         lines = numbered(text.splitlines())
         quiet, recorded = [], 0
         assert adapter.translate is not None
-        for _, raw, outcome in adapter.translate(lines, path, Options(), Notes()):
+        for _, raw, outcome in translated(adapter, lines, path, Options(), Notes()):
             assert not isinstance(outcome, Untranslatable), f"{path.name}: {outcome}: {raw[:120]}"
             if outcome is None:
                 quiet.append(raw)
@@ -102,14 +103,14 @@ def test_every_line_a_release_printed_is_read_and_none_is_quarantined(release: s
 def _outcomes(path: Path, lines: Any) -> list[Any]:
     adapter = next(a for a in SGLANG if a.sniff(path.read_text().splitlines()[:64]))
     assert adapter.translate is not None
-    return [(n, raw, repr(out)) for n, raw, out in adapter.translate(lines, path, Options(), Notes())]
+    return [(n, raw, repr(out)) for n, raw, out in translated(adapter, lines, path, Options(), Notes())]
 
 
 def test_the_lines_kept_between_the_passes_translate_as_lines_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """The second pass translates what the first kept of each line; past KEEP_LINES, and where
     a line is not the one the first pass saw, it reads the line again: the same records, line for
     line, on every fixture file of every release."""
-    from forensics.adapters import sglang
+    from forensics.adapters.sglang import adapter as sglang
 
     files = sorted(p for release, form in SETS for p in (ROOT / release / form).rglob("*.log"))
     assert len(files) > 30
@@ -273,7 +274,7 @@ def test_the_capacity_check_each_release_prints_becomes_a_rejection(release: str
         text = path.read_text().splitlines()
         assert len(text) >= 1 and all(f" {d['tokens']} > {d['limit_tokens']}" in t for t in text)
         out = [{k: v for k, v in r.items() if k not in ("line_no",)}
-               for _, _, o in adapter.translate(numbered(text), path, Options(role=d["role"]), Notes())
+               for _, _, o in translated(adapter, numbered(text), path, Options(role=d["role"]), Notes())
                for r in (o or [])]
         assert len(out) == len(text)  # (each scheduler's line: the same record, a duplicate at ingest)
         node = "prefill-0" if d["role"] == "prefill" else "decode-0.dp0"
@@ -360,7 +361,7 @@ def test_a_finish_line_with_no_year_is_kept_with_its_reason_not_a_crash() -> Non
     text[at] = "[11-02" + text[at][len("[2026-11-02"):]
     adapter = next(a for a in SGLANG if a.name == "sglang-server")
     assert adapter.translate is not None
-    out = {n: o for n, _, o in adapter.translate(numbered(text), Path("decode-0.log"), Options(), Notes())}
+    out = {n: o for n, _, o in translated(adapter, numbered(text), Path("decode-0.log"), Options(), Notes())}
     assert isinstance(out[at + 1], Untranslatable) and "no year" in str(out[at + 1])
     assert len(out) == len(text)
 
@@ -402,7 +403,7 @@ def test_the_format_era_of_each_release_contains_it() -> None:
             notes = Notes()
             lines = numbered(path.read_text().splitlines())
             assert adapter.translate is not None
-            for _ in adapter.translate(lines, path, Options(), notes):
+            for _ in translated(adapter, lines, path, Options(), notes):
                 pass
             (era,) = [t for t in notes.lines() if "in the format of SGLang" in t]
             named = releases_of(era.rsplit(" ", 1)[-1])
@@ -411,8 +412,8 @@ def test_the_format_era_of_each_release_contains_it() -> None:
 
 def _agree(line: str) -> bool | None:
     """Whether the fast read of a text request line says what the full parse says (None: it declined)."""
-    from forensics.adapters.sglang_log import split, status_code
-    from forensics.adapters.sglang_requests import _fast, parse
+    from forensics.adapters.sglang.log import split, status_code
+    from forensics.adapters.sglang.requests import _fast, parse
 
     msg = split(line, None).msg
     fast = _fast(msg)
@@ -589,8 +590,8 @@ def test_what_clients_got_is_held_to_the_finish_lines(tmp_path: Path) -> None:
     """uvicorn's access lines (the status each client got) agree, status by status, with the
     finish lines and the tokenizer's 400s in every server log of every release; a server whose
     access lines say otherwise gets the finding, with both counts."""
-    from forensics.adapters.sglang import _learn
-    from forensics.adapters.sglang_log import Facts
+    from forensics.adapters.sglang.adapter import _learn
+    from forensics.adapters.sglang.log import Facts
 
     counted = 0
     for path in sorted(p for p in ROOT.rglob("*.log") if p.parent.name in ("text", "json", "text-ms")):
@@ -602,7 +603,7 @@ def test_what_clients_got_is_held_to_the_finish_lines(tmp_path: Path) -> None:
         notes = Notes()
         adapter = next(a for a in SGLANG if a.sniff(text.splitlines()[:64]))
         assert adapter.translate is not None
-        for _ in adapter.translate(lines, path, Options(), notes):
+        for _ in translated(adapter, lines, path, Options(), notes):
             pass
         assert not [t for t in notes.lines() if "HTTP statuses" in t], path
     assert counted == len(SETS) * 2  # (both servers of every set print them)
@@ -653,12 +654,12 @@ def test_the_collector_is_given_back_as_it_was_however_the_translation_ends() ->
     lines = numbered(text)
     adapter = next(a for a in SGLANG if a.name == "sglang-server")
     assert adapter.translate is not None and gc.isenabled() and gc.get_freeze_count() == 0
-    outcomes = adapter.translate(lines, path, Options(), Notes())
+    outcomes = translated(adapter, lines, path, Options(), Notes())
     next(outcomes)
     assert gc.isenabled() and gc.get_freeze_count() > 0  # (between the passes' lines: frozen, collecting)
     assert sum(1 for _ in outcomes) == len(text) - 1
     assert gc.isenabled() and gc.get_freeze_count() == 0
-    abandoned = adapter.translate(lines, path, Options(), Notes())
+    abandoned = translated(adapter, lines, path, Options(), Notes())
     next(abandoned)
     abandoned.close()
     assert gc.isenabled() and gc.get_freeze_count() == 0
@@ -666,7 +667,7 @@ def test_the_collector_is_given_back_as_it_was_however_the_translation_ends() ->
     gc.freeze()
     try:
         theirs = gc.get_freeze_count()
-        assert sum(1 for _ in adapter.translate(lines, path, Options(), Notes())) == len(text)
+        assert sum(1 for _ in translated(adapter, lines, path, Options(), Notes())) == len(text)
         assert gc.get_freeze_count() == theirs and gc.isenabled()
     finally:
         gc.unfreeze()

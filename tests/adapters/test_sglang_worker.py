@@ -1,5 +1,5 @@
 """The SGLang adapter's lines read in a worker process, and the end of its second pass translated
-in a forked copy of this process (forensics.adapters.sglang_worker): the same outcomes and notes,
+in a forked copy of this process (forensics.adapters.sglang.worker): the same outcomes and notes,
 line for line, as every line read and translated in this process, on every release fixture
 (tests/adapters/releases/: lines printed by SGLang 0.5.5 to 0.5.23's own code), with the worker
 started after a few lines and fed batches of a few, and the fork taking shares of the file from
@@ -18,9 +18,12 @@ from typing import Any
 
 import pytest
 
-from forensics.adapters import Notes, Options, Untranslatable, sglang, sglang_worker
+from forensics.adapters import Notes, Options, Untranslatable
 from forensics.adapters.sglang import ADAPTERS as SGLANG
-from forensics.adapters.sglang import read_line
+from forensics.adapters.sglang import adapter as sglang
+from forensics.adapters.sglang import worker as sglang_worker
+from forensics.adapters.sglang.formats import read_line
+from forensics.ingestion.readers import translated
 
 ROOT = Path(__file__).parent / "releases"
 FILES = sorted(p for form in ("text", "json", "text-ms") for p in ROOT.glob(f"*/{form}/**/*.log"))
@@ -36,7 +39,7 @@ def _outcomes(path: Path, options: Options | None = None,
     def lines() -> Iterator[tuple[int, str]]:  # (as the readers give them: numbered, blank ones left out)
         return ((n, t) for n, t in enumerate(text, 1) if t.strip())
 
-    return [(n, raw, repr(out)) for n, raw, out in adapter.translate(lines, path, options, notes or Notes())]
+    return [(n, raw, repr(out)) for n, raw, out in translated(adapter, lines, path, options, notes or Notes())]
 
 
 @pytest.fixture
@@ -159,7 +162,7 @@ def test_every_fixture_line_reads_the_same_from_the_wire() -> None:
 def test_a_time_not_in_utc_or_a_value_of_another_type_is_read_here() -> None:
     import datetime as dt
 
-    from forensics.adapters.sglang_log import LogLine
+    from forensics.adapters.sglang.log import LogLine
 
     other_zone = LogLine(dt.datetime(2026, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1))), False, "x")
     utc = LogLine(dt.datetime(2026, 1, 1, tzinfo=dt.UTC), False, "x")
@@ -261,7 +264,7 @@ def test_a_second_pass_left_early_ends_its_child(small_forks: pytest.MonkeyPatch
     text = path.read_text().splitlines()
     adapter = next(a for a in SGLANG if a.sniff(text[:64]))
     assert adapter.translate is not None
-    outcomes = adapter.translate(lambda: enumerate(text, 1), path, Options(), Notes())
+    outcomes = translated(adapter, lambda: enumerate(text, 1), path, Options(), Notes())
     next(outcomes)
     assert len(children) == 1
     outcomes.close()  # type: ignore[attr-defined]

@@ -3,7 +3,7 @@
 - ``logfile``: a file to read (:class:`LogFile`), the reader's bounds (:class:`Limits`), whether it
   is small and whether it takes the fast path;
 - ``discovery``: finding the files under the paths given and what each is (format, compression,
-  adapter), the files passed over with why;
+  adapter), the files passed over with why, and the companions an adapter reads a file with;
 - ``opening``: opening a regular file, as big as when opened, decompressed within bounds; a file
   as hashed, to tell whether it changed while read;
 - ``lines``: reading bounded lines, as text and as blocks of whole lines;
@@ -16,7 +16,7 @@
 
 from forensics.adapters.base import LINES_SCHEMA
 from forensics.ingestion.readers.blocks import Block, FilePart, FilesSplit
-from forensics.ingestion.readers.discovery import PassedOver, discover, identify
+from forensics.ingestion.readers.discovery import PassedOver, discover, identify, translated
 from forensics.ingestion.readers.lines import _line_bounds as _line_bounds  # (bench/decoders.py)
 from forensics.ingestion.readers.lines import text_lines
 from forensics.ingestion.readers.logfile import KEPT_OF_LONG_LINE, Limits, LogFile, fast_path
@@ -27,5 +27,5 @@ from forensics.ingestion.readers.tables import batched, source_pieces
 __all__ = [
     "KEPT_OF_LONG_LINE", "LINES_SCHEMA", "ROW_GROUP", "Block", "FilePart", "FilesSplit", "Hashed", "Limits",
     "LogFile", "PassedOver", "ReadAhead", "batched", "changed", "discover", "fast_path", "identify",
-    "open_regular", "read_blocks", "source_pieces", "text_lines",
+    "open_regular", "read_blocks", "source_pieces", "text_lines", "translated",
 ]

@@ -1,18 +1,23 @@
 """Finding the log files under the paths given, and what each is: its format, its compression and
-the adapter that reads it; the files passed over, with why."""
+the adapter that reads it; the files passed over, with why; and the files an adapter reads along
+with one of them, where its ``companions`` say (a request-log file's server log, a server log's
+request-log folder)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import stat
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import zstandard
 
 from forensics import adapters, compiled
+from forensics.adapters.base import Place
 from forensics.errors import InputNotFound, UnreadableFile, UnrecognisedFile
+from forensics.ingestion.readers.lines import text_lines
 from forensics.ingestion.readers.logfile import Limits, LogFile, fast_path
 from forensics.ingestion.readers.opening import _open_regular_fd, open_binary
 from forensics.text import path_text, shown
@@ -234,3 +239,70 @@ def _head(log: LogFile) -> list[str]:
     except (OSError, EOFError, ValueError, zstandard.ZstdError):
         return []
     return data.decode("utf-8", "replace").splitlines()[: adapters.SNIFF_LINES]
+
+
+def companions(log: LogFile, options: adapters.Options) -> adapters.Companions:
+    """The files the adapter of ``log`` reads along with it, where its ``companions`` say."""
+    return find_beside(log.path, adapters.get(log.adapter).companions, options)
+
+
+def translated(adapter: adapters.Adapter, lines: adapters.Lines, path: Path, options: adapters.Options,
+               notes: adapters.Notes) -> Iterator[adapters.Outcome]:
+    """``adapter``'s outcomes of the file at ``path`` (its ``lines``), read with the companions found
+    beside it, as the ingest reads it (a notebook's or a test's way to call an adapter)."""
+    assert adapter.translate is not None, "the canonical format is read, not translated"
+    return adapter.translate(lines, path, options, notes, find_beside(path, adapter.companions, options))
+
+
+def find_beside(path: Path, wanted: Mapping[str, adapters.Beside], options: adapters.Options) -> adapters.Companions:
+    """The companions of ``path``, found when its adapter asks for them by a name ``wanted`` declares
+    (:class:`~forensics.adapters.Beside`): each file in the places named that the sniffs read with
+    one of the adapters named, with its lines, by name."""
+
+    def find(name: str) -> list[tuple[Path, adapters.Lines]]:
+        beside = wanted.get(name)
+        if beside is None:
+            return []
+        found = []
+        for place in beside.places:
+            folder, named = _place(path, place, options)
+            files = _read_with(folder, beside.adapters, path, named)
+            if beside.one and len(files) == 1:
+                return files
+            if not beside.one:
+                found += files
+        return found
+
+    return find
+
+
+def _place(path: Path, place: Place, options: adapters.Options) -> tuple[Path, str | None]:
+    """A :class:`~forensics.adapters.Beside` place of ``path``: its folder, and the node its files
+    must be of (None: any)."""
+    if place == "node":  # the folder named after the file's node beside it
+        return path.parent / options.node_for(path), None
+    if place == "up":  # the folder above the file's, its files of the node the file's folder is named after
+        return path.parent.parent, path.parent.name
+    return path.parent, None  # here: the file's own folder
+
+
+def _read_with(folder: Path, names: tuple[str, ...], besides: Path,
+               named: str | None) -> list[tuple[Path, adapters.Lines]]:
+    """The files in ``folder`` (other than ``besides``; of node ``named`` if given) that the sniffs
+    read with one of the adapters ``names``, with their lines, by name."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    found = []
+    for p in entries:
+        if p == besides or not p.is_file() or (named is not None and adapters.node_of(p) != named):
+            continue
+        try:
+            log = identify(p, explicit=False)
+        except (UnreadableFile, OSError):  # (an unreadable neighbour is not one of them)
+            continue
+        if log is not None and log.adapter in names:
+            found.append((p, text_lines(log)))
+    return found
+

@@ -21,6 +21,7 @@ from forensics import adapters
 from forensics.adapters.base import LINES_SCHEMA, UNREADABLE_MARK
 from forensics.errors import UnreadableFile
 from forensics.ingestion import source
+from forensics.ingestion.readers.discovery import companions
 from forensics.ingestion.readers.lines import (
     _line_blocks,
     _line_bounds,
@@ -55,7 +56,7 @@ def read_chunks(
             options = options or adapters.Options()
             long_lines: dict[int, int] = {}
             outcomes = adapter.translate(text_lines(log, long_lines), log.path, options,
-                                         notes if notes is not None else adapters.Notes())
+                                         notes if notes is not None else adapters.Notes(), companions(log, options))
             yield from adapters.chunks(_long_unreadable(outcomes, long_lines, log.limits),
                                        options.node_for(log.path), on_ignored or (lambda n: None))
         elif log.format == "jsonl":

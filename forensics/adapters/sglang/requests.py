@@ -30,8 +30,8 @@ import datetime as dt
 import re
 from typing import Any, NamedTuple
 
-from forensics.adapters.base import Notes, Options, Untranslatable
-from forensics.adapters.sglang_log import Facts, LogLine, dig, py_value, rfc3339, status_code
+from forensics.adapters.base import LineFormat, Notes, Options, Untranslatable
+from forensics.adapters.sglang.log import Facts, LogLine, dig, py_value, rfc3339, status_code
 
 _TEXT = re.compile(r"(?P<what>Receive|Finish): (?P<args>obj=.*)", re.S)
 _EVENTS = {"request.received": "received", "request.finished": "finished"}
@@ -456,3 +456,13 @@ def abort_reason(message: str) -> str:
     if re.search(r"(transfer|bootstrap|handshake) failed", message):
         return "kv_transfer_failed"
     return "abort"
+
+
+class RequestFormat(LineFormat[LogLine, Facts, RequestLine]):
+    """The request log's lines, received and finished, in either form."""
+
+    signs = ("Receive: obj=", "Finish: obj=", '"event": "request.')
+    value = RequestLine
+    read = staticmethod(read)
+    learn = staticmethod(learn)
+    translate = staticmethod(translate)

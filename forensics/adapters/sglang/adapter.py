@@ -4,6 +4,8 @@
 request log in either form, the timing statistics, transfer failures and start-up lines, all
 interleaved; every other line is ignored. ``sglang-requests`` reads the request log written
 to files (``--log-requests-target DIR``, ``HOST_RANK.log``), which holds request lines only.
+Each is read with its companions, which the ingest finds where :data:`_COMPANIONS` says: a server
+log with its request-log folder, a request-log file with its server's log.
 
 A file is read twice: a first pass learns what single lines need from the whole file (the
 node's role, each prompt's real length, precise finish times), the second translates. Each
@@ -11,7 +13,7 @@ line is read once: the first pass keeps, line by line, what the second needs of 
 and what its format read, not its text), up to ``KEEP_LINES`` lines a file; past them, and for
 any line whose length is not the one the first pass saw, the second pass reads it again.
 Past a file's first lines the reading of each line (its prefix and what its format reads) is
-shared with a worker process (:mod:`forensics.adapters.sglang_worker`): the same readings, in
+shared with a worker process (:mod:`forensics.adapters.sglang.worker`): the same readings, in
 the file's order. On Linux the second pass gives the end of a long file's kept lines to a forked
 copy of this process (:func:`_theirs`): the same outcomes and notes, in the file's order.
 """
@@ -28,52 +30,50 @@ import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from forensics.adapters import (
-    sglang_config,
-    sglang_errors,
-    sglang_mooncake,
-    sglang_requests,
-    sglang_timestats,
-    sglang_worker,
-)
 from forensics.adapters.base import (
     Adapter,
+    Beside,
+    Companions,
+    LineFormat,
     Lines,
     Notes,
     Options,
     Outcome,
     Untranslatable,
     first_object,
+    no_companions,
     node_of,
 )
-from forensics.adapters.sglang_eras import era
-from forensics.adapters.sglang_log import Facts, LogLine, split
-from forensics.errors import UnreadableFile
+from forensics.adapters.sglang import worker
+from forensics.adapters.sglang.eras import era
+from forensics.adapters.sglang.formats import CONFIG, FORMATS, REQUESTS, Read, read_line
+from forensics.adapters.sglang.log import Facts, LogLine, split
 
-#: The line formats, in the order a line is offered to them.
-_FORMATS = (sglang_requests, sglang_timestats, sglang_mooncake, sglang_errors, sglang_config)
-_CONFIG = _FORMATS.index(sglang_config)
-#: What only an SGLang server prints: a file with any of these in its first lines is one (a
-#: rotated piece may hold nothing but error lines: the capacity and length checks', the integrity
-#: checks').
-_SERVER_MARKS = ("server_args=ServerArgs(", "server_args={", "Req Time Stats(", "ReqTimeStats(", "Receive: obj=",
-                 "Finish: obj=", "failed for request rank=", "max_total_num_tokens=", '"event": "request.',
-                 "exceeds the maximum number of tokens: ", "exceeds the maximum allowed length (",
-                 "Context corruption detected: Request ", "KV checksum mismatch")
+#: What only an SGLang server prints, its formats' signs: a file with any of these in its first lines
+#: is one (a rotated piece may hold nothing but error lines: the capacity and length checks', the
+#: integrity checks').
+_SERVER_MARKS = tuple(sign for fmt in FORMATS for sign in fmt.signs)
+#: The files a file is read with: a server log's ``--log-requests-target`` folder, the folder named
+#: after its node beside it (``prefill-0.log`` and ``prefill-0/HOST_RANK.log``); and the server log
+#: a request-log file belongs to, the ``NODE.log`` beside a folder ``NODE`` holding the file, else
+#: the one SGLang server log in the file's own folder.
+_COMPANIONS = {"requests": Beside(("node",), ("sglang-requests", "sglang-server")),
+               "server": Beside(("up", "here"), ("sglang-server",), one=True)}
 _EVIDENCE = ("request level: who was served where and when, and the handoff's token counts; "
              "no page records, so victims are named by replay")
 
 
-def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iterator[Outcome]:
+def _translate(lines: Lines, path: Path, options: Options, notes: Notes,
+               companions: Companions = no_companions) -> Iterator[Outcome]:
     kept = _Kept()
     with _first_pass() as frozen:
         facts = _learn(lines, Facts(node=options.node_for(path)), options, kept)
         server = None
         if facts.role_for(options) is None and not facts.roles_seen and (facts.received_at or facts.finished):
-            server = _server_beside(path)  # (a file of error lines alone is a server's own: no request log)
+            # (a file of error lines alone is a server's own: no request log)
+            server = next(iter(companions("server")), None)
             if server is not None:  # a --log-requests-target file: its server's log says the rest
                 facts = _learn(server[1], Facts(node=options.node or node_of(server[0])), options)
                 kept.clear()
@@ -81,7 +81,7 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes) -> Iter
                 notes.add("server", "{n} request-log file(s) read with the server log beside them "
                           f"({server[0].name})")
         else:
-            for _, beside in _requests_beside(path, facts.node):  # its --log-requests-target folder
+            for _, beside in companions("requests"):  # its --log-requests-target folder
                 theirs = _learn(beside, Facts(node=facts.node), options)
                 facts.finished |= theirs.finished
                 facts.received |= theirs.received  # (their ids: whether the server assigned them)
@@ -177,7 +177,7 @@ def _second_pass(lines: Lines, kept: _Kept, facts: Facts, options: Options,
     # where there is a core for it
     with _theirs(kept, facts, options) as forked:
         yield from _kept_lines(it, kept, forked, facts, options, notes, outcome)
-    for line_no, text, (line, k, value) in sglang_worker.read_ahead(it, options, _reader(options)):
+    for line_no, text, (line, k, value) in worker.read_ahead(it, options, _reader(options)):
         yield outcome(line_no, text, line, k, value)  # (past what the first pass kept)
 
 
@@ -188,13 +188,13 @@ def _translated(line: LogLine, k: int, value: Any, facts: Facts, options: Option
     if facts.warmups and getattr(value, "rid", None) in facts.warmups:  # the server's own request
         out: list[dict[str, Any]] | Untranslatable | None = []
     else:
-        out = None if k < 0 else _records(_FORMATS[k], value, line, facts, options, notes)
+        out = None if k < 0 else _records(FORMATS[k], value, line, facts, options, notes)
     if line.ts is not None:
         facts.last_ts = line.ts
     return _by_room(out, facts, notes) if facts.by_room and isinstance(out, list) else out
 
 
-def _kept_lines(it: Iterator[tuple[int, str]], kept: _Kept, forked: sglang_worker.Forked | None, facts: Facts,
+def _kept_lines(it: Iterator[tuple[int, str]], kept: _Kept, forked: worker.Forked | None, facts: Facts,
                 options: Options, notes: Notes, outcome: Callable[[int, str, LogLine, int, Any], Outcome],
                 ) -> Iterator[Outcome]:
     """The second pass over the lines the first kept: each translated here, or taken as the
@@ -209,7 +209,7 @@ def _kept_lines(it: Iterator[tuple[int, str]], kept: _Kept, forked: sglang_worke
         if their is not None:
             out, decoded_at, added = their
             if decoded_at is not None:  # (a decode request line's time: never before the one before it)
-                at = sglang_worker.unwired_time(decoded_at)
+                at = worker.unwired_time(decoded_at)
                 if facts.last_decode_line is not None and at < facts.last_decode_line:
                     their = None  # (this process carries a later time than the child did: translated here)
                 else:
@@ -232,12 +232,12 @@ FORK_SHARE = 0.4
 
 
 def _theirs(kept: _Kept, facts: Facts, options: Options) -> contextlib.AbstractContextManager[
-        sglang_worker.Forked | None]:
+        worker.Forked | None]:
     """A forked copy of this process translating the end of the kept lines: for each of those,
     its outcome in :mod:`marshal` form, its decode time and the notes it added, or None for a
     line to translate here (any the child did not give). None where there is no child."""
     n = len(kept.lines)
-    if n < FORK_LINES or not sglang_worker.forks():
+    if n < FORK_LINES or not worker.forks():
         return contextlib.nullcontext()
     split = n - int(n * FORK_SHARE)
     # the child starts where this process will be at the split: the time of the last line before it
@@ -253,15 +253,15 @@ def _theirs(kept: _Kept, facts: Facts, options: Options) -> contextlib.AbstractC
         recorded.added.clear()
         out = _translated(line, k, value, facts, options, recorded)
         # a decode request line's time is carried from the line before it: the carry after it, for the
-        # parent to check against its own (sglang_requests.translate)
-        at = facts.last_decode_line if decode and k == 0 and not line.precise else None
-        decoded_at = None if at is None else sglang_worker.wire_time(at)
-        wire = sglang_worker.wire_reason(out) if isinstance(out, Untranslatable) else out
+        # parent to check against its own (requests.translate)
+        at = facts.last_decode_line if decode and k == REQUESTS and not line.precise else None
+        decoded_at = None if at is None else worker.wire_time(at)
+        wire = worker.wire_reason(out) if isinstance(out, Untranslatable) else out
         if (at is not None and decoded_at is None) or (isinstance(out, Untranslatable) and wire is None):
             return None  # (a time or an outcome that would not come back the same: translated in the parent)
         return wire, decoded_at, tuple(recorded.added)
 
-    return sglang_worker.forked(n - split, work)
+    return worker.forked(n - split, work)
 
 
 class _Recorded(Notes):
@@ -313,7 +313,7 @@ KEEP_LINES = 1_000_000
 class _Kept:
     """What the first pass keeps of each line, line by line: its length (to check that the second
     pass reads the same line), its time and ranks (a LogLine without text, one for the lines that
-    share them), its format (the index in _FORMATS, -1 for none) and what the format read of it."""
+    share them), its format (the index in FORMATS, -1 for none) and what the format read of it."""
 
     def __init__(self) -> None:
         self.lengths = array.array("q")
@@ -371,13 +371,13 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
     pass needs of each line, into it)."""
     facts.last_ts = None
     facts.boot_lines, facts.in_flight_at_restart = [], []  # (the lines of this file, not of one read before)
-    for line_no, text, (line, k, value) in sglang_worker.read_ahead(iter(lines()), options, _reader(options)):
+    for line_no, text, (line, k, value) in worker.read_ahead(iter(lines()), options, _reader(options)):
         if k < 0 and value is not None:  # an access line: the HTTP status a client got
             facts.access[value] = facts.access.get(value, 0) + 1
             value = None
         elif k >= 0 and not isinstance(value, Untranslatable):
-            value = _FORMATS[k].learn(value, line, facts, options)
-            if k == _CONFIG and value.what == "server_args":  # a process of the server starts
+            value = FORMATS[k].learn(value, line, facts, options)
+            if k == CONFIG and value.what == "server_args":  # a process of the server starts
                 if facts.boot_lines:
                     # (received and never finished, but neither the server's own nor refused by its tokenizer)
                     open_ = facts.received - facts.finished - facts.warmups
@@ -394,34 +394,8 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
     return facts
 
 
-def read_line(text: str, options: Options) -> sglang_worker.Read:
-    """A line as the passes read it: its prefix split off, and its format's index and value (:func:`_read`)."""
-    line = split(text, options.year)
-    return (line, *_read(line, text, options))
-
-
-def _reader(options: Options) -> Callable[[str], sglang_worker.Read]:
+def _reader(options: Options) -> Callable[[str], Read]:
     return functools.partial(read_line, options=options)
-
-
-def _read(line: LogLine, text: str, options: Options) -> tuple[int, Any]:
-    """The format of a line (its index in _FORMATS) and what it read of it (an Untranslatable
-    for a malformed line of that format); for uvicorn's access line of a generate request, -1
-    and its HTTP status; (-1, None) for a line of no format the adapter reads."""
-    if (value := sglang_requests.read(line, options)) is not None:  # (a request line: no other format reads it)
-        return 0, value
-    if ' HTTP/' in text and (access := _ACCESS.search(text)) is not None:
-        return -1, int(access["status"])
-    for k in range(1, len(_FORMATS)):
-        value = _FORMATS[k].read(line, options)
-        if value is not None:
-            return k, value
-    return -1, None
-
-
-#: uvicorn's access line of a generate request (``INFO:     ADDR - "POST /generate HTTP/1.1" 200 OK``)
-_ACCESS = re.compile(r' - "POST /(?:generate|v1/chat/completions|v1/completions)[?\S]* HTTP/[\d.]+" '
-                     r'(?P<status>\d{3})\b')
 
 
 def _access_differs(facts: Facts, refused: int) -> str | None:
@@ -442,47 +416,7 @@ def _by_status(counts: dict[int, int]) -> str:
     return ", ".join(f"{n:,} x {status}" for status, n in sorted(counts.items())) or "none"
 
 
-def _requests_beside(path: Path, node: str) -> list[tuple[Path, Lines]]:
-    """The request-log files of a server log's ``--log-requests-target`` folder: the folder
-    named after its node beside it (``prefill-0.log`` and ``prefill-0/HOST_RANK.log``)."""
-    return _sglang_logs(path.parent / node, ("sglang-requests", "sglang-server"), path)
-
-
-def _server_beside(path: Path) -> tuple[Path, Lines] | None:
-    """The server log a request-log file (``--log-requests-target DIR``) belongs to: the
-    ``NODE.log`` beside a folder ``NODE`` holding the file, else the one SGLang server log in the
-    file's own folder; None where there is none or more than one."""
-    for candidates in (_sglang_logs(path.parent.parent, ("sglang-server",), path, named=path.parent.name),
-                       _sglang_logs(path.parent, ("sglang-server",), path)):
-        if len(candidates) == 1:
-            return candidates[0]
-    return None
-
-
-def _sglang_logs(folder: Path, adapters: tuple[str, ...], besides: Path,
-                 named: str | None = None) -> list[tuple[Path, Lines]]:
-    """The files in ``folder`` (other than ``besides``; of node ``named`` if given) that the
-    sniffs read with one of ``adapters``, with their lines, by name."""
-    from forensics.ingestion.readers import identify, text_lines  # (readers imports the adapters)
-
-    try:
-        entries = sorted(folder.iterdir())
-    except OSError:
-        return []
-    found = []
-    for p in entries:
-        if p == besides or not p.is_file() or (named is not None and node_of(p) != named):
-            continue
-        try:
-            log = identify(p, explicit=False)
-        except (UnreadableFile, OSError):  # (an unreadable neighbour is not one of them)
-            continue
-        if log is not None and log.adapter in adapters:
-            found.append((p, text_lines(log)))
-    return found
-
-
-def _records(fmt: ModuleType, value: Any, line: LogLine, facts: Facts, options: Options,
+def _records(fmt: LineFormat[LogLine, Facts, Any], value: Any, line: LogLine, facts: Facts, options: Options,
              notes: Notes) -> list[dict[str, Any]] | Untranslatable | None:
     if isinstance(value, Untranslatable):
         return value
@@ -513,6 +447,7 @@ ADAPTERS = (
         evidence=_EVIDENCE,
         sniff=_requests_sniff,
         translate=_translate,
+        companions=_COMPANIONS,
     ),
     Adapter(
         name="sglang-server",
@@ -521,5 +456,6 @@ ADAPTERS = (
         evidence=_EVIDENCE,
         sniff=_server_sniff,
         translate=_translate,
+        companions=_COMPANIONS,
     ),
 )

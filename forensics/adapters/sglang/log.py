@@ -316,7 +316,7 @@ class Facts:
     #: KV pools of the server with DP attention (each DP rank its own, of the size the pool line
     #: gives: only global TP rank 0, DP0's first scheduler, prints it); 1 without
     dp_pools: int = 1
-    #: schema v1.1's scheduling fields the server_args state (sglang_config._scheduling)
+    #: schema v1.1's scheduling fields the server_args state (config._scheduling)
     scheduling: dict[str, bool] = field(default_factory=dict)
     #: the lines (numbers) of the file's server_args lines: each starts a process of the server, so
     #: from the second on a restart (a new boot: its pool fresh); and at each restart, the requests
@@ -338,7 +338,7 @@ class Facts:
     #: the file's records name requests by bootstrap room (``room-B``), not by rid (--request-ids)
     by_room: bool = False
     received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
-    era: str | None = None  # the releases whose formats the file shows (sglang_eras.era)
+    era: str | None = None  # the releases whose formats the file shows (eras.era)
     rooms: dict[str, str] = field(default_factory=dict)  # rid -> its bootstrap room, as logged
     #: HTTP statuses of the generate requests' uvicorn access lines, and of the finish lines
     #: (with the tokenizer's rejections, which answer 400 with no finish line)

@@ -1,8 +1,8 @@
 """An SGLang log's lines read in a worker process while this one learns from them.
 
 The SGLang adapter's first pass has two parts: reading each line (its prefix, and what its
-format reads of it: :func:`forensics.adapters.sglang._read`), which depends on the line alone,
-and learning from it (:mod:`forensics.adapters.sglang_log`'s ``Facts``), which depends on every
+format reads of it: :func:`forensics.adapters.sglang.formats.read_line`), which depends on the line alone,
+and learning from it (:mod:`forensics.adapters.sglang.log`'s ``Facts``), which depends on every
 line before it. The reading is about half the pass. Past the first :data:`LOCAL_LINES` lines of
 a file, where the machine has a core to spare, :func:`read_ahead` hands the lines to a worker
 process, :data:`BATCH_LINES` at a time and up to :data:`DEPTH` batches ahead, and takes back,
@@ -22,7 +22,7 @@ to that on every release fixture).
 The second pass (translating each line with what the whole file taught) is shared too, on
 Linux: :func:`forked` computes the end of a file's kept lines in a forked copy of this process,
 which has the facts and the kept readings without their being sent, while this process
-translates the start (:func:`forensics.adapters.sglang._second_pass`).
+translates the start (:func:`forensics.adapters.sglang.adapter._second_pass`).
 
 ``KVFORENSICS_WORKERS=0`` reads and translates every line in this process.
 """
@@ -47,12 +47,8 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from forensics.adapters.base import Options, Untranslatable
-from forensics.adapters.sglang_config import ConfigLine
-from forensics.adapters.sglang_errors import ErrorLine
-from forensics.adapters.sglang_log import LogLine
-from forensics.adapters.sglang_mooncake import Failure
-from forensics.adapters.sglang_requests import RequestLine
-from forensics.adapters.sglang_timestats import TimeStats
+from forensics.adapters.sglang.formats import FORMATS, Read, read_line
+from forensics.adapters.sglang.log import LogLine
 
 #: Lines of a file read in this process before a worker is started (a small file never starts one).
 LOCAL_LINES = 20_000
@@ -62,10 +58,8 @@ DEPTH = 6
 #: Batches this process reads ahead of the worker's oldest, at most (while it waits for it).
 AHEAD = 8
 
-#: What a line reads as: the line, its format's index (-1: none) and what the format read.
-Read = tuple[LogLine, int, Any]
-#: The value types a line's format reads, by their index on the wire.
-_VALUES: tuple[type, ...] = (RequestLine, TimeStats, Failure, ErrorLine, ConfigLine)
+#: The value types a line's format reads (what each format declares), by their index on the wire.
+_VALUES: tuple[type, ...] = tuple(fmt.value for fmt in FORMATS)
 _VALUE_INDEX = {t: i for i, t in enumerate(_VALUES)}
 _HEADER = struct.Struct("<Q")
 #: The ``doc`` of a line read by the worker that was a JSON object (what the passes ask of it).
@@ -403,7 +397,7 @@ class _Worker:
 #: The worker's program: this process's module path (as multiprocessing's spawn passes it: the
 #: same forensics however it was found here), then :func:`main`.
 _BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-         "from forensics.adapters.sglang_worker import main; main()")
+         "from forensics.adapters.sglang.worker import main; main()")
 
 #: The size asked of each pipe to and from the worker (Linux allows up to 1 MiB unprivileged).
 PIPE_BYTES = 1 << 20
@@ -506,8 +500,6 @@ def decoded(batch: tuple[list[tuple[Any, ...]], list[tuple[Any, ...] | None]]) -
 
 def main() -> None:
     """The worker: options, then batches of lines, from stdin; their readings to stdout."""
-    from forensics.adapters.sglang import read_line
-
     gc.disable()  # (what a batch makes is freed by reference counting: no cycles)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     first = _message(stdin)

@@ -22,9 +22,9 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from forensics.adapters.base import Notes, Options
-from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
-from forensics.adapters.sglang_timestats import UNKNOWN_NODE, transfer_id
+from forensics.adapters.base import LineFormat, Notes, Options
+from forensics.adapters.sglang.log import Facts, LogLine, rfc3339
+from forensics.adapters.sglang.timestats import UNKNOWN_NODE, transfer_id
 
 _LINE = re.compile(
     r"(?P<side>Prefill|Decode) (?P<stage>transfer|bootstrap|handshake) failed for request rank=\d+ "
@@ -63,3 +63,13 @@ def translate(m: Failure, line: LogLine, facts: Facts, options: Options, notes: 
         "request_id": m.rid, "event": "failed",
         "src_node": node if prefill else UNKNOWN_NODE, "dst_node": UNKNOWN_NODE if prefill else node, "node": node,
     }]
+
+
+class FailureFormat(LineFormat[LogLine, Facts, Failure]):
+    """The KV-transfer failure lines."""
+
+    signs = ("failed for request rank=",)
+    value = Failure
+    read = staticmethod(read)
+    learn = staticmethod(learn)
+    translate = staticmethod(translate)

@@ -19,7 +19,7 @@ Without DP attention each DP replica's first scheduler is TP rank 0 of its own a
 For each: ``pool_pages = max_total_num_tokens / page_size + 1`` (page 0 is
 reserved), so that ``(pool_pages - 1) * page_size`` is the pool in tokens. SGLang does not log
 its version: ``engine_version`` is the range of releases whose formats the file shows
-(:mod:`forensics.adapters.sglang_eras`), ``unknown`` where it shows none.
+(:mod:`forensics.adapters.sglang.eras`), ``unknown`` where it shows none.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from forensics.adapters.base import Notes, Options, Untranslatable
-from forensics.adapters.sglang_log import Facts, LogLine, py_value, rfc3339
+from forensics.adapters.base import LineFormat, Notes, Options, Untranslatable
+from forensics.adapters.sglang.log import Facts, LogLine, py_value, rfc3339
 from forensics.ids import dp_pool_node
 
 _SERVER_ARGS = re.compile(r"server_args=(ServerArgs\(.*\)|\{.*\})\s*$", re.S)
@@ -143,3 +143,13 @@ def _dp_pools(args: dict[str, Any]) -> int:
         return attn
     dp = args.get("dp_size")
     return dp if args.get("enable_dp_attention") is True and isinstance(dp, int) and dp > 1 else 1
+
+
+class ConfigFormat(LineFormat[LogLine, Facts, ConfigLine]):
+    """The start-up lines: server_args, the pool line and its warning."""
+
+    signs = ("server_args=ServerArgs(", "server_args={", "max_total_num_tokens=")
+    value = ConfigLine
+    read = staticmethod(read)
+    learn = staticmethod(learn)
+    translate = staticmethod(translate)

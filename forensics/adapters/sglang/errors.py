@@ -28,9 +28,9 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from forensics.adapters.base import Notes, Options
-from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
-from forensics.adapters.sglang_requests import CAPACITY_ERROR, CONTEXT_ERROR, LENGTH_ERROR
+from forensics.adapters.base import LineFormat, Notes, Options
+from forensics.adapters.sglang.log import Facts, LogLine, rfc3339
+from forensics.adapters.sglang.requests import CAPACITY_ERROR, CONTEXT_ERROR, LENGTH_ERROR
 
 _RID = re.compile(r"rid='(?P<rid>[^']*)'")
 _ROOM = re.compile(r"Context corruption detected: Request (?P<rid>\S+) \(bootstrap_room=")
@@ -102,3 +102,14 @@ def translate(e: ErrorLine, line: LogLine, facts: Facts, options: Options, notes
     if e.what in ("length", "capacity"):
         return [{**base, "event": "rejected", "reason": "input_too_long", "limit_tokens": e.limit}]
     return [{**base, "event": "finished", "status": 500, "finish_reason": e.what}]
+
+
+class ErrorFormat(LineFormat[LogLine, Facts, ErrorLine]):
+    """The error lines about one request."""
+
+    signs = ("exceeds the maximum number of tokens: ", "exceeds the maximum allowed length (",
+             "Context corruption detected: Request ", "KV checksum mismatch")
+    value = ErrorLine
+    read = staticmethod(read)
+    learn = staticmethod(learn)
+    translate = staticmethod(translate)

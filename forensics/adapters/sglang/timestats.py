@@ -47,8 +47,8 @@ import functools
 import re
 from typing import Any, NamedTuple
 
-from forensics.adapters.base import Notes, Options
-from forensics.adapters.sglang_log import Facts, LogLine, rfc3339
+from forensics.adapters.base import LineFormat, Notes, Options
+from forensics.adapters.sglang.log import Facts, LogLine, rfc3339
 
 _LINE = re.compile(r"(?P<head>Req Time Stats|ReqTimeStats)\((?P<fields>[^)]*)\)(?::\s*(?P<stats>.*))?$", re.S)
 _FIELD = re.compile(r"\s*([a-z_ ]+?)=([^,]*)")
@@ -259,3 +259,13 @@ def _s(seconds: float) -> dt.timedelta:
 
 
 _ONE_SECOND = dt.timedelta(seconds=1)
+
+
+class TimeStatsFormat(LineFormat[LogLine, Facts, TimeStats]):
+    """The time-stats lines, either head."""
+
+    signs = ("Req Time Stats(", "ReqTimeStats(")
+    value = TimeStats
+    read = staticmethod(read)
+    learn = staticmethod(learn)
+    translate = staticmethod(translate)

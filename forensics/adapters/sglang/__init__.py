@@ -1,0 +1,15 @@
+"""The SGLang adapters: a server's log output and its request log files, as canonical records.
+
+``adapter.py`` holds the two adapters and the passes over a file. Each line format is a module
+with a :class:`~forensics.adapters.base.LineFormat` of its own (``requests.py``, ``timestats.py``,
+``mooncake.py``, ``errors.py``, ``config.py``), on what they share (``log.py``: the line prefix,
+Python reprs, what a file says); ``formats.py`` lists them in the order a line is offered to them;
+``eras.py`` maps format marks to releases; ``worker.py`` reads lines in a worker process and
+translates in a forked one.
+"""
+
+from __future__ import annotations
+
+from forensics.adapters.sglang.adapter import ADAPTERS
+
+__all__ = ["ADAPTERS"]
