@@ -27,9 +27,10 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = "5"
 
 
-def sql_text(name: str) -> str:
-    """The text of a named SQL file shipped in ``forensics/sql``."""
-    return resources.files("forensics").joinpath("sql", name).read_text(encoding="utf-8")
+def sql_text(name: str, package: str = "forensics") -> str:
+    """The text of a named SQL file shipped in ``forensics/sql`` (or the ``sql`` folder of another
+    ``package`` of the toolkit: the replay's)."""
+    return resources.files(package).joinpath("sql", name).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,10 @@ class SqlBlock:
     sql: str
 
 
-def sql_blocks(name: str) -> list[SqlBlock]:
+def sql_blocks(name: str, package: str = "forensics") -> list[SqlBlock]:
     """The blocks of a SQL file whose statements each start with a ``-- name: ...`` line, in order."""
     out = []
-    for block in re.split(r"^(?=-- name: )", sql_text(name), flags=re.M):
+    for block in re.split(r"^(?=-- name: )", sql_text(name, package), flags=re.M):
         if not block.startswith("-- name: "):
             continue  # the file's preamble
         head = dict(re.findall(r"^-- ([a-z]+): (.*)$", block, re.M))

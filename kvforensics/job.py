@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from forensics.adapters import Options
 from forensics.errors import BadValue
 from forensics.exposure.tiers import (
@@ -26,7 +28,8 @@ from forensics.ingestion import Progress
 from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, Phase, investigate, untold
 from forensics.store import connect, one
-from replay.replay import ReplayResult, WhatIf, default_out, logged_engine_of, replay
+from replay.configs import logged_engine, node_configs
+from replay.replay import ReplayResult, WhatIf, default_out, replay
 from replay.schedule import ALTERNATIVES
 from reports.render import ReportResult, check_outputs, report
 
@@ -35,9 +38,10 @@ from reports.render import ReportResult, check_outputs, report
 JOB_REPLAYS = ("sglang-placeholder", "sglang-hardened")
 
 
-def job_replays(db: Path | str) -> tuple[str, str]:
-    """The confirmation engine (the one the logs were made with) and the what-if engine."""
-    confirm = logged_engine_of(db) or JOB_REPLAYS[0]
+def job_replays(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
+    """The confirmation engine (the one the logs were made with) and the what-if engine, of the
+    case open on ``con``."""
+    confirm = logged_engine(node_configs(con)) or JOB_REPLAYS[0]
     return confirm, next(e for e in JOB_REPLAYS if e != confirm)
 
 
@@ -94,14 +98,11 @@ def check_what_if(db: Path | str, what_if: WhatIf) -> None:
                        f"nodes ({page} tokens a page); give at least {page}")
 
 
-def replayable(db: Path | str) -> str | None:
-    """Why the case cannot be replayed, or None when it can (engine configs and requests)."""
-    con = connect(db, read_only=True, create=False)
-    try:
-        row = one(con, "SELECT (SELECT count(*) FROM configs WHERE role IN ('prefill', 'decode')), "
-                       "(SELECT count(*) FROM request_events WHERE event = 'received')")
-    finally:
-        con.close()
+def replayable(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Why the case open on ``con`` cannot be replayed, or None when it can (engine configs and
+    requests)."""
+    row = one(con, "SELECT (SELECT count(*) FROM configs WHERE role IN ('prefill', 'decode')), "
+                   "(SELECT count(*) FROM request_events WHERE event = 'received')")
     assert row is not None
     if not row[0]:
         return "no prefill or decode config records"
@@ -135,22 +136,28 @@ def run(
     found = investigate(paths, db, progress=progress, format=format, options=options, limits=limits, phase=phase)
     if found.ingest.empty:  # nothing to replay or report: the empty input is the answer
         return JobResult(found, replay_skipped="no records")
-    missing, gaps = _evidence_gaps(db)
     replays: tuple[ReplayResult, ...] = ()
     filled = None
     skipped = None if with_replay else "not asked (--no-replay)"
-    if with_replay and (out is not None or missing or gaps):
-        skipped = replayable(db)
-        if skipped is None:
-            confirm, what_if = job_replays(db)
-            # without a report, only the replay the figures need
-            engines = (confirm, what_if) if out is not None else (confirm,)
-            done = []
-            for engine in engines:
-                with told(f"replay under {engine}"):
-                    done.append(replay(db, engine, default_out(db, engine, WhatIf())))
-            replays = tuple(done)
-            filled = _fill(db, replays[0], told)
+    con = connect(db, read_only=True, create=False)  # (what the job asks before the replays, on one connection)
+    try:
+        missing, gaps = _evidence_gaps(con)
+        wanted = with_replay and (out is not None or missing or gaps)
+        if wanted:
+            skipped = replayable(con)
+        chosen = job_replays(con) if wanted and skipped is None else None
+    finally:
+        con.close()
+    if chosen is not None:
+        confirm, what_if = chosen
+        # without a report, only the replay the figures need
+        engines = (confirm, what_if) if out is not None else (confirm,)
+        done = []
+        for engine in engines:
+            with told(f"replay under {engine}"):
+                done.append(replay(db, engine, default_out(db, engine, WhatIf())))
+        replays = tuple(done)
+        filled = _fill(db, replays[0], told)
     written = None
     if out is not None:
         with told("report and its lists"):
@@ -186,12 +193,8 @@ def _fill(db: Path | str, confirmed: ReplayResult, told: Phase = untold) -> Fill
         return fill_from_replay(db, confirmed.out / "replay.duckdb", alternatives, disagreeing, sorted(varied))
 
 
-def _evidence_gaps(db: Path | str) -> tuple[tuple[str, ...], int]:
+def _evidence_gaps(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], int]:
     """Engine nodes without page records, and seq gaps on nodes with them."""
-    con = connect(db, read_only=True, create=False)
-    try:
-        missing = missing_page_records(con)
-        row = one(con, "SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)")
-    finally:
-        con.close()
+    missing = missing_page_records(con)
+    row = one(con, "SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)")
     return missing, int(row[0]) if row else 0

@@ -682,7 +682,8 @@ def test_the_scheduling_flags_each_release_prints_are_stated_on_its_configs(rele
     ``--disable-radix-cache`` and, where the release has it, the decode radix cache (lines/, printed
     by the release's code with those arguments). Every config of the server (each DP pool) states
     them, and the replay reads them back."""
-    from replay.replay import _configs, assumptions
+    from replay.configs import assumptions
+    from replay.configs import node_configs as _configs
 
     flagged = _source(release)["flag_lines"]
     assert {d["role"] for d in flagged} == {"prefill", "decode"}

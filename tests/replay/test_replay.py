@@ -291,7 +291,8 @@ def _placed_oracle(records: list[dict], ends: list[tuple[int, dict]]) -> list[di
     """The placement rule over whole lists (the replay streams it): each end after the last of its
     request's records that come before a transfer end, before the first after one at or past there,
     and before the first record logged after it in between; ends at one place in their order."""
-    from replay.replay import _AFTER_TRANSFER_END, _NO_SEQ
+    from replay.events import AFTER_TRANSFER_END as _AFTER_TRANSFER_END
+    from replay.events import NO_SEQ as _NO_SEQ
 
     at = []
     for n, (lo, e) in enumerate(ends):
@@ -316,10 +317,12 @@ def _placed_oracle(records: list[dict], ends: list[tuple[int, dict]]) -> list[di
 
 @pytest.mark.parametrize("seed", range(40))
 def test_carried_transfer_ends_are_placed_as_the_rule_says(seed: int) -> None:
-    """The streaming placement of carried transfer ends (replay._placed) against the rule applied
+    """The streaming placement of carried transfer ends (replay.carried.placed) against the rule applied
     to whole lists, on random node orders; each request is forgotten once, after its last record
     and its last placed end."""
-    from replay.replay import _BEFORE_TRANSFER_END, _placed, _Row
+    from replay.carried import placed as _placed
+    from replay.events import BEFORE_TRANSFER_END as _BEFORE_TRANSFER_END
+    from replay.events import Row as _Row
 
     rng = random.Random(seed)
     events = [("request", "received"), ("request", "admitted"), ("request", "prefill_started"),
@@ -338,7 +341,7 @@ def test_carried_transfer_ends_are_placed_as_the_rule_says(seed: int) -> None:
             ends.append((max(before) + 1 if before else 0,
                          {"kind": "transfer", "event": "completed", "request_id": rid, "transfer_id": f"x{j}",
                           "boot": 0, "seq": None, "ts": f"t{rng.randint(0, 40):03d}", "_carried": "other"}))
-    ends.sort(key=lambda e: e[0])  # (the order replay._carried_to reads them in)
+    ends.sort(key=lambda e: e[0])  # (the order replay.carried.carried_to reads them in)
     last = {r["request_id"]: i for i, r in enumerate(records)}
     rows = [_Row(r, last[r["request_id"]] == i, None, False) for i, r in enumerate(records)]
     got = list(_placed(iter(rows), iter((lo, _Row(e, False, None, False)) for lo, e in ends)))

@@ -1,0 +1,242 @@
+"""Driving the engine through a node: its configs and records, merged in its logged order, fed
+to a node engine, with a decode node's steps placed by a step clock fitted to its evidence."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from replay.carried import carried_to, placed
+from replay.configs import WhatIf
+from replay.engine import Disagreement, NodeConfig, NodeEngine, Plan, Request, decode_steps
+from replay.events import NO_SEQ, NodeQueries, Row, node_events
+from replay.logset import LogSet, ts_text
+from replay.planning import request_of
+from replay.schedule import LOGGED, Cadence, Horizon, Schedule, StepClock
+from replay.scratch import log_ns
+
+
+def ambiguous_nodes(clocks: list[StepClock]) -> tuple[str, ...]:
+    """The decode nodes where the evidence left some step counts undecided."""
+    return tuple(sorted({c.node for c in clocks if c.ambiguous}))
+
+
+def replay_node(
+    queries: NodeQueries,
+    node: str,
+    configs: list[tuple[int, int, str, NodeConfig]],
+    role: str | None,
+    engine: str,
+    what_if: WhatIf,
+    log: LogSet,
+    unlogged: dict[str, tuple[Request, Plan, str]],
+    extra: list[dict[str, Any]],
+    confirm: bool,
+    disagreements: list[Disagreement],
+    schedule: Schedule = LOGGED,
+    clocks_used: list[StepClock] | None = None,
+) -> None:
+    """Feed one node's configs and events, merged in (boot, seq) order, to a node engine;
+    ``extra`` events (of requests the logs have no engine event for) join by time. A request is
+    known to the engine from its first record on the node to its last (its plan read with its
+    records), the unlogged ones throughout."""
+    requests = {rid: r for rid, (r, _, _) in unlogged.items()}
+    plans = {rid: p for rid, (_, p, _) in unlogged.items()}
+    served: set[str] | None = set() if confirm else None
+    stream: Iterator[Row | str] = placed(node_events(queries.events.of(node)),
+                                        carried_to(queries.carried.of(node), node))
+    engines: list[NodeEngine] = []
+
+    def admit(row: Row) -> dict[str, Any]:
+        rid = row.record["request_id"]
+        if rid is not None and rid not in plans and row.plan is not None:
+            requests[rid], plans[rid] = request_of(rid, row.plan)
+            if served is not None and row.served:
+                served.add(rid)
+        return _logged(row.record)
+
+    deferred: list[str] = []  # decode: requests past their last record but still in the running batch
+
+    def forget(rid: str, now: bool = False) -> None:
+        if rid in unlogged:
+            return
+        if not now and role == "decode" and node_engine is not None and rid in node_engine.batch:
+            deferred.append(rid)  # it decodes on, its steps placed by time, until its boot ends
+            return
+        requests.pop(rid, None)
+        plans.pop(rid, None)
+        if served is not None:
+            served.discard(rid)
+        for e in engines:
+            e.forget(rid)
+
+    if not configs:  # a router (or any node without a config): its events pass through
+        router = NodeEngine(NodeConfig(node, "router", 1 << 62, 1, 2), engine, log, requests, plans)
+        engines.append(router)
+        for item in stream:
+            if isinstance(item, str):
+                forget(item)
+            elif not (item.record["request_id"] in unlogged and item.record["event"] != "received"):
+                router.handle(admit(item))  # (else the logged router rejection no longer applies)
+        return
+    pending = list(reversed(extra))
+    steps = sorted((boot, seq, i) for i, (boot, seq, _, _) in enumerate(configs))
+    k = 0
+    node_engine: NodeEngine | None = None
+    applied = {boot: what_if.apply(c) for boot, _, _, c in configs}
+    cadences = _cadences(queries.spans.of(node), queries.resolution.get(node, 1_000), applied) \
+        if role == "decode" else {}
+    clocks: dict[int, StepClock] = {}
+    horizons = _horizons(queries.horizons.of(node), applied) if role == "decode" else {}
+
+    def feed(record: dict[str, Any], ts: int | None, finish_at: int | None = None, at: int | None = None) -> None:
+        """Hand ``record`` to the node's engine; on a decode node, first the steps that ran before it
+        (none where its time, ``ts``, is not the node's own: None); ``at`` and ``finish_at``: where
+        it, and its request's delivered finish, come in the node's order (where they do)."""
+        assert node_engine is not None
+        if role != "decode" or ts is None:
+            node_engine.handle(record)
+            return
+        e = node_engine
+        clock = clock_of(e.boot)
+        rid = record.get("request_id")
+        h = e.held.get(rid) if rid is not None else None
+        # a finish with its outputs pins the steps before it (a failure's does not)
+        ends = record["kind"] == "request" and record["event"] == "finished" and _ok(record.get("status"))
+        finishing = (rid, h.allocs) if ends and h is not None and h.allocs and rid in e.batch else None
+        first = clock.steps
+        starting = record["kind"] == "request" and record["event"] == "decode_started"
+        joining = None
+        if starting and rid in requests and finish_at is not None:
+            joining = (decode_steps(requests[rid].outputs, e.config.overlap_schedule), finish_at)
+        run, fits = clock.before(ts, [x.allocs_left for _, x in e.decoding()], finishing, starting, joining, at)
+        if not fits and finishing is not None and served is not None and rid in served:
+            disagreements.append(Disagreement(rid, node, "steps_differ", f"its {finishing[1]} decode steps fit no "
+                                              "lockstep schedule of the node's logged order"))
+
+        def when(k: int) -> str:
+            at = clock.time_of(first + k)
+            return record["ts"] if at is None or at > ts else ts_text(at)
+
+        e.advance(run, when)
+        e.handle(record)
+        if rid is None:
+            return
+        if finishing is not None:
+            clock.finished(rid, ts, finishing[1])
+        elif starting and rid in e.batch:
+            clock.started(rid, ts, joining, at)
+        elif rid not in e.batch:
+            clock.forget(rid)
+
+    def clock_of(boot: int) -> StepClock:
+        clock = clocks.get(boot)
+        if clock is None:
+            clock = clocks[boot] = StepClock(cadences.get(boot), schedule, node, horizon=horizons.pop(boot, None))
+            if clocks_used is not None:
+                clocks_used.append(clock)
+        return clock
+
+    def end_boot(ts: int) -> None:
+        """The node's process ends before ``ts`` (its next boot's first record): the steps its
+        running requests took until then, at its pace, ran first."""
+        if role != "decode" or node_engine is None or node_engine.boot not in clocks:
+            return
+        e, clock = node_engine, clocks[node_engine.boot]
+        first = clock.steps
+        run, _ = clock.before(ts, [x.allocs_left for _, x in e.decoding()], None)
+
+        def when(k: int) -> str:
+            at = clock.time_of(first + k)
+            return ts_text(ts if at is None or at > ts else at)
+
+        e.advance(run, when)
+        for rid in deferred:
+            forget(rid, now=True)
+        deferred.clear()
+
+    def configure(boot: int, i: int) -> None:
+        nonlocal node_engine
+        config = what_if.apply(configs[i][3])
+        if node_engine is None or boot != node_engine.boot:
+            if node_engine is not None:
+                end_boot(log_ns(configs[i][2]))
+            log.new_boot(node)
+            if node_engine is None:
+                node_engine = NodeEngine(config, engine, log, requests, plans, boot=boot, served=served,
+                                         disagreements=disagreements)
+                engines.append(node_engine)
+            else:
+                node_engine.start_boot(boot, config)
+        else:
+            node_engine.config = config
+        log.emit(config.record(configs[i][2], boot))
+
+    for item in stream:
+        if isinstance(item, str):
+            forget(item)
+            continue
+        event = item.record
+        key = (event["boot"], event.get("_seq_key", event["seq"] if event["seq"] is not None else NO_SEQ))
+        while k < len(steps) and steps[k][:2] <= key:
+            configure(steps[k][0], steps[k][2])
+            k += 1
+        record = admit(item)
+        if node_engine is None:  # events before any config: no pool to act on
+            log.emit(record)
+            continue
+        if event["boot"] != node_engine.boot:
+            end_boot(event["_ns"])
+            log.new_boot(node)
+            node_engine.start_boot(event["boot"], node_engine.config)
+        while pending and pending[-1]["ts"] < event["ts"]:
+            unlogged_event = pending.pop()
+            feed(dict(unlogged_event, boot=node_engine.boot), log_ns(unlogged_event["ts"]))
+        # (a transfer end another node logged is timed by that node's clock: it places no step)
+        feed(record, None if "_carried" in event else event["_ns"], event.get("_finish_i"), event.get("_i"))
+    while k < len(steps):
+        configure(steps[k][0], steps[k][2])
+        k += 1
+    while pending and node_engine is not None:
+        unlogged_event = pending.pop()
+        feed(dict(unlogged_event, boot=node_engine.boot), log_ns(unlogged_event["ts"]))
+    for rid in deferred:  # (the node's log ends: what it ran after its last record is in no log)
+        forget(rid, now=True)
+
+
+def _horizons(rows: Iterator[tuple[Any, ...]], configs: dict[int, NodeConfig]) -> dict[int, Horizon]:
+    """Each boot's decode starts with a delivered finish after them on the node (where each comes
+    in the node's order, and the steps its request takes; its rows of ``decode_horizons``):
+    :class:`replay.schedule.Horizon`."""
+    starts: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for boot, start, finish, outputs in rows:
+        config = configs.get(boot)
+        overlap = config.overlap_schedule if config is not None else True
+        starts[boot].append((start, finish, decode_steps(outputs, overlap)))
+    return {boot: Horizon(s) for boot, s in starts.items()}
+
+
+def _ok(status: Any) -> bool:
+    return isinstance(status, int) and 200 <= status <= 299
+
+
+def _cadences(rows: Iterator[tuple[Any, ...]], resolution: int, configs: dict[int, NodeConfig]
+              ) -> dict[int, Cadence]:
+    """Each boot's decode cadence (:class:`replay.schedule.Cadence`), fitted to the spans of the
+    requests that started and finished decoding there with their output logged (the node's rows
+    of ``decode_spans``), its times' ``resolution`` in ns (whole milliseconds where every one of
+    the node's request times is)."""
+    spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for boot, start, end, outputs in rows:
+        config = configs.get(boot)
+        overlap = config.overlap_schedule if config is not None else True
+        spans[boot].append((decode_steps(outputs, overlap), (end - start) * 1000))
+    fitted = {boot: Cadence.fit(pairs, resolution) for boot, pairs in spans.items()}
+    return {boot: c for boot, c in fitted.items() if c is not None}
+
+
+def _logged(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as the engine is handed it: the replay's own marks left out (a copy)."""
+    return {k: v for k, v in record.items() if k[0] != "_"}
+

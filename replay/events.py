@@ -1,0 +1,132 @@
+"""What a replay reads of each node of the case: its request and transfer records in its order,
+each with its request's plan, in one query for every node, handed out a node at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import duckdb
+
+from replay.logset import ts_text
+from replay.planning import PLAN_SQL
+from replay.scratch import batches, reader
+from replay.statements import SqlList, statement
+
+#: A record's fields as a node's replay reads them.
+EVENT_FIELDS = (
+    "kind", "ts", "node", "boot", "seq", "request_id", "event", "tenant_id", "prompt_tokens",
+    "max_new_tokens", "prefill_node", "decode_node", "reason", "limit_tokens", "status",
+    "finish_reason", "output_tokens", "transfer_id", "src_node", "dst_node", "src_pages",
+    "dst_pages", "tokens", "bytes",
+)
+_N_EVENT = len(EVENT_FIELDS)
+
+#: A request's events on a node that come before its transfer ends there, and after.
+BEFORE_TRANSFER_END = {("request", "received"), ("request", "admitted"), ("request", "prefill_started"),
+                       ("request", "prefill_done"), ("transfer", "started")}
+AFTER_TRANSFER_END = {("request", "decode_started"), ("request", "finished")}
+#: The sort key of a record without seq (the node's order is then its time's).
+NO_SEQ = 1 << 62
+
+
+def _kinds(events: set[tuple[str, str]], prefix: str) -> str:
+    """SQL: a record is one of ``events`` (kind, event)."""
+    return "(" + " OR ".join(f"({prefix}kind = '{k}' AND {prefix}event = '{e}')" for k, e in sorted(events)) + ")"
+
+
+#: The lists of sql/replay.sql the records' statements name.
+_LISTS = {
+    "event_fields": SqlList.columns(EVENT_FIELDS),
+    # its time in microseconds since the epoch
+    "event_values": SqlList(lambda t: ", ".join(f"epoch_us({t}ts) AS ts" if f == "ts" else t + f
+                                                for f in EVENT_FIELDS)),
+    "before_transfer_end": SqlList(lambda t: _kinds(BEFORE_TRANSFER_END, t)),
+    "plan_columns": PLAN_SQL,
+}
+
+
+def node_statement(name: str) -> str:
+    """The statement ``name`` of sql/replay.sql, with the lists of a node's records filled in."""
+    return statement(name, **_LISTS)
+
+
+class Row(NamedTuple):
+    """A record of a node's replay stream: the record, whether it is the last of its request in
+    the node's logged order, its request's ``replay_plans`` row (None: a request the router never
+    logged), and whether the logs show the request served."""
+
+    record: dict[str, Any]
+    last: bool
+    plan: tuple[Any, ...] | None
+    served: bool
+
+
+class ByNode:
+    """The rows of a query ordered by node first, handed out a node at a time: one query for
+    every node, not one a node (a replay of ten thousand nodes ran 40 ms of queries a node). The
+    nodes are asked for in the order the query gives them (Python's and DuckDB's string orders
+    agree: code points); a node asked for takes its rows, a node passed over is skipped."""
+
+    def __init__(self, rows: Iterator[tuple[Any, ...]]) -> None:
+        self._rows = rows
+        self._next = next(rows, None)
+
+    def of(self, node: str) -> Iterator[tuple[Any, ...]]:
+        """``node``'s rows, without the node (the rows of nodes before it skipped)."""
+        while self._next is not None and self._next[0] < node:
+            self._next = next(self._rows, None)
+        while self._next is not None and self._next[0] == node:
+            row, self._next = self._next, next(self._rows, None)
+            yield row[1:]
+
+
+class NodeQueries:
+    """What the replay reads of each node, for every node in a query each (:class:`ByNode`):
+    its events in its order, the transfer ends other nodes logged for it, and on decode nodes
+    the spans and horizons its step clock is fitted to. ``roles``: the engine nodes' roles."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, roles: dict[str, str]) -> None:
+        con.execute(statement("create_roles"))
+        con.executemany(statement("insert_role"),
+                        sorted((n, r) for n, r in roles.items() if r in ("prefill", "decode")))
+        self._cursors: list[duckdb.DuckDBPyConnection] = []
+        self.events = self._query(con, node_statement("node_events"))
+        self.carried = self._query(con, node_statement("carried_ends"))
+        self.horizons = self._query(con, statement("decode_horizons"))
+        self.spans = self._query(con, statement("decode_spans"))
+        self.resolution = {node: 1_000_000 if whole_ms else 1_000
+                           for node, whole_ms in con.execute(statement("whole_milliseconds")).fetchall()}
+
+    def _query(self, con: duckdb.DuckDBPyConnection, sql: str) -> ByNode:
+        cur = reader(con)
+        self._cursors.append(cur)
+        return ByNode(batches(cur, sql))
+
+    def close(self) -> None:
+        for cur in self._cursors:
+            cur.close()
+
+
+def nodes_with_events(con: Any) -> set[str]:
+    """The nodes that logged request or transfer records."""
+    return {n for (n,) in con.execute(statement("nodes_with_events")).fetchall()}
+
+
+def node_events(rows: Iterator[tuple[Any, ...]]) -> Iterator[Row]:
+    """One node's request and transfer records, in its order (its rows of ``node_events``)."""
+    for row in rows:
+        out = row_of(row[:-2])
+        # where it and its request's delivered finish come in the node's order
+        out.record["_finish_i"], out.record["_i"] = row[-2], row[-1]
+        yield out
+
+
+def row_of(row: tuple[Any, ...]) -> Row:
+    """A row of ``node_events`` or ``carried_ends``: the record's fields, whether the request is
+    served, one more (its last, or its place), then its plan."""
+    record = dict(zip(EVENT_FIELDS, row[:_N_EVENT], strict=True))
+    record["_ns"] = record["ts"] * 1000
+    record["ts"] = ts_text(record["_ns"])
+    plan_row = row[_N_EVENT + 2:]
+    return Row(record, bool(row[_N_EVENT + 1]), None if plan_row[-1] is None else plan_row, bool(row[_N_EVENT]))

@@ -1,0 +1,173 @@
+"""Planning a replay: each received request's cross-node decisions under the engine (the
+scratch table ``replay_plans``), the requests the logs show served, and the engine events of
+requests the logs show none for, timed by the simulator's cost model."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from forensics.store import scan
+from replay.configs import NodeConfigs, WhatIf
+from replay.engine import Disagreement, Plan, Request, plan
+from replay.logset import ts_text
+from replay.scratch import BATCH, batches, log_ns, log_ts, reader
+from replay.simulate import DECODE_PER_TOKEN, PREFILL_FIXED, PREFILL_PER_TOKEN, TRANSFER_FIXED, TRANSFER_PER_TOKEN
+from replay.statements import SqlList, statement
+
+#: What a node's replay reads of each request with its records: the request as the router logged
+#: it (``q_``) and the engine's cross-node decisions for it (``p_``), as :func:`plan` made them.
+PLAN_COLUMNS = (
+    ("request_id", pa.string()), ("q_tenant_id", pa.string()), ("q_prompt_tokens", pa.int64()),
+    ("q_max_new_tokens", pa.int64()), ("q_prefill_node", pa.string()), ("q_decode_node", pa.string()),
+    ("q_output_tokens", pa.int64()),
+    ("p_router_rejects", pa.bool_()), ("p_over_long", pa.bool_()), ("p_prefill_rejects", pa.bool_()),
+    ("p_kv_tokens", pa.int64()), ("p_limit_tokens", pa.int64()), ("p_context_length", pa.int64()),
+)
+PLAN_SCHEMA = pa.schema(list(PLAN_COLUMNS))
+#: A plan's columns after the request id (``{plan_columns}`` of sql/replay.sql).
+PLAN_SQL = SqlList.columns(name for name, _ in PLAN_COLUMNS[1:])
+
+#: The columns of the ``request_facts`` statement.
+_FACT_NAMES = ("request_id", "ts", "tenant_id", "prompt_tokens", "max_new_tokens", "prefill_node", "decode_node",
+               "output", "on_prefill", "on_decode", "prefill_of", "engine_work", "decode_work")
+
+
+def served_table(con: duckdb.DuckDBPyConnection, confirm: bool) -> None:
+    """The scratch table ``replay_served``: confirming, the requests the logs show delivered
+    (the replay follows them); else empty (the model decides)."""
+    con.execute(statement("served" if confirm else "served_untold"))
+
+
+def plan_requests(
+    con: duckdb.DuckDBPyConnection,
+    configs: NodeConfigs,
+    roles: dict[str, str],
+    engine: str,
+    what_if: WhatIf,
+    confirm: bool,
+    disagreements: list[Disagreement],
+) -> dict[str, tuple[Request, Plan, str]]:
+    """Plan every received request (its facts read in batches, its plan written to the scratch
+    table ``replay_plans``); return the requests that reach the engine under this replay but have
+    no engine event in the logs, with their plans and arrival times. Confirming, these are
+    disagreements instead (the model admits a prompt the logs show rejected) and none is returned,
+    and where the model would reject a request the logs show on the engine, the logs are followed."""
+    last_config = {node: what_if.apply(per[-1][3]) for node, per in configs.items() if per}
+    prefill_configs = [c for _, c in sorted(last_config.items()) if c.role == "prefill"]
+    fallback = prefill_configs[0] if prefill_configs else next(iter(last_config.values()))
+    scan(con, PLAN_SCHEMA.empty_table(), "plan_rows", statement("create_plans"))
+    unlogged: dict[str, tuple[Request, Plan, str]] = {}
+    admitted: list[str] = []
+    cur = reader(con)
+    cur.register("node_roles", pa.table({"node": list(roles), "role": list(roles.values())}))
+    rows: list[tuple[Any, ...]] = []
+    for values in batches(cur, statement("request_facts")):
+        f = dict(zip(_FACT_NAMES, values, strict=True))
+        rid = f["request_id"]
+        max_new = f["max_new_tokens"] if f["max_new_tokens"] is not None else (f["output"] or 0)
+        request = Request(rid, f["tenant_id"], f["prompt_tokens"], max_new, f["prefill_node"], f["decode_node"],
+                          f["output"])
+        p = plan(request, engine, last_config.get(f["prefill_node"] or f["prefill_of"] or "", fallback))
+        if not p.router_rejects and not (f["on_prefill"] or f["on_decode"]):
+            if confirm:
+                admitted.append(rid)
+            else:
+                unlogged[rid] = (request, p, log_ts(f["ts"]))
+        if confirm:
+            p = _followed(f, p, disagreements)
+        rows.append((rid, request.tenant_id, request.prompt_tokens, request.max_new_tokens, request.prefill_node,
+                     request.decode_node, request.output_tokens, p.router_rejects, p.over_long, p.prefill_rejects,
+                     p.kv_tokens, p.limit_tokens, p.context_length))
+        if len(rows) >= BATCH:
+            _insert_plans(con, rows)
+            rows = []
+    _insert_plans(con, rows)
+    cur.close()
+    disagreements += [Disagreement(rid, "router", "model_admits_rejected",
+                                   "the model admits a prompt the logs show rejected, never on the engine")
+                      for rid in admitted]
+    return unlogged
+
+
+def _insert_plans(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> None:
+    if not rows:
+        return
+    table = pa.Table.from_pylist([dict(zip(PLAN_SCHEMA.names, r, strict=True)) for r in rows], schema=PLAN_SCHEMA)
+    scan(con, table, "plan_rows", statement("insert_plans"))
+
+
+def _followed(f: dict[str, Any], p: Plan, disagreements: list[Disagreement]) -> Plan:
+    """Confirmation: where the model's decision for a request goes against what the logs show (it
+    would reject at the router or at prefill a request the logs show on the engine), the logs
+    are followed and the disagreement listed. (A prompt past the context that each server's
+    tokenizer refused, as SGLang does, is the router's rejection of the model: only work on the
+    engine contradicts it.)"""
+    rid = f["request_id"]
+    if p.router_rejects and (f["on_prefill"] or f["on_decode"]) and f["engine_work"]:
+        disagreements.append(Disagreement(rid, "router", "model_rejects_served",
+                                          f"the router would reject its prompt (context {p.context_length})"))
+        return dataclasses.replace(p, router_rejects=False)
+    if p.prefill_rejects and f["on_decode"] and f["decode_work"]:
+        disagreements.append(Disagreement(rid, "prefill", "model_rejects_served",
+                                          f"prefill would reject its prompt (limit {p.limit_tokens})"))
+        return dataclasses.replace(p, prefill_rejects=False)
+    return p
+
+
+def request_of(rid: str, row: tuple[Any, ...]) -> tuple[Request, Plan]:
+    """A ``replay_plans`` row (its columns after the request id) as the request and its plan."""
+    tenant, prompt, max_new, prefill, decode, output, router, over_long, prefill_rejects, kv, limit, context = row
+    return (Request(rid, tenant, prompt, max_new, prefill, decode, output),
+            Plan(router, over_long, prefill_rejects, kv, limit, context))
+
+
+def arrival_events(
+    unlogged: dict[str, tuple[Request, Plan, str]],
+    configs: NodeConfigs,
+) -> tuple[dict[str, list[dict[str, Any]]], int]:
+    """Engine events, timed by the simulator's cost model from each request's arrival, for
+    requests the logs show no engine event for: they join each node's logged order by time."""
+    roles: dict[str, list[str]] = defaultdict(list)
+    for node, per in sorted(configs.items()):
+        if per:
+            roles[per[-1][3].role].append(node)
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    placed = 0
+    for i, (rid, (r, p, arrival)) in enumerate(unlogged.items()):
+        prefill = r.prefill_node if r.prefill_node in roles["prefill"] else None
+        decode = r.decode_node if r.decode_node in roles["decode"] else None
+        prefill = prefill or (roles["prefill"][i % len(roles["prefill"])] if roles["prefill"] else None)
+        decode = decode or (roles["decode"][i % len(roles["decode"])] if roles["decode"] else None)
+        if prefill is None or decode is None:
+            continue
+        placed += 1
+        t0 = log_ns(arrival)
+        t1 = t0 + PREFILL_FIXED + PREFILL_PER_TOKEN * p.kv_tokens
+        t2 = t1 + TRANSFER_FIXED + TRANSFER_PER_TOKEN * p.kv_tokens
+        t3 = t2 + DECODE_PER_TOKEN * r.max_new_tokens
+
+        def ev(node: str, t: int, name: str, kind: str = "request", rid: str = rid, **extra: Any) -> None:
+            out[node].append({"kind": kind, "ts": ts_text(t), "node": node, "boot": 0, "seq": None,
+                              "request_id": rid, "event": name, **extra})
+
+        transfer: dict[str, Any] = {"transfer_id": f"xfer-{rid}", "src_node": prefill, "dst_node": decode,
+                    "tokens": p.kv_tokens}
+        if p.prefill_rejects:
+            ev(prefill, t0, "rejected")
+            continue
+        ev(decode, t0, "admitted")
+        ev(prefill, t0, "prefill_started")
+        ev(prefill, t1, "prefill_done")
+        ev(prefill, t1, "started", "transfer", **transfer)
+        ev(prefill, t2, "completed", "transfer", **transfer)
+        ev(decode, t2, "completed", "transfer", **transfer)
+        ev(decode, t2, "decode_started")
+        ev(decode, t3, "finished", status=200, finish_reason="stop", output_tokens=r.max_new_tokens)
+    for records in out.values():
+        records.sort(key=lambda e: e["ts"])  # stable: a request's own events keep their order
+    return out, len(unlogged) - placed
