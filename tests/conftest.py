@@ -6,13 +6,19 @@ import errno
 import json
 import os
 import re
+import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+import forensics
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -21,6 +27,9 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 SPEC_EXAMPLES = SHARED / "spec" / "examples"
 #: The project's own copy of the spec examples, so the suite means something without ../shared.
 FIXTURES = Path(__file__).parent / "fixtures"
+#: The spec's placeholder example (one exposure), and the shipped sample incident.
+PLACEHOLDER = FIXTURES / "examples" / "placeholder" / "events.jsonl"
+SAMPLE = Path(__file__).resolve().parents[1] / "sample_logs" / "glm53-incident"
 
 
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> Path:
@@ -42,6 +51,49 @@ def example_dirs() -> list[Path]:
 @pytest.fixture
 def case_path(tmp_path: Path) -> Path:
     return tmp_path / "case.duckdb"
+
+
+@pytest.fixture(scope="session")
+def _investigated(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
+    """The case of a log set, investigated the first time it is asked for in a session: never
+    handed to a test (each gets a copy), so that no test sees another's changes."""
+    made: dict[Path, Path] = {}
+
+    def case_of(logs: Path) -> Path:
+        if logs not in made:
+            db = tmp_path_factory.mktemp("case") / "case.duckdb"
+            forensics.investigate([logs], db)
+            assert not db.with_name(db.name + ".wal").exists()  # (closed whole: the file is the case)
+            made[logs] = db
+        return made[logs]
+
+    return case_of
+
+
+@pytest.fixture
+def sample_case(_investigated: Callable[[Path], Path], tmp_path: Path) -> Path:
+    """``forensics.investigate([SAMPLE], tmp_path / "case.duckdb")``, run once a session."""
+    return Path(shutil.copy(_investigated(SAMPLE), tmp_path / "case.duckdb"))
+
+
+@pytest.fixture
+def placeholder_case(_investigated: Callable[[Path], Path], tmp_path: Path) -> Path:
+    """``forensics.investigate([PLACEHOLDER], tmp_path / "case.duckdb")``, run once a session."""
+    return Path(shutil.copy(_investigated(PLACEHOLDER), tmp_path / "case.duckdb"))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One Spark session in local mode (two cores, two shuffle partitions) for every Spark test:
+    its JVM starts, and warms to its first job, once a session."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
+    if shutil.which("java") is None:
+        pytest.skip("no Java here (Debian: openjdk-17-jre-headless)")
+    from forensics.spark import spark_session
+
+    session = spark_session("local[2]", partitions=2)
+    yield session
+    session.stop()
 
 
 @contextmanager

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +27,11 @@ if shutil.which("java") is None:
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from forensics.spark import analyse, records_of_case, spark_session  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
+from forensics.spark import analyse, records_of_case  # noqa: E402
 
 _EXPOSURE_COLUMNS = ("reader_request", "victim_request", "node", "boot", "pages", "n_pages", "first_seq",
                      "inferred", "reader_tenant", "victim_tenant", "reader_delivered", "evidence")
 _UNINITIALIZED_COLUMNS = ("node", "boot", "lo", "hi", "request_id", "seq", "inferred")
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session("local[2]", partitions=2)
-    yield session
-    session.stop()
 
 
 def _duckdb_rows(db: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -67,10 +57,9 @@ def _spark_and_duckdb(spark: SparkSession, db: Path, tmp: Path) -> tuple[dict[st
         return result.figures, dict(case.summary())
 
 
-def test_the_sample_incident_on_spark_is_the_duckdb_case(spark: SparkSession, tmp_path: Path) -> None:
-    db = tmp_path / "case.duckdb"
-    forensics.investigate([ROOT / "sample_logs" / "glm53-incident"], db)
-    on_spark, on_duckdb = _spark_and_duckdb(spark, db, tmp_path / "spark")
+def test_the_sample_incident_on_spark_is_the_duckdb_case(spark: SparkSession, sample_case: Path,
+                                                         tmp_path: Path) -> None:
+    on_spark, on_duckdb = _spark_and_duckdb(spark, sample_case, tmp_path / "spark")
     assert on_spark["exposed_responses"] == 9  # (the sample's incident, as the README says)
     assert on_spark == on_duckdb
 

@@ -12,7 +12,6 @@ import json
 import random
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +74,6 @@ def ledger(case: Path) -> dict[str, list[tuple[Any, ...]]]:
         return {name: sorted(con.execute(sql).fetchall(), key=repr) for name, sql in _LEDGER.items()}
     finally:
         con.close()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = on_spark.spark_session("local[2]", partitions=2)
-    yield session
-    session.stop()
 
 
 def both(spark: SparkSession, paths: list[Path], tmp: Path, **options: Any) -> tuple[Any, Any, Path, Path]:
@@ -186,7 +178,8 @@ def test_a_file_and_a_folder_that_cannot_be_read_are_refused_alike(spark: SparkS
     assert not found.ingest.skipped
 
 
-def test_the_sample_incident_by_the_cli_is_the_duckdb_case_and_its_report(spark: SparkSession, tmp_path: Path) -> None:
+def test_the_sample_incident_by_the_cli_is_the_duckdb_case_and_its_report(spark: SparkSession, sample_case: Path,
+                                                                         tmp_path: Path) -> None:
     from kvforensics.cli import app
 
     sample = ROOT / "sample_logs" / "glm53-incident"
@@ -200,8 +193,7 @@ def test_the_sample_incident_by_the_cli_is_the_duckdb_case_and_its_report(spark:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["exposure"]["exposed_responses"] == 9 and data["engine"] == "spark"
-    db = tmp_path / "case.duckdb"
-    forensics.investigate([sample], db)
+    db = sample_case
     assert ledger(out) == ledger(db)
     with forensics.Case(out) as case, forensics.Case(db) as same:
         assert dict(case.summary()) == dict(same.summary()) == data["exposure"]
@@ -248,9 +240,9 @@ def test_clock_skew_is_summed_from_its_parts_in_the_tasks(spark: SparkSession, t
     assert not (out / ".parts").exists()
 
 
-def test_a_parquet_case_is_read_only_and_a_duckdb_case_exported_reads_the_same(tmp_path: Path) -> None:
-    db = tmp_path / "case.duckdb"
-    forensics.investigate([ROOT / "sample_logs" / "glm53-incident"], db)
+def test_a_parquet_case_is_read_only_and_a_duckdb_case_exported_reads_the_same(sample_case: Path,
+                                                                               tmp_path: Path) -> None:
+    db = sample_case
     out = tmp_path / "exported"
     export_parquet_case(db, out)
     assert ledger(out) == ledger(db)

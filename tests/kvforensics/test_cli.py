@@ -50,13 +50,11 @@ def test_errors_are_one_line_and_exit_nonzero(tmp_path: Path) -> None:
 
 
 def test_sql_prints_a_table_fitted_to_the_width_a_plan_as_drawn_and_no_rows_in_words(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    placeholder_case: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As every command's table (it printed polars' frame: a wide text cell wrapped over four
     lines, a plan's newlines as escapes): at most COLUMNS wide, the columns left out named."""
-    example = FIXTURES / "examples" / "placeholder" / "events.jsonl"
-    db = tmp_path / "a.duckdb"
-    forensics.investigate([example], db)
+    db = placeholder_case
     monkeypatch.setenv("COLUMNS", "60")
     wide = RUNNER.invoke(app, ["sql", "--db", str(db), "SELECT *, repeat('x', 200) AS long FROM exposures"])
     assert wide.exit_code == 0, wide.output
@@ -72,10 +70,8 @@ def test_sql_prints_a_table_fitted_to_the_width_a_plan_as_drawn_and_no_rows_in_w
     assert none.exit_code == 0 and none.stdout == "(no rows)\n"
 
 
-def test_sql_refuses_writes(tmp_path: Path) -> None:
-    example = FIXTURES / "examples" / "placeholder" / "events.jsonl"
-    db = tmp_path / "a.duckdb"
-    forensics.investigate([example], db)
+def test_sql_refuses_writes(placeholder_case: Path) -> None:
+    db = placeholder_case
     result = RUNNER.invoke(app, ["sql", "--db", str(db), "DELETE FROM records"])
     assert result.exit_code == 1
     with forensics.Case(db) as case:
@@ -90,11 +86,10 @@ def test_sql_refuses_writes(tmp_path: Path) -> None:
     (["request", "nope"], "no request 'nope' in the case"),
 ])
 def test_an_id_the_case_does_not_have_is_a_one_line_error_not_an_empty_table(
-    args: list[str], said: str, tmp_path: Path,
+    args: list[str], said: str, placeholder_case: Path,
 ) -> None:
     """An empty table would read as "not exposed" (issue #45); the ids the case has still answer."""
-    db = tmp_path / "a.duckdb"
-    forensics.investigate([FIXTURES / "examples" / "placeholder" / "events.jsonl"], db)
+    db = placeholder_case
     result = RUNNER.invoke(app, [*args, "--db", str(db)])
     assert result.exit_code == 1 and result.stderr.strip() == f"kvforensics: error: {said}"
     known = {"tenant-99": "acme", "nope": "v", "decode-9": "decode-0"}

@@ -18,13 +18,6 @@ from forensics.store import connect
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_logs" / "glm53-incident"
 
 
-@pytest.fixture(scope="module")
-def sample_case(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("sample") / "case.duckdb"
-    forensics.investigate([SAMPLE], db)
-    return db
-
-
 def _sample_events(sample_case: Path) -> tuple[list[np.ndarray], int]:
     con = connect(sample_case)
     try:
