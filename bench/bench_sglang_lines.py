@@ -8,24 +8,18 @@ context rejections, transfer failures, uvicorn access lines, batch statistics) r
 fresh request ids, bootstrap rooms and times until it holds --lines lines. The fixture's
 bootstrap failure is left out of the block: its prefill lines come 300 s after the rest. Timed per round, in
 one process: DuckDB ``read_csv`` of the file as raw lines (the baseline: reading the bytes and
-splitting the lines), the adapter alone (both passes over the lines, no database; with the
-worker process that reads lines beside it and the forked child that translates the end of the
-file, as it runs by default, and in one process), and the
+splitting the lines), the adapter alone (both passes over the lines, no database), and the
 whole ``forensics.ingest`` of the file. Prints lines per second and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
-import os
 import re
-import resource
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -103,8 +97,7 @@ def main() -> None:
         log = root / "prefill-0.log"
         n = build(log, args.lines, args.release, args.form)
         size = log.stat().st_size
-        raw, alone, single, ingest = [], [], [], []
-        cpu: list[float] = []
+        raw, alone, ingest = [], [], []
         for r in range(args.repeat):
             t = time.perf_counter()
             con = duckdb.connect()
@@ -113,50 +106,23 @@ def main() -> None:
             con.close()
             raw.append(time.perf_counter() - t)
             assert got is not None and got[0] == n
-            t, used = time.perf_counter(), _cpu()
+            t = time.perf_counter()
             assert adapter_only(log) == n
             alone.append(time.perf_counter() - t)
-            cpu.append(_cpu() - used)
-            with _one_process():
-                t = time.perf_counter()
-                assert adapter_only(log) == n
-                single.append(time.perf_counter() - t)
             t = time.perf_counter()
             result = forensics.ingest([log], root / f"case{r}.duckdb")
             ingest.append(time.perf_counter() - t)
             assert result.records.quarantined == 0
-        raw_s, alone_s, single_s, ingest_s, cpu_s = (statistics.median(x) for x in (raw, alone, single, ingest, cpu))
+        raw_s, alone_s, ingest_s = (statistics.median(x) for x in (raw, alone, ingest))
         print(f"SGLang {args.release} {args.form} prefill log: {n:,} lines, {size / 2**20:,.0f} MiB, "
               f"{result.records.read:,} records")
         print(f"DuckDB raw lines:  {raw_s:6.2f} s  {n / raw_s:12,.0f} lines/s")
-        print(f"adapter alone:     {alone_s:6.2f} s  {n / alone_s:12,.0f} lines/s  ({alone_s / raw_s:.1f}x raw; "
-              f"{cpu_s:.2f} s CPU with its worker)")
-        print(f"  in one process:  {single_s:6.2f} s  {n / single_s:12,.0f} lines/s  ({single_s / raw_s:.1f}x raw; "
-              f"KVFORENSICS_WORKERS=0)")
+        print(f"adapter alone:     {alone_s:6.2f} s  {n / alone_s:12,.0f} lines/s  ({alone_s / raw_s:.1f}x raw)")
         print(f"forensics.ingest:  {ingest_s:6.2f} s  {n / ingest_s:12,.0f} lines/s  ({ingest_s / raw_s:.1f}x raw)")
         if args.repeat > 1:  # (the spread: this machine's other core is not always free)
-            for name, times in (("adapter alone", alone), ("in one process", single), ("forensics.ingest", ingest)):
+            for name, times in (("adapter alone", alone), ("forensics.ingest", ingest)):
                 print(f"  rounds, {name}: " + ", ".join(f"{n / t:,.0f}" for t in times) + " lines/s")
 
-
-def _cpu() -> float:
-    """CPU seconds of this process and its ended children (the adapter's worker)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-@contextlib.contextmanager
-def _one_process() -> Iterator[None]:
-    """The adapter reading every line in this process (no worker)."""
-    before = os.environ.get("KVFORENSICS_WORKERS")
-    os.environ["KVFORENSICS_WORKERS"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["KVFORENSICS_WORKERS"]
-        else:
-            os.environ["KVFORENSICS_WORKERS"] = before
 
 if __name__ == "__main__":
     main()

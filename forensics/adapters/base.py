@@ -146,7 +146,7 @@ class LineFormat(Protocol[LineT, StateT, ValueT]):
 
     #: text only lines of this format hold: a file with one in its first lines is the engine's
     signs: tuple[str, ...]
-    #: what ``read`` gives (a named tuple of plain data: it travels to and from a worker process)
+    #: what ``read`` gives (a named tuple of plain data)
     value: type[ValueT]
 
     def read(self, line: LineT, options: Options, /) -> ValueT | Untranslatable | None:

@@ -4,8 +4,8 @@
 with a :class:`~forensics.adapters.base.LineFormat` of its own (``requests.py``, ``timestats.py``,
 ``mooncake.py``, ``errors.py``, ``config.py``), on what they share (``log.py``: the line prefix,
 Python reprs, what a file says); ``formats.py`` lists them in the order a line is offered to them;
-``eras.py`` maps format marks to releases; ``worker.py`` reads lines in a worker process and
-translates in a forked one.
+``eras.py`` maps format marks to releases. Both passes run in the calling process: parallelism
+is not an adapter's business.
 """
 
 from __future__ import annotations

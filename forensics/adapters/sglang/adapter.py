@@ -7,15 +7,11 @@ to files (``--log-requests-target DIR``, ``HOST_RANK.log``), which holds request
 Each is read with its companions, which the ingest finds where :data:`_COMPANIONS` says: a server
 log with its request-log folder, a request-log file with its server's log.
 
-A file is read twice: a first pass learns what single lines need from the whole file (the
-node's role, each prompt's real length, precise finish times), the second translates. Each
-line is read once: the first pass keeps, line by line, what the second needs of it (its time
+A file is read twice, in this process: a first pass learns what single lines need from the whole
+file (the node's role, each prompt's real length, precise finish times), the second translates.
+Each line is read once: the first pass keeps, line by line, what the second needs of it (its time
 and what its format read, not its text), up to ``KEEP_LINES`` lines a file; past them, and for
 any line whose length is not the one the first pass saw, the second pass reads it again.
-Past a file's first lines the reading of each line (its prefix and what its format reads) is
-shared with a worker process (:mod:`forensics.adapters.sglang.worker`): the same readings, in
-the file's order. On Linux the second pass gives the end of a long file's kept lines to a forked
-copy of this process (:func:`_theirs`): the same outcomes and notes, in the file's order.
 """
 
 from __future__ import annotations
@@ -24,11 +20,9 @@ import array
 import bisect
 import contextlib
 import datetime as dt
-import functools
 import gc
-import itertools
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +40,8 @@ from forensics.adapters.base import (
     no_companions,
     node_of,
 )
-from forensics.adapters.sglang import worker
 from forensics.adapters.sglang.eras import era
-from forensics.adapters.sglang.formats import CONFIG, FORMATS, REQUESTS, Read, read_line
+from forensics.adapters.sglang.formats import CONFIG, FORMATS, read_line
 from forensics.adapters.sglang.log import Facts, LogLine, split
 
 #: What only an SGLang server prints, its formats' signs: a file with any of these in its first lines
@@ -167,18 +160,17 @@ def _booted_beside(outcomes: Iterator[Outcome], facts: Facts) -> Iterator[Outcom
 def _second_pass(lines: Lines, kept: _Kept, facts: Facts, options: Options,
                  notes: Notes) -> Iterator[Outcome]:
     facts.last_ts = None
-
-    def outcome(line_no: int, text: str, line: LogLine, k: int, value: Any) -> Outcome:
-        return line_no, text, _translated(line, k, value, facts, options, notes)
-
     it = iter(lines())
     # the lines the first pass kept (``it`` last: zip takes no line past them, and stops at the end of a
-    # file shorter than the first pass saw), the end of them translated in a forked copy of this process
-    # where there is a core for it
-    with _theirs(kept, facts, options) as forked:
-        yield from _kept_lines(it, kept, forked, facts, options, notes, outcome)
-    for line_no, text, (line, k, value) in worker.read_ahead(it, options, _reader(options)):
-        yield outcome(line_no, text, line, k, value)  # (past what the first pass kept)
+    # file shorter than the first pass saw)
+    for length, line, k, value, (line_no, text) in zip(kept.lengths, kept.lines, kept.formats, kept.values, it,
+                                                       strict=False):
+        if length != len(text):  # (a file that changed under the first pass)
+            line, k, value = read_line(text, options)
+        yield line_no, text, _translated(line, k, value, facts, options, notes)
+    for line_no, text in it:  # (past what the first pass kept)
+        line, k, value = read_line(text, options)
+        yield line_no, text, _translated(line, k, value, facts, options, notes)
 
 
 def _translated(line: LogLine, k: int, value: Any, facts: Facts, options: Options,
@@ -192,87 +184,6 @@ def _translated(line: LogLine, k: int, value: Any, facts: Facts, options: Option
     if line.ts is not None:
         facts.last_ts = line.ts
     return _by_room(out, facts, notes) if facts.by_room and isinstance(out, list) else out
-
-
-def _kept_lines(it: Iterator[tuple[int, str]], kept: _Kept, forked: worker.Forked | None, facts: Facts,
-                options: Options, notes: Notes, outcome: Callable[[int, str, LogLine, int, Any], Outcome],
-                ) -> Iterator[Outcome]:
-    """The second pass over the lines the first kept: each translated here, or taken as the
-    forked child translated it (the end of the file, where there is a child)."""
-    theirs = itertools.repeat(None) if forked is None else \
-        itertools.chain(itertools.repeat(None, len(kept.lines) - forked.n), forked, itertools.repeat(None))
-    for length, line, k, value, their, (line_no, text) in zip(kept.lengths, kept.lines, kept.formats, kept.values,
-                                                               theirs, it, strict=False):
-        if length != len(text):  # (a file that changed under the first pass)
-            line, k, value = read_line(text, options)
-            their = None
-        if their is not None:
-            out, decoded_at, added = their
-            if decoded_at is not None:  # (a decode request line's time: never before the one before it)
-                at = worker.unwired_time(decoded_at)
-                if facts.last_decode_line is not None and at < facts.last_decode_line:
-                    their = None  # (this process carries a later time than the child did: translated here)
-                else:
-                    facts.last_decode_line = at
-        if their is None:
-            yield outcome(line_no, text, line, k, value)
-            continue
-        for key, note, n in added:
-            notes.add(key, note, n)
-        if line.ts is not None:
-            facts.last_ts = line.ts
-        yield line_no, text, Untranslatable(out) if isinstance(out, str) else out
-
-
-#: Kept lines a file needs for the second pass to share them with a forked copy of this process,
-#: and the share of them it gives it (the file's end; this process still reads every line's text,
-#: and takes the records made there).
-FORK_LINES = 40_000
-FORK_SHARE = 0.4
-
-
-def _theirs(kept: _Kept, facts: Facts, options: Options) -> contextlib.AbstractContextManager[
-        worker.Forked | None]:
-    """A forked copy of this process translating the end of the kept lines: for each of those,
-    its outcome in :mod:`marshal` form, its decode time and the notes it added, or None for a
-    line to translate here (any the child did not give). None where there is no child."""
-    n = len(kept.lines)
-    if n < FORK_LINES or not worker.forks():
-        return contextlib.nullcontext()
-    split = n - int(n * FORK_SHARE)
-    # the child starts where this process will be at the split: the time of the last line before it
-    last_ts = next((line.ts for line in reversed(kept.lines[:split]) if line.ts is not None), None)
-    decode = facts.role_for(options) == "decode"
-    recorded = _Recorded()
-
-    def work(i: int) -> tuple[Any, tuple[int, ...] | None, tuple[tuple[str, str, int], ...]] | None:
-        j = split + i
-        if i == 0:
-            facts.last_ts, facts.last_decode_line = last_ts, None  # (the child's carry starts afresh)
-        line, k, value = kept.lines[j], kept.formats[j], kept.values[j]
-        recorded.added.clear()
-        out = _translated(line, k, value, facts, options, recorded)
-        # a decode request line's time is carried from the line before it: the carry after it, for the
-        # parent to check against its own (requests.translate)
-        at = facts.last_decode_line if decode and k == REQUESTS and not line.precise else None
-        decoded_at = None if at is None else worker.wire_time(at)
-        wire = worker.wire_reason(out) if isinstance(out, Untranslatable) else out
-        if (at is not None and decoded_at is None) or (isinstance(out, Untranslatable) and wire is None):
-            return None  # (a time or an outcome that would not come back the same: translated in the parent)
-        return wire, decoded_at, tuple(recorded.added)
-
-    return worker.forked(n - split, work)
-
-
-class _Recorded(Notes):
-    """The notes a forked child's line adds, kept for its parent to add as it takes the line."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.added: list[tuple[str, str, int]] = []
-
-    def add(self, key: str, text: str, n: int = 1) -> None:
-        self.added.append((key, text, n))
 
 
 #: An id SGLang assigns a request itself where the client gives none (``uuid.uuid4().hex``, io_struct)
@@ -323,15 +234,10 @@ class _Kept:
         self.shared: dict[tuple[Any, ...], LogLine] = {}
 
     def add(self, text: str, line: LogLine, k: int, value: Any) -> None:
-        if line.msg == "" and line.doc is None:  # (already bare: a line the worker read, shared by its batch)
-            bare = line
-        else:
-            key = (line.ts, line.precise, line.undated, line.dp, line.prefixed)
-            shared = self.shared.get(key)
-            if shared is None:
-                shared = self.shared[key] = LogLine(line.ts, line.precise, "", None, line.undated, line.dp,
-                                                    line.prefixed)
-            bare = shared
+        key = (line.ts, line.precise, line.undated, line.dp, line.prefixed)
+        bare = self.shared.get(key)
+        if bare is None:
+            bare = self.shared[key] = LogLine(line.ts, line.precise, "", None, line.undated, line.dp, line.prefixed)
         self.lengths.append(len(text))
         self.lines.append(bare)
         self.formats.append(k)
@@ -371,7 +277,8 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
     pass needs of each line, into it)."""
     facts.last_ts = None
     facts.boot_lines, facts.in_flight_at_restart = [], []  # (the lines of this file, not of one read before)
-    for line_no, text, (line, k, value) in worker.read_ahead(iter(lines()), options, _reader(options)):
+    for line_no, text in lines():
+        line, k, value = read_line(text, options)
         if k < 0 and value is not None:  # an access line: the HTTP status a client got
             facts.access[value] = facts.access.get(value, 0) + 1
             value = None
@@ -392,10 +299,6 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
         if kept is not None and len(kept.lengths) < KEEP_LINES:
             kept.add(text, line, k, value)
     return facts
-
-
-def _reader(options: Options) -> Callable[[str], Read]:
-    return functools.partial(read_line, options=options)
 
 
 def _access_differs(facts: Facts, refused: int) -> str | None:
