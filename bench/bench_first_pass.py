@@ -51,7 +51,7 @@ from forensics.adapters import Options  # noqa: E402
 from forensics.adapters.base import Untranslatable  # noqa: E402
 from forensics.adapters.sglang import adapter  # noqa: E402
 from forensics.adapters.sglang.formats import CONFIG, FORMATS, read_line  # noqa: E402
-from forensics.adapters.sglang.log import Facts, _second  # noqa: E402
+from forensics.adapters.sglang.log import Facts, Server, _second  # noqa: E402
 from forensics.adapters.sglang.requests import CAPACITY_ERROR, HEALTH_CHECK, LENGTH_ERROR  # noqa: E402
 
 BLOCK = 64 << 20
@@ -269,8 +269,8 @@ def columnar_learn(path: Path, facts: Facts, options: Options) -> Facts:
     """The first pass over a file, into ``facts``: the same facts as ``adapter._learn``."""
     if options.tenant_from is not None or options.year is not None:
         raise NotImplementedError("--tenant-from, --year: every request line read whole")
-    facts.last_ts = None
-    facts.boot_lines, facts.in_flight_at_restart = [], []
+    facts.clock.last_ts = None
+    facts.boots.lines, facts.boots.in_flight_at_restart = [], []
     base = 0  # the line number before the block's first
     last_ts = None
     for data in _blocks(path):
@@ -284,59 +284,59 @@ def columnar_learn(path: Path, facts: Facts, options: Options) -> Facts:
             if kind == FALLBACK:
                 if prev_i is not None and prev_i > last_i:
                     last_ts = _second(prev_key)
-                facts.last_ts = last_ts
+                facts.clock.last_ts = last_ts
                 if (ts := _fallback(base + i + 1, t, facts, options)) is not None:
                     last_i, last_ts = i, ts
                 continue
             if kind == ACCESS:
-                facts.access[access] = facts.access.get(access, 0) + 1
+                facts.seen.access[access] = facts.seen.access.get(access, 0) + 1
                 continue
             ts = _second(key)  # (the frame's keys are times strptime read)
             assert ts is not None
             last_i, last_ts = i, ts
             if kind == TIME_STATS:
-                facts.roles_seen.add(type_)
-                facts.marks.add("time_stats.old_head" if old_head else "time_stats.new_head")
+                facts.server.roles_seen.add(type_)
+                facts.server.marks.add("time_stats.old_head" if old_head else "time_stats.new_head")
                 if attempts is not None:
-                    facts.marks.add("time_stats.attempts")
+                    facts.server.marks.add("time_stats.attempts")
                 elif not old_head:
-                    facts.marks.add("time_stats.no_attempts")
+                    facts.server.marks.add("time_stats.no_attempts")
                 if retries:
-                    facts.marks.add("time_stats.retries")
+                    facts.server.marks.add("time_stats.retries")
                 if dp is not None:
-                    facts.dp_of.setdefault(rid, dp)
-                if room is not None and rid not in facts.rooms:
-                    facts.rooms[rid] = room
+                    facts.seen.dp_of.setdefault(rid, dp)
+                if room is not None and rid not in facts.seen.rooms:
+                    facts.seen.rooms[rid] = room
                 if type_ == "prefill":
-                    facts.marks.add("time_stats.transfer_speed" if speed else "time_stats.no_transfer_speed")
+                    facts.server.marks.add("time_stats.transfer_speed" if speed else "time_stats.no_transfer_speed")
                     if input_len > 1:
-                        facts.learn_prompt(rid, input_len, 1)
+                        facts.seen.learn_prompt(rid, input_len, 1)
                     if attempts == 0 and output_len == 0:
-                        facts.marks.add("time_stats.retired")
+                        facts.server.marks.add("time_stats.retired")
             elif kind == RECEIVE or kind == FINISH:
                 _request(kind == FINISH, rid, room, ts, max_new, prompt, dp_rank, sent, own, message, status, facts)
             elif kind == FAILURE:
-                facts.failed.add(rid)
+                facts.seen.failed.add(rid)
                 if dp is not None:
-                    facts.dp_of.setdefault(rid, dp)
-                if room is not None and rid not in facts.rooms:
-                    facts.rooms[rid] = room
+                    facts.seen.dp_of.setdefault(rid, dp)
+                if room is not None and rid not in facts.seen.rooms:
+                    facts.seen.rooms[rid] = room
             elif kind == CONTEXT:
-                facts.pending_context.append((ts, tokens, limit))
+                facts.seen.pending_context.append((ts, tokens, limit))
             elif rid is not None:  # LENGTH, CAPACITY (a length error naming no request: nothing)
-                facts.learn_prompt(rid, tokens, 3)
+                facts.seen.learn_prompt(rid, tokens, 3)
                 if kind == LENGTH:
-                    facts.limit[rid] = limit
+                    facts.seen.limit[rid] = limit
                 else:
-                    facts.limit.setdefault(rid, limit)
+                    facts.seen.limit.setdefault(rid, limit)
                 if dp is not None:
-                    facts.dp_of.setdefault(rid, dp)
-            if len(facts.boot_lines) > 1 and rid is not None:
-                facts.boot_of[rid] = len(facts.boot_lines) - 1
+                    facts.seen.dp_of.setdefault(rid, dp)
+            if len(facts.boots.lines) > 1 and rid is not None:
+                facts.boots.of[rid] = len(facts.boots.lines) - 1
         if last and last[0][0] > last_i:
             last_ts = _second(last[0][1])
         base += len(lines)
-    facts.last_ts = last_ts
+    facts.clock.last_ts = last_ts
     return facts
 
 
@@ -344,42 +344,42 @@ def _request(finish: bool, rid: str, room: str | None, ts: dt.datetime, max_new:
              dp_rank: int | None, sent: str | None, own: bool, message: str | None, status: int | None,
              facts: Facts) -> None:
     """requests.learn, from a request line's columns."""
-    facts.marks.add("request.text.prefixed")
-    if room is not None and rid not in facts.rooms:
-        facts.rooms[rid] = str(int(room))
+    facts.server.marks.add("request.text.prefixed")
+    if room is not None and rid not in facts.seen.rooms:
+        facts.seen.rooms[rid] = str(int(room))
     if own:
-        facts.warmups.add(rid)
+        facts.seen.warmups.add(rid)
     if not finish:
-        facts.received.add(rid)
-        if rid not in facts.warmups:
-            facts.open_receives[rid] = ts
-        facts.received_at.setdefault(rid, ts)
+        facts.seen.received.add(rid)
+        if rid not in facts.seen.warmups:
+            facts.seen.open_receives[rid] = ts
+        facts.seen.received_at.setdefault(rid, ts)
         if max_new is not None:
-            facts.max_new[rid] = max_new
+            facts.seen.max_new[rid] = max_new
         return
-    facts.finished.add(rid)
-    facts.open_receives.pop(rid, None)
+    facts.seen.finished.add(rid)
+    facts.seen.open_receives.pop(rid, None)
     code = (status or 500) if message is not None else 200
-    if rid not in facts.batched and not rid.startswith(HEALTH_CHECK):
-        facts.finish_status[code] = facts.finish_status.get(code, 0) + 1
+    if rid not in facts.seen.batched and not rid.startswith(HEALTH_CHECK):
+        facts.seen.finish_status[code] = facts.seen.finish_status.get(code, 0) + 1
     if dp_rank is not None:
-        facts.dp_of.setdefault(rid, dp_rank)
+        facts.seen.dp_of.setdefault(rid, dp_rank)
     if sent is not None:
         at = dt.datetime.fromtimestamp(float(sent), dt.UTC)
         if ts <= at < ts + _ONE_SECOND:
-            facts.finish_ts[rid] = at
+            facts.clock.finish_ts[rid] = at
     m = LENGTH_ERROR.search(message) if message else None
     c = CAPACITY_ERROR.search(message) if message and m is None else None
     if m:
-        facts.learn_prompt(rid, int(m.group(1)), 3)
-        facts.limit[rid] = int(m.group(2))
+        facts.seen.learn_prompt(rid, int(m.group(1)), 3)
+        facts.seen.limit[rid] = int(m.group(2))
     elif c:
-        facts.learn_prompt(rid, int(c.group(2)), 3)
-        facts.limit[rid] = int(c.group(3))
+        facts.seen.learn_prompt(rid, int(c.group(2)), 3)
+        facts.seen.limit[rid] = int(c.group(3))
     elif prompt is not None:
-        facts.learn_prompt(rid, prompt, 2)
+        facts.seen.learn_prompt(rid, prompt, 2)
     if message and _FAILED.search(message):
-        facts.failed.add(rid)
+        facts.seen.failed.add(rid)
 
 
 _ONE_SECOND = dt.timedelta(seconds=1)
@@ -390,18 +390,18 @@ def _fallback(line_no: int, text: str, facts: Facts, options: Options) -> Any:
     """A line read and learnt from as ``adapter._learn`` does; its time."""
     line, k, value = read_line(text, options)
     if k < 0 and value is not None:
-        facts.access[value] = facts.access.get(value, 0) + 1
+        facts.seen.access[value] = facts.seen.access.get(value, 0) + 1
     elif k >= 0 and not isinstance(value, Untranslatable):
         value = FORMATS[k].learn(value, line, facts, options)
         if k == CONFIG and value.what == "server_args":
-            if facts.boot_lines:
-                open_ = facts.received - facts.finished - facts.warmups
-                facts.in_flight_at_restart.append(max(0, len(open_) - len(facts.pending_context)))
-            facts.boot_lines.append(line_no)
+            if facts.boots.lines:
+                open_ = facts.seen.received - facts.seen.finished - facts.seen.warmups
+                facts.boots.in_flight_at_restart.append(max(0, len(open_) - len(facts.seen.pending_context)))
+            facts.boots.lines.append(line_no)
             if line.ts is not None:
-                facts.boot_times.append((line.ts, line.precise))
-        elif len(facts.boot_lines) > 1 and isinstance(rid := getattr(value, "rid", None), str):
-            facts.boot_of[rid] = len(facts.boot_lines) - 1
+                facts.boots.times.append((line.ts, line.precise))
+        elif len(facts.boots.lines) > 1 and isinstance(rid := getattr(value, "rid", None), str):
+            facts.boots.of[rid] = len(facts.boots.lines) - 1
     return line.ts
 
 
@@ -419,7 +419,7 @@ def today(path: Path) -> Facts:
     options = Options()
     kept = adapter._Kept()
     with adapter._first_pass() as frozen:
-        facts = adapter._learn(_lines(path), Facts(node=options.node_for(path)), options, kept)
+        facts = adapter._learn(_lines(path), Facts(Server(node=options.node_for(path))), options, kept)
     if frozen:
         gc.unfreeze()
     del kept
@@ -430,7 +430,7 @@ def columnar(path: Path) -> Facts:
     """The columnar first pass, the collector paused as for today's."""
     options = Options()
     with adapter._first_pass() as frozen:
-        facts = columnar_learn(path, Facts(node=options.node_for(path)), options)
+        facts = columnar_learn(path, Facts(Server(node=options.node_for(path))), options)
     if frozen:
         gc.unfreeze()
     return facts
@@ -472,11 +472,13 @@ def whole(path: Path, digest: bool = False) -> tuple[int, str, list[tuple[str, i
 def differences(a: Facts, b: Facts) -> list[str]:
     """The fields in which two Facts differ."""
     out = []
-    for f in dataclasses.fields(Facts):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if x != y or (isinstance(x, dict) and list(x) != list(y)):  # (dict order: open_receives is tied in order)
-            size = f" ({len(x):,} against {len(y):,})" if hasattr(x, "__len__") else f" ({x!r} against {y!r})"
-            out.append(f"{f.name}{size}")
+    for part in dataclasses.fields(Facts):
+        pa, pb = getattr(a, part.name), getattr(b, part.name)
+        for f in dataclasses.fields(pa):
+            x, y = getattr(pa, f.name), getattr(pb, f.name)
+            if x != y or (isinstance(x, dict) and list(x) != list(y)):  # (dict order: open_receives is tied in order)
+                size = f" ({len(x):,} against {len(y):,})" if hasattr(x, "__len__") else f" ({x!r} against {y!r})"
+                out.append(f"{part.name}.{f.name}{size}")
     return out
 
 

@@ -233,25 +233,25 @@ def test_text_logs_without_a_consistent_clock_fall_back_to_their_own_seconds() -
 
     second = dt.datetime(2026, 9, 14, 8, 1, 2, tzinfo=dt.UTC)
     facts = Facts()
-    facts.steps = {"a": ((100.0, 0.0, 0.01, 0.0, 0.5), second), "b": ((200.25, 0.0, 0.01, 0.0, 0.5), second)}
+    facts.clock.steps = {"a": ((100.0, 0.0, 0.01, 0.0, 0.5), second), "b": ((200.25, 0.0, 0.01, 0.0, 0.5), second)}
     facts.calibrate()  # b ended 100 s after a, in the same logged second: a restart, not one clock
-    assert facts.offset is None and facts.step_times("a") is None
-    facts.steps = {"a": ((100.0, 0.0, 0.01, 0.0, 0.5), second),
+    assert facts.clock.offset is None and facts.clock.step_times("a") is None
+    facts.clock.steps = {"a": ((100.0, 0.0, 0.01, 0.0, 0.5), second),
                    "b": ((101.2, 0.0, 0.01, 0.0, 0.5), second + dt.timedelta(seconds=1))}
     facts.calibrate()
-    times = facts.step_times("b")
+    times = facts.clock.step_times("b")
     assert times is not None and second + dt.timedelta(seconds=1) <= times[3] < second + dt.timedelta(seconds=2)
 
 
 def test_both_time_stats_formats_count_back_from_the_finish() -> None:
     """Older releases write ``prealloc_duration=...``, newer ones ``prealloc_queue_duration(...) = ...;``."""
     from forensics.adapters import Notes
-    from forensics.adapters.sglang.log import Facts
+    from forensics.adapters.sglang.log import Facts, Server
     from forensics.adapters.sglang.timestats import read, translate
 
-    facts = Facts(node="decode-1")
+    facts = Facts(Server(node="decode-1"))
     finish = dt.datetime(2026, 9, 14, 8, 1, 2, 500000, tzinfo=dt.UTC)
-    facts.finish_ts["r9"] = finish
+    facts.clock.finish_ts["r9"] = finish
     old = ("[2026-09-14 08:01:02 TP0] Req Time Stats(rid=r9, bootstrap_room=77, input len=5000, output len=8, "
            "type=decode): prealloc_duration=0.40ms, transfer_duration=18.00ms, queue_duration=0.25ms, "
            "forward_duration=200.00ms, start_time=81235.400")

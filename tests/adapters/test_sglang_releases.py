@@ -591,15 +591,15 @@ def test_what_clients_got_is_held_to_the_finish_lines(tmp_path: Path) -> None:
     finish lines and the tokenizer's 400s in every server log of every release; a server whose
     access lines say otherwise gets the finding, with both counts."""
     from forensics.adapters.sglang.adapter import _learn
-    from forensics.adapters.sglang.log import Facts
+    from forensics.adapters.sglang.log import Facts, Server
 
     counted = 0
     for path in sorted(p for p in ROOT.rglob("*.log") if p.parent.name in ("text", "json", "text-ms")):
         text = path.read_text()
         lines = lambda text=text: enumerate(text.splitlines(), 1)  # noqa: E731
-        facts = _learn(lines, Facts(node="n"), Options())
-        assert sum(facts.access.values()) == text.count('"POST /generate HTTP/1.1"'), path
-        counted += bool(facts.access)
+        facts = _learn(lines, Facts(Server(node="n")), Options())
+        assert sum(facts.seen.access.values()) == text.count('"POST /generate HTTP/1.1"'), path
+        counted += bool(facts.seen.access)
         notes = Notes()
         adapter = next(a for a in SGLANG if a.sniff(text.splitlines()[:64]))
         assert adapter.translate is not None

@@ -42,7 +42,7 @@ from forensics.adapters.base import (
 )
 from forensics.adapters.sglang.eras import era
 from forensics.adapters.sglang.formats import CONFIG, FORMATS, read_line
-from forensics.adapters.sglang.log import Facts, LogLine, split
+from forensics.adapters.sglang.log import Boots, Facts, LogLine, Seen, Server, split
 
 #: What only an SGLang server prints, its formats' signs: a file with any of these in its first lines
 #: is one (a rotated piece may hold nothing but error lines: the capacity and length checks', the
@@ -62,63 +62,66 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes,
                companions: Companions = no_companions) -> Iterator[Outcome]:
     kept = _Kept()
     with _first_pass() as frozen:
-        facts = _learn(lines, Facts(node=options.node_for(path)), options, kept)
+        facts = _learn(lines, Facts(Server(node=options.node_for(path))), options, kept)
         server = None
-        if facts.role_for(options) is None and not facts.roles_seen and (facts.received_at or facts.finished):
+        said = facts.server
+        if said.role_for(options) is None and not said.roles_seen and (facts.seen.received_at or facts.seen.finished):
             # (a file of error lines alone is a server's own: no request log)
             server = next(iter(companions("server")), None)
             if server is not None:  # a --log-requests-target file: its server's log says the rest
-                facts = _learn(server[1], Facts(node=options.node or node_of(server[0])), options)
+                facts = _learn(server[1], Facts(Server(node=options.node or node_of(server[0]))), options)
                 kept.clear()
                 facts = _learn(lines, facts, options, kept)
                 notes.add("server", "{n} request-log file(s) read with the server log beside them "
                           f"({server[0].name})")
         else:
             for _, beside in companions("requests"):  # its --log-requests-target folder
-                theirs = _learn(beside, Facts(node=facts.node), options)
-                facts.finished |= theirs.finished
-                facts.received |= theirs.received  # (their ids: whether the server assigned them)
-                facts.warmups |= theirs.warmups
-                for rid, room in theirs.rooms.items():
-                    facts.rooms.setdefault(rid, room)
-                for rid, at in theirs.finish_ts.items():
-                    facts.finish_ts.setdefault(rid, at)
-                for rid, at in theirs.received_at.items():
-                    facts.received_at.setdefault(rid, at)
-                for status, n in theirs.finish_status.items():
-                    facts.finish_status[status] = facts.finish_status.get(status, 0) + n
-        refused = len(facts.pending_context)  # (the tokenizer's rejections: a 400 each, no finish line)
-        if untied := facts.tie_pending_context():
+                theirs = _learn(beside, Facts(Server(node=facts.server.node)), options)
+                facts.seen.finished |= theirs.seen.finished
+                facts.seen.received |= theirs.seen.received  # (their ids: whether the server assigned them)
+                facts.seen.warmups |= theirs.seen.warmups
+                for rid, room in theirs.seen.rooms.items():
+                    facts.seen.rooms.setdefault(rid, room)
+                for rid, at in theirs.clock.finish_ts.items():
+                    facts.clock.finish_ts.setdefault(rid, at)
+                for rid, at in theirs.seen.received_at.items():
+                    facts.seen.received_at.setdefault(rid, at)
+                for status, n in theirs.seen.finish_status.items():
+                    facts.seen.finish_status[status] = facts.seen.finish_status.get(status, 0) + n
+        refused = len(facts.seen.pending_context)  # (the tokenizer's rejections: a 400 each, no finish line)
+        if untied := facts.seen.tie_pending_context():
             notes.add("context_unnamed", "{n} context-length rejections name no request this file received: "
                       "recorded from the request log beside it where there is one (docs/adapters.md)", untied)
-        if server is None and (differs := _access_differs(facts, refused)) is not None:
+        if server is None and (differs := _access_differs(facts.seen, refused)) is not None:
             notes.add("access", f"the HTTP statuses clients got differ from the finish lines' ({differs}): "
                       "finding evidence.access_status_differs", 1)
         facts.calibrate()
-        facts.era = era(facts.marks)
-        if facts.era is not None:
-            notes.add("era", f"{{n}} file(s) in the format of SGLang {facts.era}")
-        if facts.role_for(options) is None:
+        facts.server.era = era(facts.server.marks)
+        if facts.server.era is not None:
+            notes.add("era", f"{{n}} file(s) in the format of SGLang {facts.server.era}")
+        if facts.server.role_for(options) is None:
             notes.add("role", "{n} file(s) say nothing of their server's role (no server_args, no time stats): "
                       "read as a unified server, whose finishes are the client's answers; pass --role prefill "
                       "or --role decode (finding evidence.role_unknown)")
-    facts.by_room = options.request_ids == "room" or (options.request_ids == "auto" and _server_assigned(facts))
-    if facts.by_room and options.request_ids == "auto":
+    facts.seen.by_room = options.request_ids == "room" or (
+        options.request_ids == "auto" and _server_assigned(facts.seen))
+    if facts.seen.by_room and options.request_ids == "auto":
         notes.add("request_ids", "{n} file(s) whose server assigned every request id itself (a uuid4 hex each, no "
                   "client's or router's): requests named by bootstrap room (room-B), which both servers of a "
                   "request log, as --request-ids room does (--request-ids rid keeps the rids)")
-    if facts.warmups:
+    if facts.seen.warmups:
         notes.add("warmup", "{n} requests the server sent itself (bootstrap host 2.2.2.2 or a HEALTH_CHECK rid: its "
-                  "start-up warmup or a health check) left out: no client's request, no transfer", len(facts.warmups))
-    if len(facts.boot_lines) > 1:
+                  "start-up warmup or a health check) left out: no client's request, no transfer",
+                  len(facts.seen.warmups))
+    if len(facts.boots.lines) > 1:
         notes.add("restart", f"{{n}} restart(s) of the server inside one file (a server_args line each): each a "
                   f"new boot of its node, its pool fresh; requests in flight at each, left unfinished: "
-                  f"{', '.join(map(str, facts.in_flight_at_restart))}", len(facts.boot_lines) - 1)
+                  f"{', '.join(map(str, facts.boots.in_flight_at_restart))}", len(facts.boots.lines) - 1)
     try:
         outcomes = _second_pass(lines, kept, facts, options, notes)
-        if len(facts.boot_lines) < 2 and len(facts.boot_times) > 1:  # a request-log file beside a restarted server
-            outcomes = _booted_beside(outcomes, facts)
-        yield from _booted(outcomes, facts.boot_lines)
+        if len(facts.boots.lines) < 2 and len(facts.boots.times) > 1:  # a request-log file beside a restarted server
+            outcomes = _booted_beside(outcomes, facts.boots)
+        yield from _booted(outcomes, facts.boots.lines)
     finally:
         if frozen:
             gc.unfreeze()
@@ -138,16 +141,16 @@ def _booted(outcomes: Iterator[Outcome], boot_lines: list[int]) -> Iterator[Outc
         yield line_no, text, out
 
 
-def _booted_beside(outcomes: Iterator[Outcome], facts: Facts) -> Iterator[Outcome]:
+def _booted_beside(outcomes: Iterator[Outcome], boots: Boots) -> Iterator[Outcome]:
     """The records of a --log-requests-target file (no start-up lines of its own) on the boots of
     its server's log beside it: a request on the boot the server's lines about it were on, else the
     boot whose start-up came before the record's time (at the start-up line's resolution; a record
     in the same second as a whole-second restart is taken as before it)."""
-    starts = [(ts if precise else ts.replace(microsecond=0), precise) for ts, precise in facts.boot_times]
+    starts = [(ts if precise else ts.replace(microsecond=0), precise) for ts, precise in boots.times]
     for line_no, text, out in outcomes:
         if isinstance(out, list):
             for record in out:
-                boot = facts.boot_of.get(record.get("request_id") or "")
+                boot = boots.of.get(record.get("request_id") or "")
                 if boot is None:
                     at = dt.datetime.fromisoformat(record["ts"].replace("Z", "+00:00"))
                     boot = sum(1 for ts, precise in starts[1:]
@@ -159,7 +162,7 @@ def _booted_beside(outcomes: Iterator[Outcome], facts: Facts) -> Iterator[Outcom
 
 def _second_pass(lines: Lines, kept: _Kept, facts: Facts, options: Options,
                  notes: Notes) -> Iterator[Outcome]:
-    facts.last_ts = None
+    facts.clock.last_ts = None
     it = iter(lines())
     # the lines the first pass kept (``it`` last: zip takes no line past them, and stops at the end of a
     # file shorter than the first pass saw)
@@ -177,35 +180,35 @@ def _translated(line: LogLine, k: int, value: Any, facts: Facts, options: Option
                 notes: Notes) -> list[dict[str, Any]] | Untranslatable | None:
     """What the second pass makes of a line read as ``(line, k, value)``; the line's time taken
     as the last one seen."""
-    if facts.warmups and getattr(value, "rid", None) in facts.warmups:  # the server's own request
+    if facts.seen.warmups and getattr(value, "rid", None) in facts.seen.warmups:  # the server's own request
         out: list[dict[str, Any]] | Untranslatable | None = []
     else:
         out = None if k < 0 else _records(FORMATS[k], value, line, facts, options, notes)
     if line.ts is not None:
-        facts.last_ts = line.ts
-    return _by_room(out, facts, notes) if facts.by_room and isinstance(out, list) else out
+        facts.clock.last_ts = line.ts
+    return _by_room(out, facts.seen, notes) if facts.seen.by_room and isinstance(out, list) else out
 
 
 #: An id SGLang assigns a request itself where the client gives none (``uuid.uuid4().hex``, io_struct)
 _SERVER_RID = re.compile(r"[0-9a-f]{32}")
 
 
-def _server_assigned(facts: Facts) -> bool:
+def _server_assigned(seen: Seen) -> bool:
     """Whether every request the file received (its warmups aside) has an id its server assigned
     and a bootstrap room: then the two servers of a request logged two ids, and only the room ties
     them (a client's id on both is named by the room just as well)."""
-    rids = [rid for rid in facts.received if rid not in facts.warmups]
-    return bool(rids) and all(_SERVER_RID.fullmatch(rid) and rid in facts.rooms for rid in rids)
+    rids = [rid for rid in seen.received if rid not in seen.warmups]
+    return bool(rids) and all(_SERVER_RID.fullmatch(rid) and rid in seen.rooms for rid in rids)
 
 
-def _by_room(records: list[dict[str, Any]], facts: Facts, notes: Notes) -> list[dict[str, Any]]:
+def _by_room(records: list[dict[str, Any]], seen: Seen, notes: Notes) -> list[dict[str, Any]]:
     """``--request-ids room``: each record names its request by the bootstrap room its file
     logs for the rid (``room-B``, as its transfers are named), so that two servers that each
     assigned their own rid name the request alike. A request without a room keeps its rid."""
     out = []
     for r in records:
         rid = r.get("request_id")
-        room = facts.rooms.get(rid) if rid is not None else None
+        room = seen.rooms.get(rid) if rid is not None else None
         if room is None:
             if rid is not None:
                 notes.add("no_room", "{n} records name a request with no bootstrap room in the file: "
@@ -275,44 +278,44 @@ def _first_pass() -> Iterator[list[bool]]:
 def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = None) -> Facts:
     """The first pass over a file's lines, into ``facts`` (and, given ``kept``, what the second
     pass needs of each line, into it)."""
-    facts.last_ts = None
-    facts.boot_lines, facts.in_flight_at_restart = [], []  # (the lines of this file, not of one read before)
+    facts.clock.last_ts = None
+    facts.boots.lines, facts.boots.in_flight_at_restart = [], []  # (the lines of this file, not of one read before)
     for line_no, text in lines():
         line, k, value = read_line(text, options)
         if k < 0 and value is not None:  # an access line: the HTTP status a client got
-            facts.access[value] = facts.access.get(value, 0) + 1
+            facts.seen.access[value] = facts.seen.access.get(value, 0) + 1
             value = None
         elif k >= 0 and not isinstance(value, Untranslatable):
             value = FORMATS[k].learn(value, line, facts, options)
             if k == CONFIG and value.what == "server_args":  # a process of the server starts
-                if facts.boot_lines:
+                if facts.boots.lines:
                     # (received and never finished, but neither the server's own nor refused by its tokenizer)
-                    open_ = facts.received - facts.finished - facts.warmups
-                    facts.in_flight_at_restart.append(max(0, len(open_) - len(facts.pending_context)))
-                facts.boot_lines.append(line_no)
+                    open_ = facts.seen.received - facts.seen.finished - facts.seen.warmups
+                    facts.boots.in_flight_at_restart.append(max(0, len(open_) - len(facts.seen.pending_context)))
+                facts.boots.lines.append(line_no)
                 if line.ts is not None:
-                    facts.boot_times.append((line.ts, line.precise))
-            elif len(facts.boot_lines) > 1 and isinstance(rid := getattr(value, "rid", None), str):
-                facts.boot_of[rid] = len(facts.boot_lines) - 1
+                    facts.boots.times.append((line.ts, line.precise))
+            elif len(facts.boots.lines) > 1 and isinstance(rid := getattr(value, "rid", None), str):
+                facts.boots.of[rid] = len(facts.boots.lines) - 1
         if line.ts is not None:
-            facts.last_ts = line.ts
+            facts.clock.last_ts = line.ts
         if kept is not None and len(kept.lengths) < KEEP_LINES:
             kept.add(text, line, k, value)
     return facts
 
 
-def _access_differs(facts: Facts, refused: int) -> str | None:
+def _access_differs(seen: Seen, refused: int) -> str | None:
     """Where the access lines' statuses (what the clients got) are not those of the finish lines
     (and the tokenizer's 400s): both, status by status; None where they agree or the file has
     no access line."""
-    if not facts.access:
+    if not seen.access:
         return None
-    said = dict(facts.finish_status)
+    said = dict(seen.finish_status)
     if refused:
         said[400] = said.get(400, 0) + refused
-    if said == facts.access:
+    if said == seen.access:
         return None
-    return f"access lines {_by_status(facts.access)}; finish lines {_by_status(said)}"
+    return f"access lines {_by_status(seen.access)}; finish lines {_by_status(said)}"
 
 
 def _by_status(counts: dict[int, int]) -> str:

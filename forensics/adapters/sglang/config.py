@@ -68,48 +68,48 @@ def read(line: LogLine, options: Options) -> ConfigLine | None:
 def learn(c: ConfigLine, line: LogLine, facts: Facts, options: Options) -> ConfigLine:
     """First pass: the model, page size, context and role from a start-up line."""
     if c.what == "pool":
-        facts.pool_seen = True
+        facts.server.pool_seen = True
     elif c.what == "pool_warning":
-        facts.marks.add("pool_warning")
+        facts.server.marks.add("pool_warning")
     else:
-        facts.marks.add(f"server_args.{c.form}")
+        facts.server.marks.add(f"server_args.{c.form}")
         args = c.args or {}
         if isinstance(args.get("page_size"), int):
-            facts.page_size = args["page_size"]
+            facts.server.page_size = args["page_size"]
         if isinstance(args.get("context_length"), int):
-            facts.context_length = args["context_length"]
+            facts.server.context_length = args["context_length"]
         model = args.get("served_model_name") or args.get("model_path")
         if isinstance(model, str):
-            facts.model = model
+            facts.server.model = model
         role = _ROLES.get(str(args.get("disaggregation_mode")))
         if role is not None:
-            facts.role = role
-        facts.dp_pools = _dp_pools(args)
-        facts.scheduling = _scheduling(args)
+            facts.server.role = role
+        facts.server.dp_pools = _dp_pools(args)
+        facts.server.scheduling = _scheduling(args)
         return ConfigLine("server_args")  # (the arguments are not needed again)
     return c
 
 
 def translate(c: ConfigLine, line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]]:
     """The records of a server_args, pool or pool-warning line."""
-    if c.what == "server_args" or (c.what == "pool_warning" and facts.pool_seen):
+    if c.what == "server_args" or (c.what == "pool_warning" and facts.server.pool_seen):
         return []  # (a warning: the pool line says it, and more)
-    role = facts.role_for(options)
+    role = facts.server.role_for(options)
     if role not in ("prefill", "decode"):
         notes.add("config", "{n} pool lines of a server whose role is unknown or unified: no config "
                   "record (pass --role prefill or --role decode)")
         return []
-    if facts.page_size is None:
+    if facts.server.page_size is None:
         raise Untranslatable("the pool line's page size is unknown: no server_args line in this file")
     record = {
         "kind": "config", "ts": rfc3339(line.when()), "node": facts.node_of_line(line), "role": role,
-        "engine": "sglang", "engine_version": facts.era or "unknown", "model": facts.model or "unknown",
-        "context_length": c.context, "page_size": facts.page_size,
-        "pool_pages": c.tokens // facts.page_size + 1,
-        **{k: v for k, v in facts.scheduling.items() if k in _SCHEDULING_OF[role]},
+        "engine": "sglang", "engine_version": facts.server.era or "unknown", "model": facts.server.model or "unknown",
+        "context_length": c.context, "page_size": facts.server.page_size,
+        "pool_pages": c.tokens // facts.server.page_size + 1,
+        **{k: v for k, v in facts.server.scheduling.items() if k in _SCHEDULING_OF[role]},
     }
-    if facts.dp_pools > 1 and line.dp in (0, None):  # DP0's line, for every DP rank's pool
-        return [{**record, "node": dp_pool_node(facts.node, d)} for d in range(facts.dp_pools)]
+    if facts.server.dp_pools > 1 and line.dp in (0, None):  # DP0's line, for every DP rank's pool
+        return [{**record, "node": dp_pool_node(facts.server.node, d)} for d in range(facts.server.dp_pools)]
     return [record]
 
 

@@ -73,21 +73,21 @@ def learn(e: ErrorLine, line: LogLine, facts: Facts, options: Options) -> ErrorL
     """First pass: the prompt length, limit and DP rank an error line reveals."""
     if e.what == "length":
         if e.rid is not None:
-            facts.learn_prompt(e.rid, e.tokens, 3)
-            facts.limit[e.rid] = e.limit
-            facts.learn_dp(e.rid, line)
+            facts.seen.learn_prompt(e.rid, e.tokens, 3)
+            facts.seen.limit[e.rid] = e.limit
+            facts.seen.learn_dp(e.rid, line)
     elif e.what == "capacity":
         assert e.rid is not None
-        facts.learn_prompt(e.rid, e.tokens, 3)
-        facts.limit.setdefault(e.rid, e.limit)
-        facts.learn_dp(e.rid, line)
+        facts.seen.learn_prompt(e.rid, e.tokens, 3)
+        facts.seen.limit.setdefault(e.rid, e.limit)
+        facts.seen.learn_dp(e.rid, line)
     elif e.what == "context":  # tied to its request when the pass is over (Facts.tie_pending_context)
-        facts.pending_context.append((line.ts, e.tokens, e.limit))
+        facts.seen.pending_context.append((line.ts, e.tokens, e.limit))
     else:
         assert e.rid is not None
-        facts.marks.add(f"integrity.{e.what}")
-        facts.learn_dp(e.rid, line)
-        facts.failed.add(e.rid)
+        facts.server.marks.add(f"integrity.{e.what}")
+        facts.seen.learn_dp(e.rid, line)
+        facts.seen.failed.add(e.rid)
     return e
 
 
@@ -96,7 +96,7 @@ def translate(e: ErrorLine, line: LogLine, facts: Facts, options: Options, notes
     if e.what == "context":
         return []  # recorded with the request it is tied to, on its receive line
     ts = rfc3339(line.when())
-    if e.rid is None or e.rid in facts.finished:
+    if e.rid is None or e.rid in facts.seen.finished:
         return []  # names no request; or its finish line records it, with the same message
     base = {"kind": "request", "ts": ts, "request_id": e.rid, "node": facts.node_of_line(line, e.rid)}
     if e.what in ("length", "capacity"):

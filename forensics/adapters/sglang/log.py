@@ -1,4 +1,4 @@
-"""What every SGLang log format shares: the line prefix, Python reprs, and per-file facts.
+"""What every SGLang log format shares: the line prefix, Python reprs, and what a file says.
 
 SGLang writes through Python's logging: ``[%(asctime)s{prefix}] %(message)s`` with the date
 as ``%Y-%m-%d %H:%M:%S`` (every release from 0.5.5 to 0.5.23; ``.%(msecs)03d`` follows with
@@ -275,80 +275,94 @@ CLOCK_SLACK = 0.002
 
 
 @dataclass
-class Facts:
-    """What a whole file says, learnt in a first pass, that single lines need.
-
-    The prompt length of a request, for one: after the placeholder swap a prefill node logs
-    an input of 1 token, and only the length error says how long the prompt was.
-    """
+class Server:
+    """What a file says of the server that wrote it: its node and role, its configuration, and
+    the marks of its release's formats."""
 
     node: str = ""  # the node the file is from
     role: str | None = None  # from server_args (disaggregation_mode) or time-stats types
+    roles_seen: set[str] = field(default_factory=set)
     page_size: int | None = None
     context_length: int | None = None
     model: str | None = None
-    prompt: dict[str, tuple[int, int]] = field(default_factory=dict)  # rid -> (rank, tokens)
-    limit: dict[str, int] = field(default_factory=dict)  # rid -> max_req_input_len logged
-    tenant: dict[str, str] = field(default_factory=dict)  # rid -> tenant (--tenant-from)
-    max_new: dict[str, int] = field(default_factory=dict)
-    finish_ts: dict[str, dt.datetime] = field(default_factory=dict)  # precise finish times
-    failed: set[str] = field(default_factory=set)  # requests whose transfer failed or aborted on decode
-    roles_seen: set[str] = field(default_factory=set)
-    #: decode time stats: rid -> (start, prealloc, transfer, queue, forward) in perf_counter
-    #: seconds, and the whole second the line was logged in (text logs have no fraction)
-    steps: dict[str, tuple[tuple[float, float, float, float, float], dt.datetime]] = field(default_factory=dict)
-    offset: dt.datetime | None = None  # wall-clock time of perf_counter 0 (calibrate())
-    last_decode_line: dt.datetime | None = None  # (translation) time of the last decode request line
-    #: decode time stats with ``entry_time`` (0.5.12 on): rid -> (admitted, landed, decode
-    #: started, finished) on the wall clock, as step_times gives them from ``start``
-    entry_times: dict[str, tuple[dt.datetime, dt.datetime, dt.datetime, dt.datetime]] = field(default_factory=dict)
-    dp_of: dict[str, int] = field(default_factory=dict)  # rid -> the DP rank whose scheduler logged it
-    marks: set[str] = field(default_factory=set)  # format marks seen (eras.py turns them into releases)
-    last_ts: dt.datetime | None = None  # (both passes) the time of the last line that had one
-    #: (first pass) received, not finished, in order: rid -> the time it was received
-    open_receives: dict[str, dt.datetime | None] = field(default_factory=dict)
-    #: the tokenizer's context-length rejections, which name no request: (time, tokens, context)
-    pending_context: list[tuple[dt.datetime | None, int, int]] = field(default_factory=list)
-    #: the requests those rejections are tied to (tie_pending_context): rid -> (time, context)
-    rejected_on_receive: dict[str, tuple[dt.datetime, int]] = field(default_factory=dict)
-    finished: set[str] = field(default_factory=set)  # requests with a finish line in the file
     pool_seen: bool = False  # the file has the scheduler's pool line
     #: KV pools of the server with DP attention (each DP rank its own, of the size the pool line
     #: gives: only global TP rank 0, DP0's first scheduler, prints it); 1 without
     dp_pools: int = 1
     #: schema v1.1's scheduling fields the server_args state (config._scheduling)
     scheduling: dict[str, bool] = field(default_factory=dict)
-    #: the lines (numbers) of the file's server_args lines: each starts a process of the server, so
-    #: from the second on a restart (a new boot: its pool fresh); and at each restart, the requests
-    #: received and not finished before it (in flight when the process ended)
-    boot_lines: list[int] = field(default_factory=list)
-    in_flight_at_restart: list[int] = field(default_factory=list)
-    #: the times of the server_args lines read (with whether to the fraction of a second), and the
-    #: boot each request's lines were on: what a --log-requests-target file beside the server's log
-    #: (no start-up lines of its own) takes its boots from
-    boot_times: list[tuple[dt.datetime, bool]] = field(default_factory=list)
-    boot_of: dict[str, int] = field(default_factory=dict)
+    marks: set[str] = field(default_factory=set)  # format marks seen (eras.py turns them into releases)
+    era: str | None = None  # the releases whose formats the file shows (eras.era)
+
+    def role_for(self, options: Options) -> str | None:
+        """The node's role: ``--role``, else what the file said, else None."""
+        if options.role is not None:
+            return options.role
+        if self.role is not None:
+            return self.role
+        if len(self.roles_seen) == 1:
+            return next(iter(self.roles_seen))
+        return None
+
+
+@dataclass
+class Seen:
+    """What a file says of each request: what it was received and finished with, its prompt's
+    real length, its room and DP rank, and how it was answered.
+
+    The prompt length of a request, for one: after the placeholder swap a prefill node logs
+    an input of 1 token, and only the length error says how long the prompt was.
+    """
+
+    prompt: dict[str, tuple[int, int]] = field(default_factory=dict)  # rid -> (rank, tokens)
+    limit: dict[str, int] = field(default_factory=dict)  # rid -> max_req_input_len logged
+    tenant: dict[str, str] = field(default_factory=dict)  # rid -> tenant (--tenant-from)
+    max_new: dict[str, int] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)  # requests whose transfer failed or aborted on decode
+    dp_of: dict[str, int] = field(default_factory=dict)  # rid -> the DP rank whose scheduler logged it
+    rooms: dict[str, str] = field(default_factory=dict)  # rid -> its bootstrap room, as logged
+    received: set[str] = field(default_factory=set)  # every request the file has a receive line of
+    received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
+    finished: set[str] = field(default_factory=set)  # requests with a finish line in the file
+    #: (first pass) received, not finished, in order: rid -> the time it was received
+    open_receives: dict[str, dt.datetime | None] = field(default_factory=dict)
+    #: the tokenizer's context-length rejections, which name no request: (time, tokens, context)
+    pending_context: list[tuple[dt.datetime | None, int, int]] = field(default_factory=list)
+    #: the requests those rejections are tied to (tie_pending_context): rid -> (time, context)
+    rejected_on_receive: dict[str, tuple[dt.datetime, int]] = field(default_factory=dict)
     #: requests the server sent itself (bootstrap host 2.2.2.2: its start-up warmup, health
     #: checks; or a health check's rid): no client's, so no record of them (counted in a file note)
     warmups: set[str] = field(default_factory=set)
     #: the items of the server's own batch past its first (the warmup before 0.5.18): the batch is
     #: one POST, answered once, so their finishes are no answer of their own (access lines)
     batched: set[str] = field(default_factory=set)
-    received: set[str] = field(default_factory=set)  # every request the file has a receive line of
-    #: the file's records name requests by bootstrap room (``room-B``), not by rid (--request-ids)
-    by_room: bool = False
-    received_at: dict[str, dt.datetime] = field(default_factory=dict)  # rid -> its request line's time
-    era: str | None = None  # the releases whose formats the file shows (eras.era)
-    rooms: dict[str, str] = field(default_factory=dict)  # rid -> its bootstrap room, as logged
     #: HTTP statuses of the generate requests' uvicorn access lines, and of the finish lines
     #: (with the tokenizer's rejections, which answer 400 with no finish line)
     access: dict[int, int] = field(default_factory=dict)
     finish_status: dict[int, int] = field(default_factory=dict)
+    #: the file's records name requests by bootstrap room (``room-B``), not by rid (--request-ids)
+    by_room: bool = False
 
     def learn_room(self, rid: str, room: Any) -> None:
         """Note the bootstrap room a line gives ``rid`` (``None`` for a request without one)."""
         if rid not in self.rooms and room not in (None, "None", ""):  # (the first room a rid is given)
             self.rooms[rid] = str(room)
+
+    def learn_dp(self, rid: str, line: LogLine) -> None:
+        """Note the DP rank a scheduler line about ``rid`` names (its prefix's ``DPk``)."""
+        if line.dp is not None:
+            self.dp_of.setdefault(rid, line.dp)
+
+    def learn_prompt(self, rid: str, tokens: int, rank: int) -> None:
+        """Keep the most trustworthy prompt length seen for ``rid`` (higher ``rank`` wins)."""
+        old = self.prompt.get(rid)
+        if old is None or rank > old[0]:
+            self.prompt[rid] = (rank, tokens)
+
+    def prompt_tokens(self, rid: str) -> int | None:
+        """The real prompt length the file logged for ``rid``, if any."""
+        hit = self.prompt.get(rid)
+        return None if hit is None else hit[1]
 
     def tie_pending_context(self) -> int:
         """Tie the context-length rejections (this file's, or its server log's) to the requests
@@ -388,19 +402,25 @@ class Facts:
         self.pending_context = []
         return untied
 
-    def learn_dp(self, rid: str, line: LogLine) -> None:
-        """Note the DP rank a scheduler line about ``rid`` names (its prefix's ``DPk``)."""
-        if line.dp is not None:
-            self.dp_of.setdefault(rid, line.dp)
 
-    def node_of_line(self, line: LogLine, rid: str | None = None) -> str:
-        """The node a line's records are on: with DP attention each DP rank has its own KV pool,
-        so it is a node of its own (``decode-0.dp1``), named by the line's prefix or, for the
-        tokenizer's lines (no ranks), by the DP rank that served the request; else the file's."""
-        dp = line.dp if line.dp is not None else (self.dp_of.get(rid) if rid is not None else None)
-        return self.node if dp is None else dp_pool_node(self.node, dp)
+@dataclass
+class Clock:
+    """A file's times beyond its lines' own: decode requests' steps and the wall-clock time of the
+    scheduler's ``perf_counter`` zero, precise finish times, and the times the passes carry from
+    one line to the next."""
 
-    def calibrate(self) -> None:
+    #: decode time stats: rid -> (start, prealloc, transfer, queue, forward) in perf_counter
+    #: seconds, and the whole second the line was logged in (text logs have no fraction)
+    steps: dict[str, tuple[tuple[float, float, float, float, float], dt.datetime]] = field(default_factory=dict)
+    offset: dt.datetime | None = None  # wall-clock time of perf_counter 0 (calibrate())
+    #: decode time stats with ``entry_time`` (0.5.12 on): rid -> (admitted, landed, decode
+    #: started, finished) on the wall clock, as step_times gives them from ``start``
+    entry_times: dict[str, tuple[dt.datetime, dt.datetime, dt.datetime, dt.datetime]] = field(default_factory=dict)
+    finish_ts: dict[str, dt.datetime] = field(default_factory=dict)  # precise finish times
+    last_ts: dt.datetime | None = None  # (both passes) the time of the last line that had one
+    last_decode_line: dt.datetime | None = None  # (translation) time of the last decode request line
+
+    def calibrate(self, received_at: dict[str, dt.datetime]) -> None:
         """Find the wall-clock time of the scheduler's ``perf_counter`` zero from the decode
         time stats: each request ended (start + its durations) inside the second its line was
         logged in; all those constraints together pin the offset to about a millisecond.
@@ -417,7 +437,7 @@ class Facts:
             # and the request was admitted (start) no earlier than its request line was logged
             # (to the second, or the microsecond): with few requests the first constraints leave
             # up to a second open
-            received = self.received_at.get(rid)
+            received = received_at.get(rid)
             if received is not None and lower is not None:
                 lower = max(lower, received.timestamp() - start - CLOCK_SLACK)
         if lower is not None and upper is not None and lower < upper:
@@ -444,23 +464,41 @@ class Facts:
             at.append(at[-1] + dt.timedelta(seconds=step))
         return at[0], at[1], at[2], at[3]
 
-    def learn_prompt(self, rid: str, tokens: int, rank: int) -> None:
-        """Keep the most trustworthy prompt length seen for ``rid`` (higher ``rank`` wins)."""
-        old = self.prompt.get(rid)
-        if old is None or rank > old[0]:
-            self.prompt[rid] = (rank, tokens)
 
-    def prompt_tokens(self, rid: str) -> int | None:
-        """The real prompt length the file logged for ``rid``, if any."""
-        hit = self.prompt.get(rid)
-        return None if hit is None else hit[1]
+@dataclass
+class Boots:
+    """The processes of the server a file spans: each ``server_args`` line starts one, so from the
+    second on a restart (a new boot: its pool fresh)."""
 
-    def role_for(self, options: Options) -> str | None:
-        """The node's role: ``--role``, else what the file said, else None."""
-        if options.role is not None:
-            return options.role
-        if self.role is not None:
-            return self.role
-        if len(self.roles_seen) == 1:
-            return next(iter(self.roles_seen))
-        return None
+    #: the lines (numbers) of the file's server_args lines; and at each restart, the requests
+    #: received and not finished before it (in flight when the process ended)
+    lines: list[int] = field(default_factory=list)
+    in_flight_at_restart: list[int] = field(default_factory=list)
+    #: the times of the server_args lines read (with whether to the fraction of a second), and the
+    #: boot each request's lines were on: what a --log-requests-target file beside the server's log
+    #: (no start-up lines of its own) takes its boots from
+    times: list[tuple[dt.datetime, bool]] = field(default_factory=list)
+    of: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Facts:
+    """What a whole file says, learnt in a first pass, that single lines need: of its server,
+    of each request, of its clock and of its boots."""
+
+    server: Server = field(default_factory=Server)
+    seen: Seen = field(default_factory=Seen)
+    clock: Clock = field(default_factory=Clock)
+    boots: Boots = field(default_factory=Boots)
+
+    def calibrate(self) -> None:
+        """The clock's ``perf_counter`` zero, from its steps and the requests' receive times."""
+        self.clock.calibrate(self.seen.received_at)
+
+    def node_of_line(self, line: LogLine, rid: str | None = None) -> str:
+        """The node a line's records are on: with DP attention each DP rank has its own KV pool,
+        so it is a node of its own (``decode-0.dp1``), named by the line's prefix or, for the
+        tokenizer's lines (no ranks), by the DP rank that served the request; else the file's."""
+        dp = line.dp if line.dp is not None else (self.seen.dp_of.get(rid) if rid is not None else None)
+        node = self.server.node
+        return node if dp is None else dp_pool_node(node, dp)

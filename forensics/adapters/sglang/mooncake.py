@@ -48,9 +48,9 @@ def read(line: LogLine, options: Options) -> Failure | None:
 
 def learn(m: Failure, line: LogLine, facts: Facts, options: Options) -> Failure:
     """First pass: note the request a transfer-failure line names as failed."""
-    facts.failed.add(m.rid)
-    facts.learn_dp(m.rid, line)
-    facts.learn_room(m.rid, m.room)
+    facts.seen.failed.add(m.rid)
+    facts.seen.learn_dp(m.rid, line)
+    facts.seen.learn_room(m.rid, m.room)
     return m
 
 

@@ -285,67 +285,68 @@ _MARKS = {(doc, prefixed): f"request.{'json' if doc else 'text'}.{'prefixed' if 
 def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> RequestLine:
     """First pass: the prompt length, tenant and output budget each request line reveals;
     what of it the second pass reads."""
-    facts.marks.add(_MARKS[line.doc is not None, line.prefixed])
+    facts.server.marks.add(_MARKS[line.doc is not None, line.prefixed])
     room = r.obj.get("bootstrap_room")  # (dig's answer for a path of one key)
     if isinstance(room, int) and not isinstance(room, bool):
-        facts.learn_room(r.rid, room)
+        facts.seen.learn_room(r.rid, room)
     if own_request(r):  # the server's own warmup or health check: no client's request
-        facts.warmups.update(r.batch or (r.rid,))
-        facts.batched.update(r.batch[1:])
+        facts.seen.warmups.update(r.batch or (r.rid,))
+        facts.seen.batched.update(r.batch[1:])
     if r.event == "received":
-        facts.received.update(r.batch or (r.rid,))
-        if r.rid not in facts.warmups:  # (a health check skipped by a busy server never finishes: no client waits)
-            facts.open_receives[r.rid] = line.ts or facts.last_ts
+        facts.seen.received.update(r.batch or (r.rid,))
+        if r.rid not in facts.seen.warmups:  # (a health check skipped by a busy server never finishes: no client waits)
+            facts.seen.open_receives[r.rid] = line.ts or facts.clock.last_ts
         if line.ts is not None:
-            facts.received_at.setdefault(r.rid, line.ts)
+            facts.seen.received_at.setdefault(r.rid, line.ts)
         if options.tenant_from is not None:
             tenant = dig(r.obj, options.tenant_from)
             if isinstance(tenant, (str, int)) and not isinstance(tenant, bool):
-                facts.tenant[r.rid] = str(tenant)
+                facts.seen.tenant[r.rid] = str(tenant)
         sampling = r.obj.get("sampling_params")  # (as dig reads sampling_params.max_new_tokens)
         max_new = sampling.get("max_new_tokens") if isinstance(sampling, dict) else None
         if isinstance(max_new, int) and not isinstance(max_new, bool):
-            facts.max_new[r.rid] = max_new
+            facts.seen.max_new[r.rid] = max_new
         return RequestLine(r.event, r.rid, _NONE, _NONE)
-    facts.finished.add(r.rid)
-    facts.open_receives.pop(r.rid, None)
+    facts.seen.finished.add(r.rid)
+    facts.seen.open_receives.pop(r.rid, None)
     fr = r.finish_reason
     aborted = fr.get("type") == "abort"
     status = (status_code(fr.get("status_code")) or 500) if aborted else 200  # (finish_status)
-    if r.rid not in facts.batched and not r.rid.startswith(HEALTH_CHECK):  # (one answer a batch; a GET a health check)
-        facts.finish_status[status] = facts.finish_status.get(status, 0) + 1
+    # (one answer a batch; a GET a health check)
+    if r.rid not in facts.seen.batched and not r.rid.startswith(HEALTH_CHECK):
+        facts.seen.finish_status[status] = facts.seen.finish_status.get(status, 0) + 1
     dp = r.meta.get("dp_rank")
     if isinstance(dp, int) and not isinstance(dp, bool):
-        facts.dp_of.setdefault(r.rid, dp)
+        facts.seen.dp_of.setdefault(r.rid, dp)
     if line.precise and line.ts is not None:
-        facts.finish_ts[r.rid] = line.ts
+        facts.clock.finish_ts[r.rid] = line.ts
     elif (when := _line_time(line, facts)) is not None and (sent := _sent_at(r, line, when)) is not None:
-        facts.finish_ts[r.rid] = sent  # (the time stats of a decode request are counted back from it)
+        facts.clock.finish_ts[r.rid] = sent  # (the time stats of a decode request are counted back from it)
     message = str(fr.get("message", ""))
     m = LENGTH_ERROR.search(message) if message else None
     c = CAPACITY_ERROR.search(message) if message and m is None else None
     if m:
-        facts.learn_prompt(r.rid, int(m.group(1)), 3)
-        facts.limit[r.rid] = int(m.group(2))
+        facts.seen.learn_prompt(r.rid, int(m.group(1)), 3)
+        facts.seen.limit[r.rid] = int(m.group(2))
     elif c:
-        facts.learn_prompt(r.rid, int(c.group(2)), 3)
-        facts.limit[r.rid] = int(c.group(3))
+        facts.seen.learn_prompt(r.rid, int(c.group(2)), 3)
+        facts.seen.limit[r.rid] = int(c.group(3))
     elif isinstance(r.meta.get("prompt_tokens"), int):  # (only the length abort swaps the prompt)
-        facts.learn_prompt(r.rid, r.meta["prompt_tokens"], 2)
+        facts.seen.learn_prompt(r.rid, r.meta["prompt_tokens"], 2)
     if aborted and re.search(r"(transfer|bootstrap|handshake) failed", message):
-        facts.failed.add(r.rid)
+        facts.seen.failed.add(r.rid)
     return RequestLine(r.event, r.rid, _NONE, _kept(r.meta))
 
 
 def _bare(line: LogLine, facts: Facts) -> bool:
     """Whether the line has no time of its own: 0.5.8 to 0.5.11 print the request log bare."""
-    return line.ts is None and not line.prefixed and not line.undated and facts.last_ts is not None
+    return line.ts is None and not line.prefixed and not line.undated and facts.clock.last_ts is not None
 
 
 def _line_time(line: LogLine, facts: Facts) -> dt.datetime | None:
     """The line's time (a bare line was written after the one before it); None where it has
     none (``line.when()`` says why)."""
-    return facts.last_ts if _bare(line, facts) else line.ts
+    return facts.clock.last_ts if _bare(line, facts) else line.ts
 
 
 def _sent_at(r: RequestLine, line: LogLine, when: dt.datetime) -> dt.datetime | None:
@@ -367,10 +368,10 @@ def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, not
     sent = _sent_at(r, line, when)
     if sent is not None:
         when = sent
-    role = facts.role_for(options) or "unified"
+    role = facts.server.role_for(options) or "unified"
     # a whole-second time made precise from the decode time stats: their entry_time (0.5.12 on)
     # or their start put on the wall clock
-    calibrated = (facts.entry_times.get(r.rid) or facts.step_times(r.rid)) \
+    calibrated = (facts.clock.entry_times.get(r.rid) or facts.clock.step_times(r.rid)) \
         if role == "decode" and not line.precise and sent is None else None
     if calibrated is not None:
         if r.event == "received":  # preallocation: at or after the second the request arrived in
@@ -380,9 +381,9 @@ def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, not
             when = calibrated[3]
     if role == "decode" and not line.precise:
         # the lines are in the order things happened: no time made precise may undo it
-        if facts.last_decode_line is not None:
-            when = max(when, facts.last_decode_line)
-        facts.last_decode_line = when
+        if facts.clock.last_decode_line is not None:
+            when = max(when, facts.clock.last_decode_line)
+        facts.clock.last_decode_line = when
     ts = rfc3339(when)
     base = {"kind": "request", "ts": ts, "request_id": r.rid, "node": facts.node_of_line(line, r.rid)}
     if r.event == "received":
@@ -391,8 +392,8 @@ def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, not
             out.append(_received(base, r, facts, options, notes, prefill=role == "prefill"))
         if role in ("decode", "unified"):
             out.append({**base, "event": "admitted"})
-        if r.rid in facts.rejected_on_receive:  # refused by the tokenizer, in the server log beside this file
-            at, context = facts.rejected_on_receive[r.rid]
+        if r.rid in facts.seen.rejected_on_receive:  # refused by the tokenizer, in the server log beside this file
+            at, context = facts.seen.rejected_on_receive[r.rid]
             out.append({**base, "ts": rfc3339(max(at, when)), "event": "rejected", "reason": "input_too_long",
                         "limit_tokens": context})
         return out
@@ -400,7 +401,7 @@ def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, not
     if role == "prefill":
         if not r.aborted:
             return []  # the prefill's answer to the router; transfer and timing come from time stats
-        reason, limit = abort_reason(str(fr.get("message", ""))), facts.limit.get(r.rid)
+        reason, limit = abort_reason(str(fr.get("message", ""))), facts.seen.limit.get(r.rid)
         return [{**base, "event": "rejected", "reason": reason,
                  **({"limit_tokens": limit} if limit is not None and reason == "input_too_long" else {})}]
     status = finish_status(r)
@@ -420,23 +421,23 @@ def _kept(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _received(base: dict[str, Any], r: RequestLine, facts: Facts, options: Options, notes: Notes,
               *, prefill: bool) -> dict[str, Any]:
-    prompt = facts.prompt_tokens(r.rid)
+    prompt = facts.seen.prompt_tokens(r.rid)
     if prompt is None:
         raise Untranslatable(
             f"the prompt length of {r.rid} is not in this file (no finish, time-stats or length-error line)")
     tenants = options.tenants or {}
-    tenant: str | None = tenants.get(r.rid) or facts.tenant.get(r.rid)
-    if tenant is None and facts.by_room and r.rid in facts.rooms:
-        tenant = tenants.get(f"room-{facts.rooms[r.rid]}")
+    tenant: str | None = tenants.get(r.rid) or facts.seen.tenant.get(r.rid)
+    if tenant is None and facts.seen.by_room and r.rid in facts.seen.rooms:
+        tenant = tenants.get(f"room-{facts.seen.rooms[r.rid]}")
     if tenant is None:
         tenant = "unknown"
         notes.add("tenant", "{n} requests have no tenant: tenant_id 'unknown' "
                   "(pass --tenant-map FILE or --tenant-from FIELD)")
     record = {**base, "event": "received", "tenant_id": tenant, "prompt_tokens": prompt}
-    if r.rid in facts.max_new:
-        record["max_new_tokens"] = facts.max_new[r.rid]
+    if r.rid in facts.seen.max_new:
+        record["max_new_tokens"] = facts.seen.max_new[r.rid]
     if prefill:
-        record["prefill_node"] = facts.node
+        record["prefill_node"] = facts.server.node
     return record
 
 

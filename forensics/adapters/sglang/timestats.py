@@ -168,33 +168,34 @@ def _int(text: str | None) -> int | None:
 
 def learn(t: TimeStats, line: LogLine, facts: Facts, options: Options) -> TimeStats:
     """First pass: a time-stats line's role, prompt length, DP rank and steps."""
-    facts.roles_seen.add(t.kind)
-    facts.marks.add("time_stats.old_head" if t.old_head else "time_stats.new_head")
+    facts.server.roles_seen.add(t.kind)
+    facts.server.marks.add("time_stats.old_head" if t.old_head else "time_stats.new_head")
     if t.attempts is not None:
-        facts.marks.add("time_stats.attempts")
+        facts.server.marks.add("time_stats.attempts")
     elif not t.old_head:
-        facts.marks.add("time_stats.no_attempts")
+        facts.server.marks.add("time_stats.no_attempts")
     if t.retries is not None:
-        facts.marks.add("time_stats.retries")
+        facts.server.marks.add("time_stats.retries")
     if t.kind == "prefill":
-        facts.marks.add("time_stats.transfer_speed" if t.transfer_gbs is not None else "time_stats.no_transfer_speed")
-    facts.learn_dp(t.rid, line)
-    facts.learn_room(t.rid, t.room)
+        facts.server.marks.add("time_stats.transfer_speed" if t.transfer_gbs is not None
+                               else "time_stats.no_transfer_speed")
+    facts.seen.learn_dp(t.rid, line)
+    facts.seen.learn_room(t.rid, t.room)
     if t.kind == "decode":
-        facts.learn_prompt(t.rid, t.input_len, 2)
+        facts.seen.learn_prompt(t.rid, t.input_len, 2)
         steps = t.steps
         if steps is not None and t.entry is not None:
             prealloc, transfer, queue, forward = steps
             admitted = _epoch(t.entry)
             landed = admitted + _s(prealloc + transfer)
             started = landed + _s(queue)
-            facts.entry_times[t.rid] = (admitted, landed, started, started + _s(forward))
+            facts.clock.entry_times[t.rid] = (admitted, landed, started, started + _s(forward))
         elif steps is not None and t.start is not None and line.ts is not None and not line.precise:
-            facts.steps[t.rid] = ((t.start, *steps), line.ts)
+            facts.clock.steps[t.rid] = ((t.start, *steps), line.ts)
     elif t.kind == "prefill" and t.input_len > 1:
-        facts.learn_prompt(t.rid, t.input_len, 1)
+        facts.seen.learn_prompt(t.rid, t.input_len, 1)
     if t.kind == "prefill" and t.retired:
-        facts.marks.add("time_stats.retired")
+        facts.server.marks.add("time_stats.retired")
     return t
 
 
@@ -228,20 +229,20 @@ def translate(t: TimeStats, line: LogLine, facts: Facts, options: Options, notes
             started = min(started, done)
         done_records = [{"kind": "request", "ts": rfc3339(started), **base, "event": "prefill_started"},
                         {"kind": "request", "ts": rfc3339(done), **base, "event": "prefill_done"}]
-        if rid in facts.failed or not t.sent:  # a failure on its own line, or aborted: nothing completed
+        if rid in facts.seen.failed or not t.sent:  # a failure on its own line, or aborted: nothing completed
             return done_records
         sent = {**xfer, "ts": rfc3339(max(done, end)), "src_node": node, "dst_node": UNKNOWN_NODE,
                 "tokens": t.input_len}
         if t.transfer_mib:
             sent["bytes"] = round(t.transfer_mib * _MIB)
         return [*done_records, sent]
-    if rid in facts.failed:
+    if rid in facts.seen.failed:
         return []  # nothing landed: the transfer failure is on its own line
-    times = facts.entry_times.get(rid) or facts.step_times(rid)
+    times = facts.clock.entry_times.get(rid) or facts.clock.step_times(rid)
     if times is not None:
         _, landed, started, _ = times
     else:
-        finish = facts.finish_ts.get(rid, end)
+        finish = facts.clock.finish_ts.get(rid, end)
         started = finish - _s(d.get("forward", 0.0))
         landed = started - _s(d.get("queue", 0.0))
     return [
