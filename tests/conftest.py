@@ -6,10 +6,12 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,9 @@ import forensics
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from typer.testing import Result
+
+    from kvforensics.job import JobResult
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -30,6 +35,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 #: The spec's placeholder example (one exposure), and the shipped sample incident.
 PLACEHOLDER = FIXTURES / "examples" / "placeholder" / "events.jsonl"
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_logs" / "glm53-incident"
+#: The page that shows the command investigating the SGLang sample (the README's last command).
+ADAPTERS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "adapters.md"
 
 
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> Path:
@@ -80,6 +87,52 @@ def sample_case(_investigated: Callable[[Path], Path], tmp_path: Path) -> Path:
 def placeholder_case(_investigated: Callable[[Path], Path], tmp_path: Path) -> Path:
     """``forensics.investigate([PLACEHOLDER], tmp_path / "case.duckdb")``, run once a session."""
     return Path(shutil.copy(_investigated(PLACEHOLDER), tmp_path / "case.duckdb"))
+
+
+@dataclass(frozen=True)
+class CommandRun:
+    """A ``kvforensics`` command run as written: its argv, the folder it ran from, what it printed
+    and the whole job it ran (kvforensics.job.run's result, as the command had it)."""
+
+    argv: list[str]
+    folder: Path
+    result: Result
+    job: JobResult
+
+
+@pytest.fixture(scope="session")
+def adapters_page_run(tmp_path_factory: pytest.TempPathFactory) -> CommandRun:
+    """docs/adapters.md's command (the whole job on sample_logs/glm53-incident-sglang, its tenant
+    map read, the report written), run once a session as written, from a folder where
+    ``sample_logs/`` is the checkout's: its case and report are in ``folder``, never changed."""
+    (block,) = re.findall(r"```sh\n(.*?)```", ADAPTERS_PAGE.read_text(), re.S)
+    folder = tmp_path_factory.mktemp("adapters-page")
+    (folder / "sample_logs").symlink_to(SAMPLE.parent)
+    return invoked(shlex.split(block.replace("\\\n", " ")), folder, env={"COLUMNS": "100"})
+
+
+def invoked(argv: list[str], folder: Path, env: dict[str, str] | None = None) -> CommandRun:
+    """``argv`` (``kvforensics investigate ... --out ...``) run through the CLI from ``folder``, to
+    its end: what it printed, and the whole job it ran, kept."""
+    from typer.testing import CliRunner
+
+    import kvforensics.job
+    from kvforensics.cli import app
+
+    jobs: list[JobResult] = []
+    real = kvforensics.job.run
+
+    def run(*args: Any, **kwargs: Any) -> JobResult:
+        jobs.append(real(*args, **kwargs))
+        return jobs[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        patch.setattr(kvforensics.job, "run", run)  # (watched, not replaced: the command runs it)
+        result = CliRunner().invoke(app, argv[1:], env=env)
+    assert result.exit_code == 0, result.output
+    (job,) = jobs
+    return CommandRun(argv, folder, result, job)
 
 
 @pytest.fixture(scope="session")

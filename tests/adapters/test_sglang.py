@@ -11,6 +11,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from conftest import CommandRun
 
 import forensics
 from forensics.adapters import ADAPTERS, Adapter, Notes, Options, read_tenant_map, sniff, table
@@ -19,7 +20,6 @@ from forensics.adapters.sglang.eras import releases_of
 from forensics.adapters.sglang.log import py_value, split
 from forensics.errors import BadOption, UnrecognisedFile
 from forensics.ingestion.readers import translated
-from kvforensics.job import run
 from replay.replay import replay
 from replay.sglang_logs import write as write_sglang_logs
 from replay.simulate import Deployment, shape, simulate
@@ -271,7 +271,8 @@ def test_both_time_stats_formats_count_back_from_the_finish() -> None:
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_logs"
 
 
-def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_19_logs_it(tmp_path: Path) -> None:
+def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_19_logs_it(
+        adapters_page_run: CommandRun, sample_case: Path) -> None:
     """sample_logs/glm53-incident-sglang was printed by SGLang 0.5.19's code (SOURCE.json; made
     by ``simulate --sglang-version 0.5.19``, which needs the wheel, so it is not remade here):
     read as that format era with nothing quarantined, its replay names the victims the sample's
@@ -291,16 +292,17 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_19_logs_
             pass
         (era,) = [t for t in notes.lines() if "in the format of SGLang" in t]
         assert "0.5.19" in (releases_of(era.rsplit(" ", 1)[-1]) or []), (path.name, era)
-    logged = forensics.investigate([SAMPLE / "glm53-incident"], tmp_path / "logged.duckdb").exposure
-    # the whole job, as README's command runs it: ingest, replays, fill, report
-    job = run([shipped], tmp_path / "sglang.duckdb", tmp_path / "report.html", generated_at="2026-11-30T00:00:00Z",
-              options=Options(tenants=read_tenant_map(shipped / "tenants.json")))
+    with forensics.Case(sample_case, read_only=True) as case:  # (forensics.investigate([SAMPLE / "glm53-incident"]))
+        logged = dict(case.summary())
+    # the whole job, as README's command runs it (docs/adapters.md's, once a session): ingest, replays, fill, report
+    job, folder = adapters_page_run.job, adapters_page_run.folder
     found = job.investigation.ingest
     assert found.records.quarantined == 0
-    assert {Path(p.path) for p in found.skipped} == {shipped / n for n in ("README.md", "SOURCE.json", "tenants.json")}
+    assert {(folder / p.path).resolve() for p in found.skipped} == {
+        shipped / n for n in ("README.md", "SOURCE.json", "tenants.json")}
     assert job.replays[0].exposure == logged
     assert job.replays[0].disagreements == ()
-    with forensics.Case(tmp_path / "sglang.duckdb") as case:
+    with forensics.Case(folder / "sglang-case.duckdb", read_only=True) as case:
         rows = case.exposures(delivered_only=True)  # the replay's rows come with their evidence
         assert rows["reader_request"].n_unique() == logged["exposed_responses"]
         assert set(rows["evidence"]) == {"transfer records + replay"}  # the prefill side logged one token sent
@@ -308,7 +310,7 @@ def test_the_shipped_sglang_sample_is_the_sample_incident_as_sglang_0_5_19_logs_
         reader = rows["reader_request"][0]
         assert not case.request(reader).saw.is_empty()
     # the report's summary says what the replay found, and on what it rests
-    text = " ".join((tmp_path / "report.html").read_text().split())
+    text = " ".join((folder / "sglang-report.html").read_text().split())
     assert (f"the replay names {logged['exposed_responses']} delivered responses that attended to other "
             f"requests' content</b>, from {logged['victim_requests']} other requests") in text
 

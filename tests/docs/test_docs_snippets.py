@@ -9,11 +9,9 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
-from typer.testing import CliRunner
+from conftest import CommandRun
 
 import forensics
-from kvforensics.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,19 +20,18 @@ def _blocks(doc: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", (ROOT / "docs" / doc).read_text(), re.S)
 
 
-def test_the_adapters_page_command_investigates_the_sglang_sample_as_written(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_adapters_page_command_investigates_the_sglang_sample_as_written(adapters_page_run: CommandRun) -> None:
+    """(Run once a session, as written, from a folder beside sample_logs: conftest.adapters_page_run.)"""
     (block,) = _blocks("adapters.md", "sh")
     argv = shlex.split(block.replace("\\\n", " "))
     assert argv[:2] == ["kvforensics", "investigate"] and any("sample_logs/" in a for a in argv)
-    (tmp_path / "sample_logs").symlink_to(ROOT / "sample_logs")
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, argv[1:], env={"COLUMNS": "100"})
+    assert adapters_page_run.argv == argv
+    folder, result = adapters_page_run.folder, adapters_page_run.result
     assert result.exit_code == 0, result.output
     assert "verdict: Exposed: 9 delivered responses" in " ".join(result.stdout.split())
     out = argv[argv.index("--out") + 1]
-    assert (tmp_path / out).is_file()
-    with forensics.Case(tmp_path / argv[argv.index("--db") + 1], read_only=True) as case:
+    assert (folder / out).is_file()
+    with forensics.Case(folder / argv[argv.index("--db") + 1], read_only=True) as case:
         tenants = case.sql("SELECT count(DISTINCT tenant_id) AS n FROM request_events WHERE tenant_id IS NOT NULL")
     assert tenants["n"][0] == 12  # (the tenant map was read)
 

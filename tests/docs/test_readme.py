@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import forensics
 from kvforensics.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,13 +38,15 @@ def test_the_readme_investigates_the_sglang_sample_as_the_adapters_page_does() -
     assert _commands()[-1] == shlex.split(page.replace("\\\n", " "))
 
 
-def test_every_tour_command_the_readme_shows_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the main job's case (made as scripts/investigate-sample.sh makes it), from the repo's
-    root as the README's reader stands: each ends 0 and says something; the report is written."""
+def test_every_tour_command_the_readme_shows_runs_as_written(
+        sample_case: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the main job's case (the sample incident investigated, as scripts/investigate-sample.sh
+    makes it: conftest's sample_case, where the tour looks for it), from the repo's root as the
+    README's reader stands: each ends 0 and says something; the report is written."""
     (tmp_path / "sample_logs").symlink_to(ROOT / "sample_logs")
     (tmp_path / "out").mkdir()
+    sample_case.rename(tmp_path / "out" / "sample-case.duckdb")
     monkeypatch.chdir(tmp_path)
-    forensics.investigate([Path("sample_logs/glm53-incident/")], Path("out/sample-case.duckdb"))
     *commands, sglang = _commands()
     assert [argv[1] for argv in commands] == ["findings", "exposures", "request", "page", "report"]
     assert sglang[1] == "investigate"

@@ -12,7 +12,7 @@ from html import unescape
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, write_jsonl
+from conftest import FIXTURES, CommandRun, invoked, write_jsonl
 from typer.testing import CliRunner
 
 import forensics
@@ -28,14 +28,20 @@ HOSTILE_REQUEST = '"><img src=x onerror=alert(1)>'
 
 
 @pytest.fixture(scope="module")
-def incident(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A simulated incident with exposures, investigated and replayed, as a case file."""
+def investigated(tmp_path_factory: pytest.TempPathFactory) -> CommandRun:
+    """A simulated incident with exposures, through the whole job as the CLI runs it (``investigate
+    --out --json``): its folder (logs, case.duckdb, first.html, first-lists), what the command
+    printed and the job it ran."""
     root = tmp_path_factory.mktemp("incident")
     simulate_to(root / "logs", deployment=SMALL, requests=400, seed=1, over_long=0.05, rate=3.0)
-    from kvforensics.job import run
+    return invoked(["kvforensics", "investigate", str(root / "logs"), "--db", str(root / "case.duckdb"),
+                    "--out", str(root / "first.html"), "--generated-at", "2026-11-30T12:00:00Z", "--json"], root)
 
-    run([root / "logs"], root / "case.duckdb", root / "first.html", generated_at="2026-11-30T12:00:00Z")
-    return root / "case.duckdb"
+
+@pytest.fixture(scope="module")
+def incident(investigated: CommandRun) -> Path:
+    """A simulated incident with exposures, investigated and replayed, as a case file."""
+    return investigated.folder / "case.duckdb"
 
 
 def _figures(html: str) -> dict[str, int]:
@@ -124,12 +130,10 @@ def test_tenants_come_in_the_order_of_their_numbers(incident: Path, tmp_path: Pa
     assert natural("tenant 2") < natural("tenant 10") < natural("tenant 10a") < natural("tenant b")
 
 
-def test_investigate_with_out_runs_the_whole_job_from_the_cli(tmp_path: Path) -> None:
-    simulate_to(tmp_path / "logs", deployment=SMALL, requests=150, seed=2, over_long=0.1, rate=3.0)
+def test_investigate_with_out_runs_the_whole_job_from_the_cli(investigated: CommandRun, tmp_path: Path) -> None:
+    """(The run is the module's incident's: ``investigate --out --json`` on its simulated logs.)"""
+    root, result = investigated.folder, investigated.result
     runner = CliRunner()
-    result = runner.invoke(app, ["investigate", str(tmp_path / "logs"), "--db", str(tmp_path / "c.duckdb"),
-                                 "--out", str(tmp_path / "r.html"), "--generated-at", "2026-11-30T12:00:00Z",
-                                 "--json"])
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)
     assert [r["engine"] for r in printed["replays"]] == ["sglang-placeholder", "sglang-hardened"]
@@ -138,12 +142,12 @@ def test_investigate_with_out_runs_the_whole_job_from_the_cli(tmp_path: Path) ->
                       "report and its lists"]
     assert printed["replays"][0]["exposure"] == printed["exposure"]
     assert printed["report"]["figures"] == printed["exposure"]
-    assert _figures((tmp_path / "r.html").read_text()) == printed["exposure"]
-    again = runner.invoke(app, ["report", "--db", str(tmp_path / "c.duckdb"), "--out", str(tmp_path / "s.html"),
+    assert _figures((root / "first.html").read_text()) == printed["exposure"]
+    again = runner.invoke(app, ["report", "--db", str(root / "case.duckdb"), "--out", str(tmp_path / "s.html"),
                                 "--generated-at", "2026-11-30T12:00:00Z", "--json"])
     assert again.exit_code == 0, again.output
-    assert (tmp_path / "s.html").read_bytes() == (tmp_path / "r.html").read_bytes()
-    bad = runner.invoke(app, ["report", "--db", str(tmp_path / "c.duckdb"), "--out", str(tmp_path / "t.html"),
+    assert (tmp_path / "s.html").read_bytes() == (root / "first.html").read_bytes()
+    bad = runner.invoke(app, ["report", "--db", str(root / "case.duckdb"), "--out", str(tmp_path / "t.html"),
                               "--generated-at", "yesterday"])
     assert bad.exit_code == 1 and "ISO 8601" in bad.output
 
@@ -267,7 +271,7 @@ def test_the_prompts_chart_keeps_every_prompt_that_matters_and_samples_the_rest(
 
 
 def test_on_request_level_evidence_every_section_and_list_names_the_replays_victims_as_possible(
-        tmp_path: Path) -> None:
+        investigated: CommandRun, tmp_path: Path) -> None:
     """Without page records the replay names the exposures: the summary's cards, the tenant matrix,
     the response and victim tables and the lists beside the report hold them, each victim marked
     certain or possible with its evidence tier (every certain one a true victim, by the page
@@ -276,14 +280,13 @@ def test_on_request_level_evidence_every_section_and_list_names_the_replays_vict
 
     from kvforensics.job import run
 
-    full = tmp_path / "full"
-    simulate_to(full, deployment=SMALL, requests=300, seed=3, over_long=0.06, rate=3.0)
+    full = investigated.folder / "logs"  # (its whole job is the module's incident's: "full" below)
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in sorted(full.iterdir()):
         bare.joinpath(f.name).write_text("".join(
             x for x in f.read_text().splitlines(keepends=True) if '"kind":"kv"' not in x))
-    truth = run([full], tmp_path / "full.duckdb", tmp_path / "full.html", generated_at="2026-11-30T12:00:00Z")
+    truth = investigated.job
     job = run([bare], tmp_path / "bare.duckdb", tmp_path / "bare.html", generated_at="2026-11-30T12:00:00Z")
     assert truth.tiers is not None and job.tiers is not None
     total = job.tiers["total"]
@@ -316,13 +319,13 @@ def test_on_request_level_evidence_every_section_and_list_names_the_replays_vict
     assert set(victims.column("evidence").to_pylist()) <= {"transfer records + replay", "request records + replay"}
     assert all((why is None) == (mark == "certain")
                for why, mark in zip(victims.column("why_possible").to_pylist(), marks, strict=True))
-    with forensics.Case(tmp_path / "full.duckdb", read_only=True) as case:
+    with forensics.Case(investigated.folder / "case.duckdb", read_only=True) as case:
         true_victims = set(case.exposures(delivered_only=True)["victim_request"].to_list())
     certain = {v for v, mark in zip(victims.column("victim_request").to_pylist(), marks, strict=True)
                if mark == "certain"}
     assert certain <= true_victims  # (ids: the internal audience names requests as logged)
 
-    full_victims = pq.read_table(tmp_path / "full-lists" / "victims.parquet")
+    full_victims = pq.read_table(investigated.folder / "first-lists" / "victims.parquet")
     assert set(full_victims.column("certainty").to_pylist()) == {"certain"}
     with forensics.Case(tmp_path / "bare.duckdb", read_only=True) as case:
         rows = case.exposures(delivered_only=True)
