@@ -48,9 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sglang_lines import adapter_only, build  # noqa: E402
 
 from forensics.adapters import Options  # noqa: E402
-from forensics.adapters.base import Untranslatable  # noqa: E402
 from forensics.adapters.sglang import adapter  # noqa: E402
-from forensics.adapters.sglang.formats import CONFIG, FORMATS, read_line  # noqa: E402
+from forensics.adapters.sglang.adapter import learn_line  # noqa: E402
+from forensics.adapters.sglang.formats import read_line  # noqa: E402
 from forensics.adapters.sglang.log import Facts, Server, _second  # noqa: E402
 from forensics.adapters.sglang.requests import CAPACITY_ERROR, HEALTH_CHECK, LENGTH_ERROR  # noqa: E402
 
@@ -389,19 +389,7 @@ _FAILED = re.compile(r"(transfer|bootstrap|handshake) failed")
 def _fallback(line_no: int, text: str, facts: Facts, options: Options) -> Any:
     """A line read and learnt from as ``adapter._learn`` does; its time."""
     line, k, value = read_line(text, options)
-    if k < 0 and value is not None:
-        facts.seen.access[value] = facts.seen.access.get(value, 0) + 1
-    elif k >= 0 and not isinstance(value, Untranslatable):
-        value = FORMATS[k].learn(value, line, facts, options)
-        if k == CONFIG and value.what == "server_args":
-            if facts.boots.lines:
-                open_ = facts.seen.received - facts.seen.finished - facts.seen.warmups
-                facts.boots.in_flight_at_restart.append(max(0, len(open_) - len(facts.seen.pending_context)))
-            facts.boots.lines.append(line_no)
-            if line.ts is not None:
-                facts.boots.times.append((line.ts, line.precise))
-        elif len(facts.boots.lines) > 1 and isinstance(rid := getattr(value, "rid", None), str):
-            facts.boots.of[rid] = len(facts.boots.lines) - 1
+    learn_line(line_no, line, k, value, facts, options)
     return line.ts
 
 

@@ -282,26 +282,34 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
     facts.boots.lines, facts.boots.in_flight_at_restart = [], []  # (the lines of this file, not of one read before)
     for line_no, text in lines():
         line, k, value = read_line(text, options)
-        if k < 0 and value is not None:  # an access line: the HTTP status a client got
-            facts.seen.access[value] = facts.seen.access.get(value, 0) + 1
-            value = None
-        elif k >= 0 and not isinstance(value, Untranslatable):
-            value = FORMATS[k].learn(value, line, facts, options)
-            if k == CONFIG and value.what == "server_args":  # a process of the server starts
-                if facts.boots.lines:
-                    # (received and never finished, but neither the server's own nor refused by its tokenizer)
-                    open_ = facts.seen.received - facts.seen.finished - facts.seen.warmups
-                    facts.boots.in_flight_at_restart.append(max(0, len(open_) - len(facts.seen.pending_context)))
-                facts.boots.lines.append(line_no)
-                if line.ts is not None:
-                    facts.boots.times.append((line.ts, line.precise))
-            elif len(facts.boots.lines) > 1 and isinstance(rid := getattr(value, "rid", None), str):
-                facts.boots.of[rid] = len(facts.boots.lines) - 1
+        value = learn_line(line_no, line, k, value, facts, options)
         if line.ts is not None:
             facts.clock.last_ts = line.ts
         if kept is not None and len(kept.lengths) < KEEP_LINES:
             kept.add(text, line, k, value)
     return facts
+
+
+def learn_line(line_no: int, line: LogLine, k: int, value: Any, facts: Facts, options: Options) -> Any:
+    """What the first pass learns from one line (read as format ``k`` into ``value``), into
+    ``facts``; what of it the second pass reads (None for an access line)."""
+    if k < 0 and value is not None:  # an access line: the HTTP status a client got
+        facts.seen.access[value] = facts.seen.access.get(value, 0) + 1
+        return None
+    if k < 0 or isinstance(value, Untranslatable):
+        return value
+    value = FORMATS[k].learn(value, line, facts, options)
+    if k == CONFIG and value.what == "server_args":  # a process of the server starts
+        if facts.boots.lines:
+            # (received and never finished, but neither the server's own nor refused by its tokenizer)
+            open_ = facts.seen.received - facts.seen.finished - facts.seen.warmups
+            facts.boots.in_flight_at_restart.append(max(0, len(open_) - len(facts.seen.pending_context)))
+        facts.boots.lines.append(line_no)
+        if line.ts is not None:
+            facts.boots.times.append((line.ts, line.precise))
+    elif len(facts.boots.lines) > 1 and isinstance(rid := getattr(value, "rid", None), str):
+        facts.boots.of[rid] = len(facts.boots.lines) - 1
+    return value
 
 
 def _access_differs(seen: Seen, refused: int) -> str | None:
