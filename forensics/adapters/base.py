@@ -146,8 +146,6 @@ class LineFormat(Protocol[LineT, StateT, ValueT]):
 
     #: text only lines of this format hold: a file with one in its first lines is the engine's
     signs: tuple[str, ...]
-    #: what ``read`` gives (a named tuple of plain data)
-    value: type[ValueT]
 
     def read(self, line: LineT, options: Options, /) -> ValueT | Untranslatable | None:
         """What the line says in this format; None for a line of another; why not, for a broken one."""

@@ -149,7 +149,6 @@ class ConfigFormat(LineFormat[LogLine, Facts, ConfigLine]):
     """The start-up lines: server_args, the pool line and its warning."""
 
     signs = ("server_args=ServerArgs(", "server_args={", "max_total_num_tokens=")
-    value = ConfigLine
     read = staticmethod(read)
     learn = staticmethod(learn)
     translate = staticmethod(translate)

@@ -109,7 +109,6 @@ class ErrorFormat(LineFormat[LogLine, Facts, ErrorLine]):
 
     signs = ("exceeds the maximum number of tokens: ", "exceeds the maximum allowed length (",
              "Context corruption detected: Request ", "KV checksum mismatch")
-    value = ErrorLine
     read = staticmethod(read)
     learn = staticmethod(learn)
     translate = staticmethod(translate)

@@ -69,7 +69,6 @@ class FailureFormat(LineFormat[LogLine, Facts, Failure]):
     """The KV-transfer failure lines."""
 
     signs = ("failed for request rank=",)
-    value = Failure
     read = staticmethod(read)
     learn = staticmethod(learn)
     translate = staticmethod(translate)

@@ -463,7 +463,6 @@ class RequestFormat(LineFormat[LogLine, Facts, RequestLine]):
     """The request log's lines, received and finished, in either form."""
 
     signs = ("Receive: obj=", "Finish: obj=", '"event": "request.')
-    value = RequestLine
     read = staticmethod(read)
     learn = staticmethod(learn)
     translate = staticmethod(translate)

@@ -266,7 +266,6 @@ class TimeStatsFormat(LineFormat[LogLine, Facts, TimeStats]):
     """The time-stats lines, either head."""
 
     signs = ("Req Time Stats(", "ReqTimeStats(")
-    value = TimeStats
     read = staticmethod(read)
     learn = staticmethod(learn)
     translate = staticmethod(translate)
