@@ -77,6 +77,12 @@ def _array_runs(pages: Any) -> tuple[list[int], list[int]]:
     import numpy as np
 
     p = np.asarray(pages, dtype=np.int64)
+    if len(p) > 1:
+        steps = p[1:] - p[:-1]
+        if bool((steps == 1).all()):  # (one run: a prompt's pages, most often)
+            return [int(p[0])], [int(p[-1])]
+    elif len(p):
+        return [int(p[0])], [int(p[0])]
     if len(p) > 1 and not bool(np.all(p[1:] > p[:-1])):
         p = np.unique(p)
     if not len(p):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from forensics.emit import page_string
+from replay import steps as kernel
 from replay.logset import LogSet
 from replay.pool import BeyondBound, PagePool, Pages, pages_for
 
@@ -591,6 +592,12 @@ class NodeEngine:
             rows = self.decoding()
             if not rows:
                 break
+            done, blocked = self._run(steps - ran, ran, rows, when)
+            ran += done
+            if not blocked:
+                continue
+            # the pool must do more than hand out free pages (merge, too few, the bound): a step here
+            rows = self.decoding()
             # steps where no row starts a page only take slots (and may merge the lists)
             quiet = min(steps - ran, min(h.allocs_left for _, h in rows),
                         min(-h.tokens % page_size for _, h in rows) if page_size > 1 else 0)
@@ -604,6 +611,42 @@ class NodeEngine:
             self._step(when if isinstance(when, str) else when(ran), rows)
             ran += 1
         return ran
+
+    def _run(self, steps: int, first: int, rows: list[tuple[str, _Held]], when: str | Callable[[int], str]
+             ) -> tuple[int, bool]:
+        """Up to ``steps`` decode steps over ``rows`` by the compiled kernel (:mod:`replay.steps`),
+        the first of them the ``first``-th of the :meth:`advance` call; how many ran, and whether it
+        stopped at a step the pool must do more for than hand out pages from its free list."""
+        page_size = self.config.page_size
+        tokens = np.fromiter((h.tokens for _, h in rows), np.int64, len(rows))
+        left = np.fromiter((h.allocs_left for _, h in rows), np.int64, len(rows))
+        room = int((np.minimum(left, steps) // page_size + 1).sum())
+        step_of = np.empty(room, np.int64)
+        row_of = np.empty(room, np.int64)
+        ran, taken, status = kernel.run(tokens, left, page_size, steps, self.pool.free_count, self.pool.takeable,
+                                        self.pool.released_count, step_of, row_of)
+        if taken:
+            new = self.pool.take(taken)
+            stamp, at = -1, ""
+            records: list[tuple[str, str, str, str, str | None]] = []
+            for i, (k, r, page) in enumerate(zip(step_of[:taken].tolist(), row_of[:taken].tolist(), new.tolist(),
+                                                 strict=True)):
+                if k != stamp:
+                    stamp, at = k, when if isinstance(when, str) else when(first + k)
+                rid, h = rows[r]
+                h.steps.append(new[i:i + 1])
+                text = str(page)
+                records += ((at, rid, "alloc", text, None), (at, rid, "write", text, "decode"),
+                            (at, rid, "read", text, None))
+            if self.behaviour == "page-tags":  # (the pages' tags follow their writes)
+                for at, rid, op, text, source in records:
+                    self._kv(at, rid, op, np.array([int(text)], np.int64), source, text)
+            else:
+                self.log.emit_kvs(self.config.node, self.boot, records)
+        for (_, h), t, n in zip(rows, tokens.tolist(), left.tolist(), strict=True):
+            h.tokens = t
+            h.allocs_left = n
+        return ran, status == kernel.BLOCKED
 
     def _step(self, ts: str, rows: list[tuple[str, _Held]]) -> None:
         """One decode step with at least one new page."""

@@ -8,6 +8,7 @@ import datetime as dt
 import functools
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -70,6 +71,7 @@ class LogSet:
         self._packed = packed
         self._part: IO[str] | None = None  # packed: the file being written
         self._part_records = 0
+        self._quoted = _Quoted()
 
     def emit(self, record: dict[str, Any], *, numbered: bool = True) -> None:
         """Add a record to its node's file, numbered by the node's next seq unless ``numbered`` is false."""
@@ -91,12 +93,14 @@ class LogSet:
                 source: str | None) -> None:
         """:meth:`emit` of the page record ``{kind: kv, ts, node, boot, request_id, op, pages, source}``,
         numbered, its line written as :func:`record_line` writes it (the same bytes) without the
-        dict: a replay emits one for every page a decode step takes."""
+        dict: a replay emits one for every page a decode step takes. ``pages`` is a page string
+        (digits, ``-`` and ``,``: nothing to escape)."""
         seq = self._seq.get(node, 0)
         self._seq[node] = seq + 1
-        line = (f'{{"kind":"kv","ts":{_string(ts)},"node":{_string(node)},"seq":{seq}'
-                f'{f",{_BOOT}{boot}" if boot else ""},"request_id":{_string(request_id)},"op":{_string(op)},'
-                f'"pages":{_string(pages)}{"" if source is None else f",{_SOURCE}{_string(source)}"}}}')
+        q = self._quoted
+        line = (f'{{"kind":"kv","ts":{q(ts)},"node":{q(node)},"seq":{seq}{f",{_BOOT}{boot}" if boot else ""},'
+                f'"request_id":{q(request_id)},"op":{q(op)},"pages":"{pages}"'
+                f'{"" if source is None else f",{_SOURCE}{q(source)}"}}}')
         if self._into is not None:
             fh = self._open.get(node) or self._start(node, self._into)
             fh.write(line)
@@ -105,6 +109,28 @@ class LogSet:
         else:
             self.lines.setdefault(node, []).append(line)
         self.records += 1
+
+    def emit_kvs(self, node: str, boot: int, records: Iterable[tuple[str, str, str, str, str | None]]) -> None:
+        """:meth:`emit_kv` of each ``(ts, request_id, op, pages, source)`` of ``records``, in order."""
+        seq = self._seq.get(node, 0)
+        q = self._quoted
+        head = '{"kind":"kv","ts":'
+        at = f',"node":{q(node)},"seq":'
+        booted = f",{_BOOT}{boot}" if boot else ""
+        lines = []
+        for ts, request_id, op, pages, source in records:
+            lines.append(f'{head}{q(ts)}{at}{seq}{booted},"request_id":{q(request_id)},"op":{q(op)},'
+                         f'"pages":"{pages}"{"" if source is None else f",{_SOURCE}{q(source)}"}}}\n')
+            seq += 1
+        self._seq[node] = seq
+        text = "".join(lines)
+        if self._into is not None:
+            fh = self._open.get(node) or self._start(node, self._into)
+            fh.write(text)
+            self._part_records += len(lines)
+        else:
+            self.lines.setdefault(node, []).extend(line[:-1] for line in lines)
+        self.records += len(lines)
 
     def new_boot(self, node: str) -> None:
         """Seq numbers restart with a node's new boot."""
@@ -167,6 +193,25 @@ _BOOT = '"boot":'
 _SOURCE = '"source":'
 #: What JSON escapes in a string (json.dumps with ensure_ascii=False): quotes, backslashes, controls.
 _ESCAPED = re.compile(r'["\\\x00-\x1f]')
+
+
+class _Quoted:
+    """:func:`_string` of the texts a log set repeats (node and request ids, times, ops), kept: a
+    replay writes each several times a page. Forgotten wholesale past :data:`_KEPT` texts."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, str] = {}
+
+    def __call__(self, text: str) -> str:
+        hit = self._kept.get(text)
+        if hit is None:
+            if len(self._kept) >= _KEPT:
+                self._kept.clear()
+            hit = self._kept[text] = _string(text)
+        return hit
+
+
+_KEPT = 1 << 16
 
 
 def _string(text: str) -> str:

@@ -79,6 +79,16 @@ class PagePool:
         """Pages on the free list itself (released pages not counted until a merge)."""
         return len(self._free) - self._head + self.pool_pages - self.fresh
 
+    @property
+    def released_count(self) -> int:
+        """Pages on the release list (free, but not on the free list until a merge)."""
+        return self._n_released
+
+    @property
+    def takeable(self) -> int:
+        """Pages the free list hands out before one would lie past the replay's bound."""
+        return len(self._free) - self._head + self.bound + 1 - self.fresh
+
     def merge_and_sort_free(self) -> None:
         """The release list joins the free list, all sorted ascending (a no-op when empty)."""
         if not self._n_released:
@@ -88,6 +98,10 @@ class PagePool:
         self._released = []
         self._n_released = 0
         self.merges += 1
+
+    def take(self, n: int) -> Pages:
+        """``n`` pages from the head of the free list, as they are (no merge; known to be there)."""
+        return self._take(n)
 
     def _take(self, n: int) -> Pages:
         beyond = self.fresh + n - (len(self._free) - self._head) - 1

@@ -463,12 +463,16 @@ def test_the_shipped_sample_is_what_its_readme_command_makes_byte_for_byte(tmp_p
 @given(st.text(), st.text(min_size=1), st.integers(0, 3), st.sampled_from([None, "decode", 'q"\\\x01']))
 def test_a_page_record_is_written_as_any_other_record_is(node: str, request_id: str, boot: int,
                                                           source: str | None) -> None:
-    """LogSet.emit_kv (a decode step's page records, without a dict) writes the bytes emit does."""
+    """LogSet.emit_kv and emit_kvs (page records without a dict: a decode step's, many at once)
+    write the bytes emit does."""
     from replay.logset import LogSet
 
-    fast, slow = LogSet(), LogSet()
-    for op, pages in (("alloc", "3"), ("write", "1-2,7")):
-        fast.emit_kv(node, boot, "2026-09-14T08:00:00.000000Z", request_id, op, pages, source)
-        slow.emit({"kind": "kv", "ts": "2026-09-14T08:00:00.000000Z", "node": node, "boot": boot,
-                   "request_id": request_id, "op": op, "pages": pages, "source": source})
-    assert fast.lines == slow.lines and fast.records == slow.records == 2
+    fast, bulk, slow = LogSet(), LogSet(), LogSet()
+    records = [("2026-09-14T08:00:00.000000Z", request_id, op, pages, source)
+               for op, pages in (("alloc", "3"), ("write", "1-2,7"))]
+    for ts, rid, op, pages, src in records:
+        fast.emit_kv(node, boot, ts, rid, op, pages, src)
+        slow.emit({"kind": "kv", "ts": ts, "node": node, "boot": boot,
+                   "request_id": rid, "op": op, "pages": pages, "source": src})
+    bulk.emit_kvs(node, boot, records)
+    assert fast.lines == slow.lines == bulk.lines and fast.records == slow.records == bulk.records == 2
