@@ -186,6 +186,7 @@ def _requests(df: pl.DataFrame) -> pl.DataFrame:
         room=pl.when(pl.col("room") != "None").then(pl.col("room")),
         max_new=pl.col("sampling").str.extract(r"'max_new_tokens': (\d+)", 1).cast(pl.Int64),
         prompt=pl.col("meta").str.extract(r"'prompt_tokens': (\d+)", 1).cast(pl.Int64),
+        cached=pl.col("meta").str.extract(r"'cached_tokens': (\d+)", 1).cast(pl.Int64),
         dp_rank=pl.col("meta").str.extract(r"'dp_rank': (\d+)", 1).cast(pl.Int64),
         sent=pl.col("meta").str.extract(r"'response_sent_to_client_ts': (\d+(?:\.\d+)?(?:e[+-]?\d+)?)", 1),
         abort=abort_type == "abort",
@@ -261,8 +262,8 @@ def _errors(df: pl.DataFrame) -> pl.DataFrame:
 
 
 _COLUMNS = ("i", "kind", "t", "key", "prev_i", "prev_key", "access", "rid", "room", "max_new", "prompt", "dp_rank",
-            "sent", "own", "message", "status", "old_head", "input_len", "output_len", "attempts", "type", "speed",
-            "retries", "dp", "tokens", "limit")
+            "cached", "sent", "own", "message", "status", "old_head", "input_len", "output_len", "attempts", "type",
+            "speed", "retries", "dp", "tokens", "limit")
 
 
 def columnar_learn(path: Path, facts: Facts, options: Options) -> Facts:
@@ -278,7 +279,7 @@ def columnar_learn(path: Path, facts: Facts, options: Options) -> Facts:
         df, last = _frame(lines)
         cols = [df[c].to_list() if c in df.columns else [None] * len(df) for c in _COLUMNS]
         last_i = -1  # (the line in this block last_ts is the time of; -1, a block before)
-        for (i, kind, t, key, prev_i, prev_key, access, rid, room, max_new, prompt, dp_rank, sent, own, message,
+        for (i, kind, t, key, prev_i, prev_key, access, rid, room, max_new, prompt, dp_rank, cached, sent, own, message,
              status, old_head, input_len, output_len, attempts, type_, speed, retries, dp, tokens,
              limit) in zip(*cols, strict=True):
             if kind == FALLBACK:
@@ -314,7 +315,8 @@ def columnar_learn(path: Path, facts: Facts, options: Options) -> Facts:
                     if attempts == 0 and output_len == 0:
                         facts.server.marks.add("time_stats.retired")
             elif kind == RECEIVE or kind == FINISH:
-                _request(kind == FINISH, rid, room, ts, max_new, prompt, dp_rank, sent, own, message, status, facts)
+                _request(kind == FINISH, rid, room, ts, max_new, prompt, dp_rank, cached, sent, own, message, status,
+                         facts)
             elif kind == FAILURE:
                 facts.seen.failed.add(rid)
                 if dp is not None:
@@ -341,8 +343,8 @@ def columnar_learn(path: Path, facts: Facts, options: Options) -> Facts:
 
 
 def _request(finish: bool, rid: str, room: str | None, ts: dt.datetime, max_new: int | None, prompt: int | None,
-             dp_rank: int | None, sent: str | None, own: bool, message: str | None, status: int | None,
-             facts: Facts) -> None:
+             dp_rank: int | None, cached: int | None, sent: str | None, own: bool, message: str | None,
+             status: int | None, facts: Facts) -> None:
     """requests.learn, from a request line's columns."""
     facts.server.marks.add("request.text.prefixed")
     if room is not None and rid not in facts.seen.rooms:
@@ -359,6 +361,7 @@ def _request(finish: bool, rid: str, room: str | None, ts: dt.datetime, max_new:
         return
     facts.seen.finished.add(rid)
     facts.seen.open_receives.pop(rid, None)
+    facts.seen.learn_cached(rid, cached)
     code = (status or 500) if message is not None else 200
     if rid not in facts.seen.batched and not rid.startswith(HEALTH_CHECK):
         facts.seen.finish_status[code] = facts.seen.finish_status.get(code, 0) + 1

@@ -1,4 +1,5 @@
-"""The canonical log schema v1, declared once as data: ingest, docs and messages read it."""
+"""The canonical log schema (v1, and v1.1's additions), declared once as data: ingest, docs and
+messages read it."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ class Reason(StrEnum):
 REASON_TEXT: Final[dict[Reason, str]] = {
     Reason.NOT_JSON: "the line is not valid JSON (or not valid UTF-8)",
     Reason.NOT_OBJECT: "the JSON value is not an object",
-    Reason.UNKNOWN_KIND: "kind is not config, request, kv or transfer",
+    Reason.UNKNOWN_KIND: "kind is not config, request, kv, transfer or step",
     Reason.UNKNOWN_OP: "op is not alloc, share, write, read or free",
     Reason.UNKNOWN_EVENT: "event is not one the record kind defines",
     Reason.MISSING_FIELD: "a required field is missing or null",
@@ -82,7 +83,7 @@ REASON_TEXT: Final[dict[Reason, str]] = {
 FIELDS: Final[dict[str, Field]] = {
     f.name: f
     for f in (
-        Field("kind", FieldType.STR, ("config", "request", "kv", "transfer")),
+        Field("kind", FieldType.STR, ("config", "request", "kv", "transfer", "step")),
         Field("ts", FieldType.TS),
         Field("node", FieldType.STR),
         Field("seq", FieldType.INT, min_value=0),
@@ -96,6 +97,7 @@ FIELDS: Final[dict[str, Field]] = {
         Field("page_size", FieldType.INT, min_value=1, max_value=PLAUSIBLE_COUNT),
         Field("pool_pages", FieldType.INT, min_value=1, max_value=PLAUSIBLE_COUNT),
         Field("kv_bytes_per_token", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
+        Field("step_log_interval", FieldType.INT, min_value=1, max_value=PLAUSIBLE_COUNT),  # v1.1
         # request
         Field("request_id", FieldType.STR),
         Field("event", FieldType.STR),
@@ -109,6 +111,7 @@ FIELDS: Final[dict[str, Field]] = {
         Field("status", FieldType.INT, min_value=0, max_value=999),
         Field("finish_reason", FieldType.STR),
         Field("output_tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
+        Field("cached_tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),  # v1.1
         # kv
         Field("op", FieldType.STR),
         Field("pages", FieldType.PAGES),
@@ -121,17 +124,22 @@ FIELDS: Final[dict[str, Field]] = {
         Field("dst_pages", FieldType.PAGES),
         Field("tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
         Field("bytes", FieldType.INT, min_value=0),
+        # step (v1.1)
+        Field("running", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
+        Field("steps", FieldType.INT, min_value=1, max_value=PLAUSIBLE_COUNT),
     )
 }
 
-#: Config fields proposed in schema v1.1 (docs/schema-v1.1.md): how a node schedules. The ingest
-#: keeps them in the record's text, not as columns; the replay reads them from there.
+#: Schema v1.1's config flags (docs/schema-v1.1.md): how a node schedules. Booleans, which no
+#: declared field is: the ingest keeps them in the record's text, not as columns, and the replay
+#: reads them from there. (v1.1's other additions are declared fields above: ``step_log_interval``,
+#: ``cached_tokens``, and the ``step`` kind's ``running`` and ``steps``.)
 V1_1_CONFIG: Final = ("overlap_schedule", "prefix_cache")
 
 COMMON_REQUIRED: Final = ("kind", "ts", "node")
 COMMON_OPTIONAL: Final = ("seq", "boot")
 
-KINDS: Final = ("config", "request", "kv", "transfer")
+KINDS: Final = ("config", "request", "kv", "transfer", "step")
 
 #: Per kind, the field that selects the variant ("event" or "op"), or None.
 DISCRIMINATOR: Final[dict[str, str | None]] = {
@@ -139,6 +147,7 @@ DISCRIMINATOR: Final[dict[str, str | None]] = {
     "request": "event",
     "kv": "op",
     "transfer": "event",
+    "step": None,
 }
 
 #: Fields every record of a kind needs, whatever its event or op.
@@ -148,7 +157,7 @@ KIND_FIELDS: Final[dict[str, Variant]] = {
             "role", "engine", "engine_version", "model",
             "context_length", "page_size", "pool_pages",
         ),
-        optional=("kv_bytes_per_token",),
+        optional=("kv_bytes_per_token", "step_log_interval"),
     ),
     "request": Variant(required=("request_id", "event")),
     "kv": Variant(required=("seq", "request_id", "op", "pages")),
@@ -156,6 +165,8 @@ KIND_FIELDS: Final[dict[str, Variant]] = {
         required=("transfer_id", "request_id", "event", "src_node", "dst_node"),
         optional=("src_pages", "dst_pages", "tokens", "bytes"),
     ),
+    # a decode loop's progress (v1.1): the running batch, and the steps since the node's last one
+    "step": Variant(required=("running",), optional=("steps",)),
 }
 
 #: Per kind, the variants by event or op, with the fields each adds.
@@ -168,7 +179,7 @@ VARIANTS: Final[dict[str, dict[str, Variant]]] = {
         ),
         "admitted": Variant(),
         "rejected": Variant(required=("reason",), optional=("limit_tokens",)),
-        "prefill_started": Variant(),
+        "prefill_started": Variant(optional=("cached_tokens",)),
         "prefill_done": Variant(),
         "decode_started": Variant(),
         "finished": Variant(required=("status",), optional=("finish_reason", "output_tokens")),
@@ -181,6 +192,7 @@ VARIANTS: Final[dict[str, dict[str, Variant]]] = {
         "free": Variant(),
     },
     "transfer": {"started": Variant(), "completed": Variant(), "failed": Variant()},
+    "step": {},
 }
 
 UNKNOWN_VARIANT_REASON: Final[dict[str, Reason]] = {

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 #: records per kind, ``records`` a view of them. 5: the verbatim lines in ``source_lines``, not a
 #: ``raw`` column of records and duplicates. A case of another schema cannot be extended: its
 #: files are ingested into a new case.
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 
 
 def sql_text(name: str, package: str = "forensics") -> str:
@@ -314,7 +314,7 @@ PARQUET_KIND = "kvforensics Parquet case"
 #: ``case_meta``, made from the manifest) and the analysis's (``forensics/sql/analysis.sql``).
 CASE_TABLES = (
     "files", "refused_files", "file_notes", "config_records", "request_records", "kv_records",
-    "transfer_records", "quarantine", "duplicates", "received_conflicts", "source_lines", "replays",
+    "transfer_records", "step_records", "quarantine", "duplicates", "received_conflicts", "source_lines", "replays",
     "replay_disagreements", "replay_exposures", "requests", "page_reads", "uninitialized_reads", "exposures",
     "exposure_summary",
 )

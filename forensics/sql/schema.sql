@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS file_notes (
   PRIMARY KEY (file_id, key)
 );
 
--- Valid records, one table per kind, each with its kind's fields (records is the four as one).
+-- Valid records, one table per kind, each with its kind's fields (records is the five as one).
 -- Every table starts with where the record was read and its common fields, and ends with its
 -- hash. Its verbatim line is in source_lines. A field of another kind that a record carries is
 -- kept in its line, not in a column.
@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS config_records (
   page_size BIGINT,
   pool_pages BIGINT,
   kv_bytes_per_token BIGINT,
+  step_log_interval BIGINT,  -- v1.1: decode steps between two step records
   rec_hash UHUGEINT NOT NULL,
   doc VARCHAR  -- an adapted record: its canonical record as JSON (its line is the engine's); Parquet: the row as JSON
 );
@@ -89,6 +90,7 @@ CREATE TABLE IF NOT EXISTS request_records (
   status BIGINT,
   finish_reason VARCHAR,
   output_tokens BIGINT,
+  cached_tokens BIGINT,  -- v1.1, prefill_started: prompt tokens taken from the prefix cache
   rec_hash UHUGEINT NOT NULL,
   doc VARCHAR
 );
@@ -132,19 +134,37 @@ CREATE TABLE IF NOT EXISTS transfer_records (
   doc VARCHAR
 );
 
+-- A decode loop's progress (schema v1.1, docs/schema-v1.1.md): the running batch at a step, and
+-- the steps run since the node's previous step record (NULL: its config's step_log_interval;
+-- decode_steps gives it resolved). It says nothing about pages.
+CREATE TABLE IF NOT EXISTS step_records (
+  file_id INTEGER NOT NULL,
+  line_no BIGINT NOT NULL,
+  part SMALLINT NOT NULL,
+  ts TIMESTAMPTZ NOT NULL,
+  node VARCHAR NOT NULL,
+  boot BIGINT NOT NULL,
+  seq BIGINT,
+  running BIGINT,
+  steps BIGINT,
+  rec_hash UHUGEINT NOT NULL,
+  doc VARCHAR
+);
+
 -- Every valid record, one column per schema field (NULL where a kind lacks it). A filter on
 -- kind reads only that kind's table.
 CREATE OR REPLACE VIEW records AS
 SELECT file_id, line_no, part, kind, ts, node, boot, seq, request_id, event, op, pages, page_ranges,
        max_page, source, tenant_id, prompt_tokens, max_new_tokens, prefill_node, decode_node, reason,
-       limit_tokens, status, finish_reason, output_tokens, transfer_id, src_node, dst_node, src_pages,
-       dst_pages, tokens, bytes, role, engine, engine_version, model, context_length, page_size,
-       pool_pages, kv_bytes_per_token, rec_hash, doc
+       limit_tokens, status, finish_reason, output_tokens, cached_tokens, transfer_id, src_node, dst_node,
+       src_pages, dst_pages, tokens, bytes, role, engine, engine_version, model, context_length, page_size,
+       pool_pages, kv_bytes_per_token, step_log_interval, running, steps, rec_hash, doc
 FROM (
   SELECT 'config' AS kind, * FROM config_records
   UNION ALL BY NAME SELECT 'request' AS kind, * FROM request_records
   UNION ALL BY NAME SELECT 'kv' AS kind, * FROM kv_records
   UNION ALL BY NAME SELECT 'transfer' AS kind, * FROM transfer_records
+  UNION ALL BY NAME SELECT 'step' AS kind, * FROM step_records
 );
 
 -- Records kept verbatim with the reason they were not ingested.
@@ -192,6 +212,7 @@ CREATE TABLE IF NOT EXISTS received_conflicts (
   status BIGINT,
   finish_reason VARCHAR,
   output_tokens BIGINT,
+  cached_tokens BIGINT,
   rec_hash UHUGEINT NOT NULL,
   doc VARCHAR,
   duplicate BOOLEAN NOT NULL,
@@ -237,6 +258,16 @@ SELECT request_id, event, node, boot, seq, ts, tenant_id, prompt_tokens, max_new
        prefill_node, decode_node, reason, limit_tokens, status, finish_reason, output_tokens,
        file_id, line_no
 FROM request_records;
+
+-- A decode node's step records (schema v1.1) with the steps each counts: its own, or else the
+-- step_log_interval of the node's config in force (the boot's last config at or before it in time;
+-- NULL where none says).
+CREATE OR REPLACE VIEW decode_steps AS
+SELECT s.node, s.boot, s.seq, s.ts, s.running, coalesce(s.steps, c.step_log_interval) AS steps,
+       s.steps IS NULL AS steps_from_config, s.file_id, s.line_no
+FROM step_records s
+ASOF LEFT JOIN (SELECT node, boot, ts, step_log_interval FROM config_records) c
+  ON s.node = c.node AND s.boot = c.boot AND s.ts >= c.ts;
 
 CREATE OR REPLACE VIEW kv_ops AS
 SELECT node, boot, seq, ts, request_id, op, pages, page_ranges, source, file_id, line_no

@@ -42,7 +42,7 @@ from forensics.adapters.base import (
 )
 from forensics.adapters.sglang.eras import era
 from forensics.adapters.sglang.formats import CONFIG, FORMATS, read_line
-from forensics.adapters.sglang.log import Boots, Facts, LogLine, Seen, Server, split
+from forensics.adapters.sglang.log import Batches, Boots, Facts, LogLine, Seen, Server, split
 
 #: What only an SGLang server prints, its formats' signs: a file with any of these in its first lines
 #: is one (a rotated piece may hold nothing but error lines: the capacity and length checks', the
@@ -86,6 +86,8 @@ def _translate(lines: Lines, path: Path, options: Options, notes: Notes,
                     facts.clock.finish_ts.setdefault(rid, at)
                 for rid, at in theirs.seen.received_at.items():
                     facts.seen.received_at.setdefault(rid, at)
+                for rid, tokens in theirs.seen.cached.items():  # (what prefill_started says it cached)
+                    facts.seen.cached.setdefault(rid, tokens)
                 for status, n in theirs.seen.finish_status.items():
                     facts.seen.finish_status[status] = facts.seen.finish_status.get(status, 0) + n
         refused = len(facts.seen.pending_context)  # (the tokenizer's rejections: a 400 each, no finish line)
@@ -163,6 +165,7 @@ def _booted_beside(outcomes: Iterator[Outcome], boots: Boots) -> Iterator[Outcom
 def _second_pass(lines: Lines, kept: _Kept, facts: Facts, options: Options,
                  notes: Notes) -> Iterator[Outcome]:
     facts.clock.last_ts = None
+    facts.batches.rewind()
     it = iter(lines())
     # the lines the first pass kept (``it`` last: zip takes no line past them, and stops at the end of a
     # file shorter than the first pass saw)
@@ -237,10 +240,11 @@ class _Kept:
         self.shared: dict[tuple[Any, ...], LogLine] = {}
 
     def add(self, text: str, line: LogLine, k: int, value: Any) -> None:
-        key = (line.ts, line.precise, line.undated, line.dp, line.prefixed)
+        key = (line.ts, line.precise, line.undated, line.dp, line.prefixed, line.tp)
         bare = self.shared.get(key)
         if bare is None:
-            bare = self.shared[key] = LogLine(line.ts, line.precise, "", None, line.undated, line.dp, line.prefixed)
+            bare = self.shared[key] = LogLine(line.ts, line.precise, "", None, line.undated, line.dp, line.prefixed,
+                                              line.tp)
         self.lengths.append(len(text))
         self.lines.append(bare)
         self.formats.append(k)
@@ -280,6 +284,7 @@ def _learn(lines: Lines, facts: Facts, options: Options, kept: _Kept | None = No
     pass needs of each line, into it)."""
     facts.clock.last_ts = None
     facts.boots.lines, facts.boots.in_flight_at_restart = [], []  # (the lines of this file, not of one read before)
+    facts.batches = Batches()
     for line_no, text in lines():
         line, k, value = read_line(text, options)
         value = learn_line(line_no, line, k, value, facts, options)

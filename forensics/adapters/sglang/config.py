@@ -85,6 +85,9 @@ def learn(c: ConfigLine, line: LogLine, facts: Facts, options: Options) -> Confi
         if role is not None:
             facts.server.role = role
         facts.server.dp_pools = _dp_pools(args)
+        tp_size = args.get("tp_size")
+        if isinstance(tp_size, int) and not isinstance(tp_size, bool) and tp_size >= 1:
+            facts.server.attn_tp_size = max(1, tp_size // facts.server.dp_pools)
         facts.server.scheduling = _scheduling(args)
         return ConfigLine("server_args")  # (the arguments are not needed again)
     return c
@@ -114,16 +117,18 @@ def translate(c: ConfigLine, line: LogLine, facts: Facts, options: Options, note
 
 
 #: Which of schema v1.1's scheduling fields (docs/schema-v1.1.md) a config of each role states.
-_SCHEDULING_OF = {"prefill": ("prefix_cache",), "decode": ("overlap_schedule", "prefix_cache")}
+_SCHEDULING_OF = {"prefill": ("prefix_cache",),
+                  "decode": ("overlap_schedule", "prefix_cache", "step_log_interval")}
 
 
-def _scheduling(args: dict[str, Any]) -> dict[str, bool]:
+def _scheduling(args: dict[str, Any]) -> dict[str, bool | int]:
     """Schema v1.1's scheduling fields from a server's arguments, as printed (after SGLang's own
     adjustments: speculative decoding or pipeline parallelism print ``disable_overlap_schedule=True``
-    already): ``overlap_schedule`` (decode's loop; ``not disable_overlap_schedule``) and
+    already): ``overlap_schedule`` (decode's loop; ``not disable_overlap_schedule``),
     ``prefix_cache`` (prefill: ``not disable_radix_cache``; decode:
-    ``disaggregation_decode_enable_radix_cache``). A flag the line does not print says nothing."""
-    out: dict[str, bool] = {}
+    ``disaggregation_decode_enable_radix_cache``) and ``step_log_interval`` (the steps between two
+    decode batch lines: ``decode_log_interval``). A flag the line does not print says nothing."""
+    out: dict[str, bool | int] = {}
     if isinstance(args.get("disable_overlap_schedule"), bool):
         out["overlap_schedule"] = not args["disable_overlap_schedule"]
     if args.get("disaggregation_mode") == "decode":
@@ -133,6 +138,9 @@ def _scheduling(args: dict[str, Any]) -> dict[str, bool]:
             out["prefix_cache"] = False
     elif isinstance(args.get("disable_radix_cache"), bool):
         out["prefix_cache"] = not args["disable_radix_cache"]
+    interval = args.get("decode_log_interval")
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1:
+        out["step_log_interval"] = interval
     return out
 
 

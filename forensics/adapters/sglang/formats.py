@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from forensics.adapters.base import LineFormat, Options
+from forensics.adapters.sglang.batches import BatchFormat
 from forensics.adapters.sglang.config import ConfigFormat
 from forensics.adapters.sglang.errors import ErrorFormat
 from forensics.adapters.sglang.log import Facts, LogLine, split
@@ -15,7 +16,7 @@ from forensics.adapters.sglang.timestats import TimeStatsFormat
 
 #: The line formats, in the order a line is offered to them (a line's format is its index here).
 FORMATS: tuple[LineFormat[LogLine, Facts, Any], ...] = (
-    RequestFormat(), TimeStatsFormat(), FailureFormat(), ErrorFormat(), ConfigFormat())
+    RequestFormat(), TimeStatsFormat(), FailureFormat(), ErrorFormat(), ConfigFormat(), BatchFormat())
 REQUESTS = 0
 CONFIG = 4
 assert isinstance(FORMATS[REQUESTS], RequestFormat) and isinstance(FORMATS[CONFIG], ConfigFormat)

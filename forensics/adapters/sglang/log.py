@@ -31,6 +31,7 @@ _PREFIX = re.compile(
     r"\[(?P<date>\d{4}-\d\d-\d\d |\d\d-\d\d )?(?P<time>\d\d:\d\d:\d\d)(?P<frac>[.,]\d{1,9})?(?P<tags>[^\]]*)\] ?"
 )
 _DP = re.compile(r"\bDP(\d+)\b")
+_TP = re.compile(r"\bTP(\d+)\b")
 #: ``<Foo object at 0x7f..>``, ``<HTTPStatus.BAD_REQUEST: 400>``: reprs that are not Python syntax.
 _OPAQUE = re.compile(r"<[^<>'\"]*>")
 #: Truncated values: ``'abc' ... 'xyz'`` and ``[1, 2] ... [8, 9]`` (_dataclass_to_string_truncated).
@@ -48,6 +49,7 @@ class LogLine(NamedTuple):
     undated: bool = False  # a prefix time without a year (and no --year)
     dp: int | None = None  # the DP rank the prefix names (DP attention: its own KV pool)
     prefixed: bool = False  # the line has a logging prefix with a time
+    tp: int | None = None  # the TP rank the prefix names (a scheduler's line)
 
     def when(self) -> dt.datetime:
         """The line's time, or the reason the line cannot be placed in time."""
@@ -78,24 +80,25 @@ def split(text: str, year: int | None) -> LogLine:
         at = close + 2 if t.startswith(" ", close + 1) else close + 1
     if head is _NO_HEAD:
         return LogLine(None, False, t)
-    ts, precise, undated, dp = head
+    ts, precise, undated, dp, tp = head
     msg = t[at:]
     if msg.startswith("{"):
         return _json_line(msg, ts, precise)
-    return LogLine(ts, ts is not None and precise, msg, None, undated, dp, ts is not None)
+    return LogLine(ts, ts is not None and precise, msg, None, undated, dp, ts is not None, tp)
 
 
 #: A prefix is read once per distinct text (``[2026-11-02 08:00:02 TP0]``: a second and a rank);
 #: the heads kept, by year, and the longest kept.
-_HEADS: dict[tuple[str, int | None], tuple[dt.datetime | None, bool, bool, int | None]] = {}
+_Head = tuple[dt.datetime | None, bool, bool, int | None, int | None]
+_HEADS: dict[tuple[str, int | None], _Head] = {}
 _HEAD_MAX = 96
-_NO_HEAD = (None, False, False, None)
+_NO_HEAD: _Head = (None, False, False, None, None)
 
 
-def _head(head: str, year: int | None) -> tuple[dt.datetime | None, bool, bool, int | None]:
+def _head(head: str, year: int | None) -> _Head:
     """A prefix ``[...]`` (up to the line's first ``]``, where the pattern's tags end)'s time,
-    whether it has a fraction, whether it has no year, its DP rank; ``_NO_HEAD`` where it is
-    not one."""
+    whether it has a fraction, whether it has no year, its DP and TP ranks; ``_NO_HEAD`` where
+    it is not one."""
     key = (head, year)
     hit = _HEADS.get(key)
     if hit is None:
@@ -103,9 +106,7 @@ def _head(head: str, year: int | None) -> tuple[dt.datetime | None, bool, bool, 
             _HEADS.clear()
         if _is_plain(head):  # ``[YYYY-MM-DD HH:MM:SS]`` and its tags: the pattern's answer, read by slicing
             tags = head[20:-1]
-            dp = _DP.search(tags) if "DP" in tags else None
-            hit = _HEADS[key] = (_second(f"{head[1:11]}T{head[12:20]}"), False, False,
-                                 int(dp.group(1)) if dp else None)
+            hit = _HEADS[key] = (_second(f"{head[1:11]}T{head[12:20]}"), False, False, *_ranks(tags))
             return hit
         m = _PREFIX.fullmatch(head)
         if m is None:
@@ -122,10 +123,15 @@ def _is_plain(head: str) -> bool:
             and head[9:11].isdigit() and head[12:14].isdigit() and head[15:17].isdigit() and head[18:20].isdigit())
 
 
-def _read_head(m: re.Match[str], year: int | None) -> tuple[dt.datetime | None, bool, bool, int | None]:
-    tags = m["tags"] or ""
+def _ranks(tags: str) -> tuple[int | None, int | None]:
+    """The DP and TP ranks a prefix's tags name (`` DP1 TP1``), None for one they do not."""
     dp = _DP.search(tags) if "DP" in tags else None
-    dp_rank = int(dp.group(1)) if dp else None
+    tp = _TP.search(tags) if "TP" in tags else None
+    return int(dp.group(1)) if dp else None, int(tp.group(1)) if tp else None
+
+
+def _read_head(m: re.Match[str], year: int | None) -> _Head:
+    dp_rank, tp_rank = _ranks(m["tags"] or "")
     date = (m["date"] or "").strip()
     ts: dt.datetime | None = None
     frac = (m["frac"] or "")[1:]
@@ -139,7 +145,7 @@ def _read_head(m: re.Match[str], year: int | None) -> tuple[dt.datetime | None, 
         ts = _second(f"{date}T{m['time']}")
         if ts is not None and frac:
             ts += dt.timedelta(microseconds=int(frac.ljust(6, "0")[:6]))
-    return ts, bool(frac), undated, dp_rank
+    return ts, bool(frac), undated, dp_rank, tp_rank
 
 
 @functools.lru_cache(maxsize=4096)
@@ -289,10 +295,20 @@ class Server:
     #: KV pools of the server with DP attention (each DP rank its own, of the size the pool line
     #: gives: only global TP rank 0, DP0's first scheduler, prints it); 1 without
     dp_pools: int = 1
+    #: the TP ranks of each DP rank's attention (``tp_size``, divided among the DP pools): a
+    #: scheduler at a multiple of it is its DP rank's first, the one that logs its batch statistics
+    attn_tp_size: int | None = None
     #: schema v1.1's scheduling fields the server_args state (config._scheduling)
-    scheduling: dict[str, bool] = field(default_factory=dict)
+    scheduling: dict[str, bool | int] = field(default_factory=dict)
     marks: set[str] = field(default_factory=set)  # format marks seen (eras.py turns them into releases)
     era: str | None = None  # the releases whose formats the file shows (eras.era)
+
+    def first_of_dp_rank(self, tp: int | None) -> bool:
+        """Whether a scheduler line of TP rank ``tp`` is from its DP rank's first scheduler (the
+        one whose attention-TP rank is 0); where ``tp_size`` is unknown, whether it is TP0's."""
+        if tp is None:
+            return True
+        return tp % self.attn_tp_size == 0 if self.attn_tp_size else tp == 0
 
     def role_for(self, options: Options) -> str | None:
         """The node's role: ``--role``, else what the file said, else None."""
@@ -342,6 +358,13 @@ class Seen:
     finish_status: dict[int, int] = field(default_factory=dict)
     #: the file's records name requests by bootstrap room (``room-B``), not by rid (--request-ids)
     by_room: bool = False
+    #: rid -> the prompt tokens its finish's ``meta_info.cached_tokens`` says the prefix cache gave
+    cached: dict[str, int] = field(default_factory=dict)
+
+    def learn_cached(self, rid: str, tokens: Any) -> None:
+        """Note the prompt tokens a finish says came from the prefix cache (``cached_tokens``)."""
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+            self.cached.setdefault(rid, tokens)
 
     def learn_room(self, rid: str, room: Any) -> None:
         """Note the bootstrap room a line gives ``rid`` (``None`` for a request without one)."""
@@ -482,14 +505,50 @@ class Boots:
 
 
 @dataclass
+class Batches:
+    """A scheduler's ``Decode batch`` lines, as runs: lines alike one after the other (the same
+    scheduler, time and running batch) are repeats at the log's time resolution, not one line
+    printed twice, and are read as one record that counts all their steps. The first pass counts
+    each run's lines; the second reads them back run by run. Per (node, TP rank) of the line."""
+
+    runs: dict[tuple[str, int | None], list[int]] = field(default_factory=dict)  # run lengths, in order
+    last: dict[tuple[str, int | None], tuple[dt.datetime | None, int]] = field(default_factory=dict)
+    at: dict[tuple[str, int | None], int] = field(default_factory=dict)  # (second pass) the run read last
+
+    def count(self, scheduler: tuple[str, int | None], said: tuple[dt.datetime | None, int]) -> None:
+        """First pass: a line of ``scheduler`` saying ``said`` (its time and running batch)."""
+        runs = self.runs.setdefault(scheduler, [])
+        if self.last.get(scheduler) == said:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+        self.last[scheduler] = said
+
+    def rewind(self) -> None:
+        """Before the second pass."""
+        self.last.clear()
+        self.at.clear()
+
+    def run_of(self, scheduler: tuple[str, int | None], said: tuple[dt.datetime | None, int]) -> int:
+        """Second pass: how many lines the run a line starts has; 0 for a line that continues one."""
+        if self.last.get(scheduler) == said:
+            return 0
+        self.last[scheduler] = said
+        k = self.at[scheduler] = self.at.get(scheduler, -1) + 1
+        runs = self.runs.get(scheduler, [])
+        return runs[k] if k < len(runs) else 1  # (past the first pass's lines: a file that grew)
+
+
+@dataclass
 class Facts:
     """What a whole file says, learnt in a first pass, that single lines need: of its server,
-    of each request, of its clock and of its boots."""
+    of each request, of its clock, of its boots and of its decode batches."""
 
     server: Server = field(default_factory=Server)
     seen: Seen = field(default_factory=Seen)
     clock: Clock = field(default_factory=Clock)
     boots: Boots = field(default_factory=Boots)
+    batches: Batches = field(default_factory=Batches)
 
     def calibrate(self) -> None:
         """The clock's ``perf_counter`` zero, from its steps and the requests' receive times."""

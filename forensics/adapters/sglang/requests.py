@@ -8,9 +8,11 @@ logs a request when it arrives and when it finishes:
 - text: ``Receive: obj=GenerateReqInput(rid='...', ...)`` and
   ``Finish: obj=GenerateReqInput(...), out={'meta_info': {...}}``.
 
-``meta_info`` has ``prompt_tokens``, ``completion_tokens`` and ``finish_reason`` (``{'type':
-'abort', 'message': ..., 'status_code': 400}`` for an abort). Prompt text and output are not
-read (levels 0 and 1 do not log them; at higher levels they are ignored).
+``meta_info`` has ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` (on prefill, what
+the time stats' ``prefill_started`` says the prefix cache gave, where they do not) and
+``finish_reason`` (``{'type': 'abort', 'message': ..., 'status_code': 400}`` for an abort).
+Prompt text and output are not read (levels 0 and 1 do not log them; at higher levels they are
+ignored).
 
 Canonical records, by the node's role (a prefill node's finish is its answer to the router,
 not the client's; in disaggregated mode the client gets the decode node's):
@@ -120,7 +122,7 @@ _FAST_RID = re.compile(
 _FAST_SAMPLING = re.compile(r", sampling_params=\{(?P<sp>[^{}'\"]*(?:'[a-z_]+': [^{}'\",]*(?:, )?)*)\}")
 _FAST_MAX_NEW = re.compile(r"'max_new_tokens': (\d+)")
 #: meta_info's counts, each key's first in one scan
-_FAST_INT = re.compile(r"'(prompt_tokens|completion_tokens|dp_rank)': (\d+)")
+_FAST_INT = re.compile(r"'(prompt_tokens|completion_tokens|cached_tokens|dp_rank)': (\d+)")
 ONE_SECOND = dt.timedelta(seconds=1)
 #: meta_info's wall-clock time the response was sent to the client (0.5.6 on), epoch seconds
 SENT = "response_sent_to_client_ts"
@@ -318,6 +320,7 @@ def learn(r: RequestLine, line: LogLine, facts: Facts, options: Options) -> Requ
     dp = r.meta.get("dp_rank")
     if isinstance(dp, int) and not isinstance(dp, bool):
         facts.seen.dp_of.setdefault(r.rid, dp)
+    facts.seen.learn_cached(r.rid, r.meta.get("cached_tokens"))  # (a prefill's: its prefill_started says it)
     if line.precise and line.ts is not None:
         facts.clock.finish_ts[r.rid] = line.ts
     elif (when := _line_time(line, facts)) is not None and (sent := _sent_at(r, line, when)) is not None:

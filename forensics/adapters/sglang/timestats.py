@@ -25,11 +25,12 @@ counted back from it; else from ``start``, put on the wall clock by :meth:`Facts
 (every request ended inside the second its line was logged in, and together those seconds pin
 the clock offset to a millisecond or so). Failing all, the line's own time is the finish.
 
-Canonical records: on a prefill node (``type=prefill``) ``prefill_started``, ``prefill_done``
-and the transfer ``completed`` with ``tokens = input len`` (and ``bytes`` from
-``transfer_total``, in MiB); on a decode node the transfer ``completed`` (landing) and
-``decode_started``. Where the request's transfer failed, no ``completed`` (nor, on decode,
-``decode_started``). A prefill line with ``output_len=0`` made no output token, so sent nothing:
+Canonical records: on a prefill node (``type=prefill``) ``prefill_started`` (with schema v1.1's
+``cached_tokens``: ``cached_input_len``, or before 0.5.12 the finish's ``meta_info.cached_tokens``
+in the request log), ``prefill_done`` and the transfer ``completed`` with ``tokens = input len``
+(and ``bytes`` from ``transfer_total``, in MiB); on a decode node the transfer ``completed``
+(landing) and ``decode_started``. Where the request's transfer failed, no ``completed`` (nor, on
+decode, ``decode_started``). A prefill line with ``output_len=0`` made no output token, so sent nothing:
 0.5.20 runs a prompt rejected at intake as a one-token forward and then aborts its sender
 (``_retire_aborted_prefill_result``): ``prefill_started`` and ``prefill_done`` only. From 0.5.21
 such a prompt is retired at the bootstrap queue and still streamed, so its line comes with
@@ -73,6 +74,7 @@ class TimeStats(NamedTuple):
     transfer_mib: float | None
     transfer_gbs: float | None
     retries: int | None
+    cached_input: int | None = None  # ``cached_input_len``: prompt tokens from the prefix cache (0.5.12 on)
 
     @property
     def retired(self) -> bool:
@@ -107,7 +109,8 @@ def read(line: LogLine, options: Options) -> TimeStats | None:
 #: The head's fields as every release from 0.5.5 lays them out, read in one match (any other
 #: layout is read field by field)
 _HEAD = re.compile(r"rid=(?P<rid>[^\s,=]+), bootstrap_room=(?P<bootstrap_room>[^\s,=]+), "
-                   r"input[ _]len=(?P<input_len>\d+), (?:cached_input_len=\d+, )?output[ _]len=(?P<output_len>\d+), "
+                   r"input[ _]len=(?P<input_len>\d+), (?:cached_input_len=(?P<cached_input_len>\d+), )?"
+                   r"output[ _]len=(?P<output_len>\d+), "
                    r"(?:attempts=(?P<attempts>\d+), )?type=(?P<type>[^\s,=]+)")
 
 
@@ -119,15 +122,15 @@ def _parse(msg: str) -> TimeStats | None:
     fields = m["fields"]
     laid_out = _HEAD.fullmatch(fields)
     if laid_out is not None:
-        rid, room, input_len, output_len, attempts, kind = laid_out.group(
-            "rid", "bootstrap_room", "input_len", "output_len", "attempts", "type")
+        rid, room, input_len, cached, output_len, attempts, kind = laid_out.group(
+            "rid", "bootstrap_room", "input_len", "cached_input_len", "output_len", "attempts", "type")
     else:
         head = {k.strip().replace(" ", "_"): v.strip() for k, v in _FIELD.findall(fields)}
         if "rid" not in head or "type" not in head or not head.get("input_len", "").isdigit():
             return None
-        rid, room, input_len, output_len, attempts, kind = (
-            head["rid"], head.get("bootstrap_room"), head["input_len"], head.get("output_len"),
-            head.get("attempts"), head["type"])
+        rid, room, input_len, cached, output_len, attempts, kind = (
+            head["rid"], head.get("bootstrap_room"), head["input_len"], head.get("cached_input_len"),
+            head.get("output_len"), head.get("attempts"), head["type"])
     durations: dict[str, float] = {}
     numbers: dict[str, float] = {}
     for name, value, unit in _STAT.findall(m["stats"] or ""):
@@ -140,7 +143,7 @@ def _parse(msg: str) -> TimeStats | None:
         _int(output_len), _int(attempts), durations, numbers.get("start", numbers.get("start_time")),
         numbers.get("entry_time"),
         numbers.get("transfer_total"), numbers.get("transfer_speed"),
-        int(numbers["#retries"]) if "#retries" in numbers else None,
+        int(numbers["#retries"]) if "#retries" in numbers else None, _int(cached),
     )
 
 
@@ -227,8 +230,12 @@ def translate(t: TimeStats, line: LogLine, facts: Facts, options: Options, notes
             started = at + _s(wait + d.get("queue", 0.0))
             done = min(started + _s(d.get("forward", 0.0)), end + _ONE_SECOND)
             started = min(started, done)
-        done_records = [{"kind": "request", "ts": rfc3339(started), **base, "event": "prefill_started"},
-                        {"kind": "request", "ts": rfc3339(done), **base, "event": "prefill_done"}]
+        prefill_started: dict[str, Any] = {"kind": "request", "ts": rfc3339(started), **base,
+                                           "event": "prefill_started"}
+        cached = t.cached_input if t.cached_input is not None else facts.seen.cached.get(rid)
+        if cached is not None:
+            prefill_started["cached_tokens"] = cached
+        done_records = [prefill_started, {"kind": "request", "ts": rfc3339(done), **base, "event": "prefill_done"}]
         if rid in facts.seen.failed or not t.sent:  # a failure on its own line, or aborted: nothing completed
             return done_records
         sent = {**xfer, "ts": rfc3339(max(done, end)), "src_node": node, "dst_node": UNKNOWN_NODE,

@@ -571,7 +571,7 @@ def test_a_case_of_another_schema_is_refused_not_extended(tmp_path: Path) -> Non
     con.execute("UPDATE case_meta SET value = '4' WHERE key = 'schema_version'")
     con.execute("DROP VIEW kv_ops")  # what applying this version's schema would put back
     con.close()
-    with pytest.raises(CaseError, match="case schema 4, this kvforensics reads schema 5"):
+    with pytest.raises(CaseError, match="case schema 4, this kvforensics reads schema 6"):
         forensics.ingest([write_jsonl(tmp_path / "b.jsonl", [kv(2)])], db)
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM records").fetchone() == (1,)
