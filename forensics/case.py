@@ -25,7 +25,7 @@ from forensics.exposure.tiers import (
 from forensics.findings import Findings, findings
 from forensics.ids import NodeId, PageId, RequestId, TenantId
 from forensics.ingestion import source
-from forensics.store import connect, has_table, is_parquet_case, one, sql_text
+from forensics.store import case_path, connect, has_table, is_parquet_case, one, sql_text
 
 
 class Summary(dict[str, int]):
@@ -88,16 +88,31 @@ class Case:
     """An investigation over one case database.
 
     Opening a case whose records changed since the last analysis re-runs the analysis
-    (unless opened read-only, when a stale case is an error).
+    (unless opened read-only, when a stale case is an error). ``Case(path)`` opens the case and
+    closes it with itself; :meth:`Case.on` takes a case already open.
     """
 
     def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
-        self.path = Path(path)
-        self.read_only = read_only or is_parquet_case(self.path)  # (a Parquet case is analysed where written)
-        self._con = connect(self.path, read_only=self.read_only, create=False)
+        path = Path(path)
+        read_only = read_only or is_parquet_case(path)  # (a Parquet case is analysed where written)
+        self._start(path, connect(path, read_only=read_only, create=False), read_only, owned=True)
+
+    @classmethod
+    def on(cls, con: duckdb.DuckDBPyConnection, *, read_only: bool = False) -> Case:
+        """The case open on ``con``, which its holder closes (closing this leaves it open).
+        ``read_only``: a stale case is an error, not analysed again."""
+        case = cls.__new__(cls)
+        case._start(case_path(con), con, read_only, owned=False)
+        return case
+
+    def _start(self, path: Path, con: duckdb.DuckDBPyConnection, read_only: bool, *, owned: bool) -> None:
+        self.path = path
+        self.read_only = read_only
+        self._con = con
+        self._owned = owned
         if self._stale():
             if self.read_only:
-                self._con.close()
+                self.close()
                 raise CaseError(f"{self.path}: not analysed yet (run 'kvforensics investigate')")
             analyse(self._con)
 
@@ -116,8 +131,9 @@ class Case:
         return self._con
 
     def close(self) -> None:
-        """Close the case's connection."""
-        self._con.close()
+        """Close the case's connection, where the case opened it."""
+        if self._owned:
+            self._con.close()
 
     def __enter__(self) -> Case:
         return self

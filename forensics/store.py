@@ -6,10 +6,13 @@ import errno
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -96,13 +99,18 @@ def session(con: duckdb.DuckDBPyConnection) -> None:
         pass  # in Jupyter without ipywidgets DuckDB refuses to touch the setting; there is no bar to hide
 
 
-def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -> duckdb.DuckDBPyConnection:
+def connect(path: Path | str | HeldCase, *, read_only: bool = False, create: bool = True
+            ) -> duckdb.DuckDBPyConnection:
     """A connection to the case at ``path`` (``:memory:`` for a scratch case), schema in place.
 
     ``path`` must be new (when ``create``: it is made, and its folder), a DuckDB file holding a
     case of this schema version, or a Parquet case (a folder the Spark engine wrote: opened read
-    only, :func:`open_parquet_case`); anything else is refused and left untouched.
+    only, :func:`open_parquet_case`); anything else is refused and left untouched. A
+    :class:`HeldCase` is not opened again: the connection is a cursor on it (``read_only`` and
+    ``create`` are its holder's).
     """
+    if isinstance(path, HeldCase):
+        return path.cursor()
     target = str(path)
     if target != ":memory:" and is_parquet_case(Path(target)):
         if not read_only:
@@ -138,6 +146,79 @@ def connect(path: Path | str, *, read_only: bool = False, create: bool = True) -
     else:
         _late_tables(con)
     return con
+
+
+class HeldCase:
+    """A case a long job holds open for writing from its first use to its end, so that the file is
+    opened once whatever its steps (the whole job: ingest, analysis, replays, report). It is opened
+    when first asked for (a step that fails before it needs the case leaves no case behind), and
+    closed by its holder. A step given one in place of a path (:func:`connect`) takes a cursor on
+    it: a connection of its own to the same database, with its own transactions and temporary
+    tables."""
+
+    def __init__(self, path: Path | str, *, create: bool = True) -> None:
+        self.path = path
+        self._create = create
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The connection the case is held open on, opened for writing on first use."""
+        if self._con is None:
+            self._con = connect(self.path, create=self._create)
+        return self._con
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """Another connection to the held case, under the toolkit's session settings."""
+        cur = self.connection.cursor()
+        session(cur)
+        return cur
+
+    def close(self) -> None:
+        """Close the case, where it was opened."""
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def __enter__(self) -> HeldCase:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __str__(self) -> str:
+        return str(self.path)  # (what a step that took a path says of the case)
+
+
+@contextmanager
+def held(db: Path | str | HeldCase, *, create: bool = True) -> Iterator[HeldCase]:
+    """The case ``db`` held open for the block: a :class:`HeldCase` as it is (its holder closes it),
+    a path opened when first used (made where new, with ``create``) and closed after."""
+    if isinstance(db, HeldCase):
+        yield db
+        return
+    with HeldCase(db, create=create) as case:
+        yield case
+
+
+@contextmanager
+def restored(con: duckdb.DuckDBPyConnection, *names: str) -> Iterator[None]:
+    """The settings ``names`` set back after the block as they were before it (a step that lowers
+    the memory limit of a case it shares: the limit holds for every connection to the database)."""
+    before = [(name, one(con, "SELECT current_setting(?)", [name])) for name in names]
+    try:
+        yield
+    finally:
+        for name, row in before:
+            assert row is not None
+            con.execute(f"SET {name} = $value", {"value": row[0]})
+
+
+def case_path(con: duckdb.DuckDBPyConnection) -> Path:
+    """The file of the case open on ``con`` (as DuckDB holds it: absolute), ``:memory:`` for a scratch case."""
+    row = one(con, "SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
+    return Path(row[0] if row is not None and row[0] else ":memory:")
 
 
 #: Tables the schema gained after a case of its version could have been written: a case opened

@@ -583,7 +583,7 @@ def investigate(
     found = (_with_progress(lambda p, told: run(
         paths, db, out, audience=str(audience), pseudonymize_key=pseudonymize_key,
         generated_at=generated_at, with_replay=not no_replay, progress=p, format=format,
-        limits=limits, options=options, phase=told)))
+        limits=limits, options=options, phase=told, story=not as_json)))
     if as_json:
         _print_json(found.as_dict())
         _input_exit(found.investigation.ingest, paths)
@@ -603,7 +603,8 @@ def investigate(
 
             written.append(f"its complete lists (CSV, Parquet): {shown(folder_for(found.report.out))}")
     typer.echo("")
-    typer.echo("\n".join(story.lines(story.tell(found, db), render.width(), written)))
+    told = found.story if found.story is not None else story.tell(found, db)  # (none: nothing ingested)
+    typer.echo("\n".join(story.lines(told, render.width(), written)))
     _input_exit(found.investigation.ingest, paths)
     for r in found.replays:
         _disagreement_exit(r)

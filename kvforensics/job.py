@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
 from forensics.adapters import Options
+from forensics.case import Case
 from forensics.errors import BadValue
 from forensics.exposure.tiers import (
     Filled,
@@ -27,7 +28,8 @@ from forensics.exposure.tiers import (
 from forensics.ingestion import Progress
 from forensics.ingestion.readers import Limits
 from forensics.investigation import Investigation, Phase, investigate, untold
-from forensics.store import connect, one
+from forensics.store import HeldCase, connect, one
+from kvforensics.story import Story, tell
 from replay.configs import logged_engine, node_configs
 from replay.replay import ReplayResult, WhatIf, default_out, replay
 from replay.schedule import ALTERNATIVES
@@ -63,6 +65,7 @@ class JobResult:
     unseen_late_writes: int = 0
     #: victim requests and affected tenants, certain and possible (forensics.exposure.tiers.certainty)
     certainty: dict[str, dict[str, int]] | None = None
+    story: Story | None = None  # the last screen's story, where asked for (``run(..., story=True)``)
 
     def as_dict(self) -> dict[str, Any]:
         """The whole job as JSON-ready data (what ``investigate --out --json`` prints)."""
@@ -125,55 +128,53 @@ def run(
     options: Options | None = None,
     limits: Limits | None = None,
     phase: Phase | None = None,
+    story: bool = False,
 ) -> JobResult:
     """Ingest and analyse ``paths`` into ``db``; where page records are missing (engine nodes
     without them, seq gaps), replay to confirm and fill in the replay-backed tiers; with ``out``,
     also the what-if replay and the report. The figures come per evidence tier. ``phase``: told of
-    each phase as it runs (ingest, analysis, each replay, the other schedules, the report)."""
+    each phase as it runs (ingest, analysis, each replay, the other schedules, the report);
+    ``story``: the last screen's story told too (:func:`kvforensics.story.tell`). The case is
+    opened once, for writing, and every step works on it open, the story's reading too."""
     told = phase or untold
     if out is not None:
         check_outputs(Path(out), audience)  # refused before hours of work, not after
-    found = investigate(paths, db, progress=progress, format=format, options=options, limits=limits, phase=phase)
-    if found.ingest.empty:  # nothing to replay or report: the empty input is the answer
-        return JobResult(found, replay_skipped="no records")
-    replays: tuple[ReplayResult, ...] = ()
-    filled = None
-    skipped = None if with_replay else "not asked (--no-replay)"
-    con = connect(db, read_only=True, create=False)  # (what the job asks before the replays, on one connection)
-    try:
+    with HeldCase(db) as case:  # (opened once, by the ingest; every step takes it in place of the path)
+        found = investigate(paths, case, progress=progress, format=format, options=options, limits=limits,
+                            phase=phase)
+        if found.ingest.empty:  # nothing to replay or report: the empty input is the answer
+            return JobResult(found, replay_skipped="no records")
+        con = case.connection
+        replays: tuple[ReplayResult, ...] = ()
+        filled = None
+        skipped = None if with_replay else "not asked (--no-replay)"
         missing, gaps = _evidence_gaps(con)
         wanted = with_replay and (out is not None or missing or gaps)
         if wanted:
             skipped = replayable(con)
-        chosen = job_replays(con) if wanted and skipped is None else None
-    finally:
-        con.close()
-    if chosen is not None:
-        confirm, what_if = chosen
-        # without a report, only the replay the figures need
-        engines = (confirm, what_if) if out is not None else (confirm,)
-        done = []
-        for engine in engines:
-            with told(f"replay under {engine}"):
-                done.append(replay(db, engine, default_out(db, engine, WhatIf())))
-        replays = tuple(done)
-        filled = _fill(db, replays[0], told)
-    written = None
-    if out is not None:
-        with told("report and its lists"):
-            written = report(db, out, audience=audience, pseudonymize_key=pseudonymize_key,
-                             generated_at=generated_at)
-    con = connect(db, read_only=True, create=False)
-    try:
+        if wanted and skipped is None:
+            confirm, what_if = job_replays(con)
+            # without a report, only the replay the figures need
+            engines = (confirm, what_if) if out is not None else (confirm,)
+            done = []
+            for engine in engines:
+                with told(f"replay under {engine}"):
+                    done.append(replay(case, engine, default_out(db, engine, WhatIf())))
+            replays = tuple(done)
+            filled = _fill(case, replays[0], told)
+        written = None
+        if out is not None:
+            with told("report and its lists"):
+                written = report(case, out, audience=audience, pseudonymize_key=pseudonymize_key,
+                                 generated_at=generated_at)
         tiers = tier_figures(con)
         unseen = unseen_late_writes(con)
         victims = certainty(con)
-    finally:
-        con.close()
-    return JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen, victims)
+        result = JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen, victims)
+        return replace(result, story=tell(result, Path(db), Case.on(con, read_only=True))) if story else result
 
 
-def _fill(db: Path | str, confirmed: ReplayResult, told: Phase = untold) -> Filled:
+def _fill(case: HeldCase, confirmed: ReplayResult, told: Phase = untold) -> Filled:
     """Fill in the replay-backed tiers from the confirming replay; where it met decode events the
     evidence places at more than one step, replay again under each other schedule the evidence
     allows (replay.schedule.ALTERNATIVES), so that each victim is certain (named under all of them)
@@ -186,11 +187,11 @@ def _fill(db: Path | str, confirmed: ReplayResult, told: Phase = untold) -> Fill
             nodes = f"{len(varied):,} decode node{'' if len(varied) == 1 else 's'}"
             with told(f"the other schedules the logs allow ({len(ALTERNATIVES)}, on {nodes})"):
                 for schedule in ALTERNATIVES:
-                    other = replay(db, confirmed.engine, Path(folder) / schedule.name, schedule=schedule,
+                    other = replay(case, confirmed.engine, Path(folder) / schedule.name, schedule=schedule,
                                    only=varied)
                     alternatives.append((schedule.name, other.out / "replay.duckdb"))
         disagreeing = sorted({d.node for d in confirmed.disagreements})
-        return fill_from_replay(db, confirmed.out / "replay.duckdb", alternatives, disagreeing, sorted(varied))
+        return fill_from_replay(case, confirmed.out / "replay.duckdb", alternatives, disagreeing, sorted(varied))
 
 
 def _evidence_gaps(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], int]:

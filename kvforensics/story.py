@@ -170,9 +170,10 @@ def _next_commands(db: Path, case: forensics.Case, findings: list[Finding], repo
     return out
 
 
-def tell(found: Any, db: Path) -> Story:
-    """The story of the whole job ``found`` (a :class:`kvforensics.job.JobResult`) on the case ``db``."""
-    with forensics.Case(db, read_only=True) as case:
+def tell(found: Any, db: Path, case: forensics.Case | None = None) -> Story:
+    """The story of the whole job ``found`` (a :class:`kvforensics.job.JobResult`) on the case ``db``
+    (read through ``case`` where the job holds it open)."""
+    with case if case is not None else forensics.Case(db, read_only=True) as case:
         findings = list(case.findings())
         commands = _next_commands(db, case, findings, found.report.out if found.report is not None else None)
         nodes = case.sql("SELECT DISTINCT node FROM configs ORDER BY node")["node"].to_list()

@@ -4,6 +4,7 @@ responses and exposure pairs in both or one, and the requests whose outcome chan
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,7 +13,8 @@ from typing import Any
 
 import duckdb
 
-from forensics.store import connect, one
+from forensics.errors import CaseError
+from forensics.store import case_path, one
 from replay.scratch import sql_path
 from replay.statements import statement
 
@@ -70,12 +72,43 @@ def outcomes_changed(con: duckdb.DuckDBPyConnection) -> list[tuple[str, bool]]:
     return [(str(rid), bool(delivered)) for rid, delivered in rows]
 
 
+#: What the replay case is attached as, beside the logged case (``kvf_logged`` in ``sql/replay.sql``):
+#: names no case file is likely to have (a case's catalog is named for its file).
+REPLAYED, LOGGED = "kvf_replayed", "kvf_logged"
+#: The statements read beside both cases.
+_BESIDE = ("allocations_reproduced", "exposure_pairs", "outcomes_changed")
+
+
 @contextmanager
-def beside(logged: Path, replayed: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A read-only connection to the replay case with the logged case attached as ``logged``."""
-    con = connect(replayed, read_only=True, create=False)
+def beside(case: duckdb.DuckDBPyConnection, replayed: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection to the replay case ``replayed`` (attached read-only) with the logged case open on
+    ``case`` as :data:`LOGGED`: an in-memory catalog of views of the logged case's tables that the
+    statements read. Both are detached after."""
+    logged = (one(case, "SELECT current_database()") or ("",))[0]
+    if logged in (REPLAYED, LOGGED):
+        raise CaseError(f"{case_path(case)}: a case file named {logged}.duckdb cannot be replayed (the replay "
+                        "compares it with its own under those names); rename it")
+    con = case.cursor()
     try:
-        con.execute(f"ATTACH '{sql_path(logged)}' AS logged (READ_ONLY)")
+        con.execute(f"ATTACH '{sql_path(replayed)}' AS {REPLAYED} (READ_ONLY)")
+        con.execute(f"ATTACH ':memory:' AS {LOGGED}")
+        source = logged.replace('"', '""')
+        for table in _logged_tables(case, logged):
+            con.execute(f'CREATE VIEW {LOGGED}.main.{table} AS SELECT * FROM "{source}".main.{table}')
+        con.execute(f"USE {REPLAYED}")
         yield con
     finally:
         con.close()
+        for name in (LOGGED, REPLAYED):
+            case.execute(f"DETACH DATABASE IF EXISTS {name}")
+
+
+def _logged_tables(case: duckdb.DuckDBPyConnection, catalog: str) -> list[str]:
+    """The tables and views the statements read of the logged case (``kvf_logged.NAME``) that it holds,
+    in its ``catalog`` (a case not analysed has no ``exposures``, which only the agreement reads)."""
+    wanted = {t for name in _BESIDE for t in re.findall(rf"\b{LOGGED}\.(\w+)", statement(name))}
+    held = {t for (t,) in case.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = $db AND schema_name = 'main' "
+        "UNION SELECT view_name FROM duckdb_views() WHERE database_name = $db AND schema_name = 'main'",
+        {"db": catalog}).fetchall()}
+    return sorted(wanted & held)

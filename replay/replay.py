@@ -17,14 +17,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 import forensics
 from forensics.errors import CaseError, OutputExists
-from forensics.store import connect, one
+from forensics.store import HeldCase, held, one, roll_back
 from replay.agreement import Agreement, agreement, beside, outcomes_changed
 from replay.configs import AS_CONFIGURED, WhatIf, assumptions, logged_engine, logged_engine_of, node_configs
 from replay.drive import ambiguous_nodes, replay_node
@@ -37,7 +38,8 @@ from replay.scratch import scratch
 from replay.statements import statement
 
 #: What callers import from here (the parts are the modules beside it).
-__all__ = ["Agreement", "ReplayResult", "WhatIf", "default_out", "logged_engine", "logged_engine_of", "replay"]
+__all__ = ["Agreement", "ReplayResult", "WhatIf", "default_out", "logged_engine", "logged_engine_of", "replay",
+           "replay_on"]
 
 #: What a replay folder holds; only such a folder is replaced by the next replay.
 _REPLAY_FILES = {"logs", "replay.duckdb", "replay.duckdb.wal"}
@@ -92,9 +94,16 @@ class ReplayResult:
         }
 
 
-def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = AS_CONFIGURED,
+def replay(db: Path | str | HeldCase, engine: str, out: Path | str, *, what_if: WhatIf = AS_CONFIGURED,
            schedule: Schedule = LOGGED, only: frozenset[str] | None = None) -> ReplayResult:
-    """Replay the case ``db`` under ``engine`` into the folder ``out`` (replaced), taking
+    """:func:`replay_on` the case ``db``: its path, or the case a long job holds open."""
+    with held(db, create=False) as case:
+        return replay_on(case, engine, out, what_if=what_if, schedule=schedule, only=only)
+
+
+def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf = AS_CONFIGURED,
+              schedule: Schedule = LOGGED, only: frozenset[str] | None = None) -> ReplayResult:
+    """Replay the case ``held`` under ``engine`` into the folder ``out`` (replaced), taking
     ``schedule``'s step count wherever a decode node's evidence admits more than one.
 
     With ``only``, just those engine nodes are replayed (and the nodes without an engine config,
@@ -103,21 +112,20 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = AS
     ``replays``, as a whole replay is.
 
     Memory stays flat in the number of requests: the requests' plans and the ones the logs show
-    served are tables of a scratch DuckDB (spilled to disk under its memory limit), each node's
-    records are read in batches in the node's order, the engine holds a request only while it is
-    in flight on the node, and the replayed records go to their files as they are made."""
+    served are tables of a scratch catalog, the case's database under the replay's memory limit
+    meanwhile (spilled to disk past it: replay.scratch), each node's records are read in batches in
+    the node's order, the engine holds a request only while it is in flight on the node, and the
+    replayed records go to their files as they are made."""
     if engine not in BEHAVIOURS:
         raise CaseError(f"unknown engine {engine!r}; one of: {', '.join(BEHAVIOURS)}")
     out = Path(out)
-    connect(db, read_only=True, create=False).close()  # (a case of this schema, or a clear error)
-    with tempfile.TemporaryDirectory(prefix="kvforensics-replay-") as spill:
-        con = scratch(Path(db), Path(spill))
+    with scratch(held.connection) as con:
         try:
             configs = node_configs(con)
             assumed = assumptions(configs)
             has_pages = (one(con, statement("has_page_records")) or (0,))[0] > 0
             if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
-                raise CaseError(f"{db}: no prefill or decode config records, nothing to replay")
+                raise CaseError(f"{held}: no prefill or decode config records, nothing to replay")
             roles = {node: per[-1][3].role for node, per in configs.items() if per}
             confirming = what_if == AS_CONFIGURED and engine == (logged_engine(configs) or "sglang-placeholder")
             mode = "confirm" if confirming else "what-if"
@@ -147,7 +155,7 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = AS
         return ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, None, mode,
                             tuple(disagreements), 0, schedule, sum(c.ambiguous for c in clocks),
                             ambiguous_nodes(clocks), assumed)
-    with beside(Path(db), case) as both:
+    with beside(held.connection, case) as both:
         agreed = agreement(both) if has_pages else None
         changed = outcomes_changed(both)
     if mode == "confirm":  # following the logs, the replay should answer as they do: say where not
@@ -158,7 +166,7 @@ def replay(db: Path | str, engine: str, out: Path | str, *, what_if: WhatIf = AS
     done = ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, agreed, mode,
                         tuple(disagreements), len(changed), schedule, sum(c.ambiguous for c in clocks),
                         ambiguous_nodes(clocks), assumed)
-    _remember(Path(db), done)
+    _remember(held.connection, done)
     return done
 
 
@@ -181,13 +189,12 @@ def _make_room(out: Path) -> None:
         shutil.rmtree(out)
 
 
-def _remember(db: Path, result: ReplayResult) -> None:
-    """Keep the replay's figures in the case's ``replays`` table (for the report)."""
+def _remember(con: duckdb.DuckDBPyConnection, result: ReplayResult) -> None:
+    """Keep the replay's figures in the ``replays`` table of the case open on ``con`` (for the report)."""
     d = result.as_dict()
     what_if = json.dumps(d["what_if"], sort_keys=True)
-    con = connect(db)
+    con.execute("BEGIN")
     try:
-        con.execute("BEGIN")
         con.execute(
             statement("remember_replay"),
             [result.engine, what_if, str(result.out), result.records,
@@ -201,5 +208,6 @@ def _remember(db: Path, result: ReplayResult) -> None:
                             [[result.engine, what_if, x.request_id, x.node, x.kind, x.detail]
                              for x in result.disagreements])
         con.execute("COMMIT")
-    finally:
-        con.close()
+    except BaseException:
+        roll_back(con)  # (the case stays open after: the replay is kept whole or not at all)
+        raise

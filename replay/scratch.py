@@ -1,40 +1,58 @@
-"""The scratch DuckDB a replay reads its case through, and the case's times as log text."""
+"""The scratch catalog a replay keeps its own tables in beside the case it reads, and the case's
+times as log text."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from forensics.store import session
+from forensics.errors import CaseError
+from forensics.store import case_path, one, restored, session
 from replay.logset import ts_ns, ts_text
 
 #: Rows read from the case at a time (the requests' facts, a node's records).
 BATCH = 8192
-#: The scratch DuckDB's memory limit: past it, it spills to disk.
+#: The memory limit of the case's database while a replay reads it: past it, the replay's tables
+#: and the case's reads spill to disk (to the case's temporary folder, ``CASE.tmp``).
 SCRATCH_MEMORY = "512MiB"
+#: The in-memory catalog the replay's own tables go in (``kvf_scratch.main`` in ``sql/replay.sql``):
+#: a name no case file is likely to have (a case's catalog is named for its file).
+SCRATCH = "kvf_scratch"
 
 
-def scratch(db: Path, spill: Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with the case ``db`` attached read-only as its default catalog; the
-    replay's own tables go in ``memory`` (spilled to ``spill`` past :data:`SCRATCH_MEMORY`)."""
-    con = duckdb.connect()
-    session(con)
-    con.execute(f"SET memory_limit = '{SCRATCH_MEMORY}'")
-    con.execute(f"SET temp_directory = '{sql_path(spill)}'")
-    con.execute(f"ATTACH '{sql_path(db)}' AS case_db (READ_ONLY)")
-    con.execute("USE case_db")
-    return con
+@contextmanager
+def scratch(case: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection to the case open on ``case``, for a replay to read it through, with an
+    in-memory catalog :data:`SCRATCH` attached for the replay's own tables, and the database under
+    :data:`SCRATCH_MEMORY` while the block runs; the catalog and the limit are undone after.
+
+    (The case's temporary folder stays as it is: DuckDB cannot switch it once a query has spilled
+    there, nor back after the replay's have.)"""
+    if (one(case, "SELECT current_database()") or ("",))[0] == SCRATCH:
+        raise CaseError(f"{case_path(case)}: a case file named {SCRATCH}.duckdb cannot be replayed (the replay "
+                        "keeps its own tables in a catalog of that name); rename it")
+    with restored(case, "memory_limit"):
+        case.execute(f"SET memory_limit = '{SCRATCH_MEMORY}'")
+        case.execute(f"ATTACH ':memory:' AS {SCRATCH}")
+        con = case.cursor()
+        try:
+            session(con)
+            yield con
+        finally:
+            con.close()
+            case.execute(f"DETACH {SCRATCH}")
 
 
 def reader(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """A second connection to the scratch DuckDB, for a query read in batches while ``con``
-    writes (registered tables are per connection; ``memory`` is shared)."""
+    """A second connection to the case the replay reads, for a query read in batches while ``con``
+    writes (registered tables are per connection; the scratch catalog is shared)."""
     cur = con.cursor()
-    cur.execute("USE case_db")
+    session(cur)
     return cur
 
 

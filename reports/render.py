@@ -17,12 +17,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import jinja2
 import markupsafe
 
 import forensics
 from forensics.errors import BadOption
 from forensics.outputs import check_target, write_atomically
+from forensics.store import HeldCase, restored
 from forensics.text import printable
 from reports import charts, lists
 from reports.data import AUDIENCES, FIGURE_WORDS, Names, ReportData, gather
@@ -107,7 +109,7 @@ def render(data: ReportData) -> str:
 
 
 def report(
-    db: Path | str,
+    db: Path | str | HeldCase,
     out: Path | str,
     *,
     audience: str = "internal",
@@ -118,7 +120,42 @@ def report(
 
     ``internal`` shows request and tenant ids as logged (keyed pseudonyms with a key);
     ``regulator`` and ``customer`` never show them: keyed pseudonyms with a key, else ordinals.
+    ``db``: the case's path, or the case a long job holds open (:func:`report_on`).
     """
+    if isinstance(db, HeldCase):
+        return report_on(db.connection, out, audience=audience, pseudonymize_key=pseudonymize_key,
+                         generated_at=generated_at)
+    asked = _asked(Path(out), audience, pseudonymize_key, generated_at)  # (before the case is opened)
+    with forensics.Case(db, read_only=True) as case:
+        return _written(case, asked)
+
+
+def report_on(
+    con: duckdb.DuckDBPyConnection,
+    out: Path | str,
+    *,
+    audience: str = "internal",
+    pseudonymize_key: str | None = None,
+    generated_at: str | None = None,
+) -> ReportResult:
+    """Write the incident report of the case open on ``con`` to ``out`` (the options as for :func:`report`)."""
+    asked = _asked(Path(out), audience, pseudonymize_key, generated_at)
+    return _written(forensics.Case.on(con, read_only=True), asked)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """A report asked for, its options checked: where it goes, for whom, its names and its time."""
+
+    out: Path
+    audience: str
+    names: Names
+    stamp: str
+
+
+def _asked(out: Path, audience: str, pseudonymize_key: str | None, generated_at: str | None) -> _Asked:
+    """The report's options, refused before any work where they are wrong or ``out`` cannot be
+    written (a report is not made to be refused)."""
     if audience not in AUDIENCES:
         raise BadOption(f"--audience must be one of {', '.join(AUDIENCES)}, not {audience!r}")
     if pseudonymize_key is not None and not pseudonymize_key:
@@ -128,18 +165,23 @@ def report(
     else:
         names = Names("ids" if audience == "internal" else "ordinal")
     stamp = _generated_at(generated_at)
-    out = Path(out)
-    check_outputs(out, audience)  # before the work: a report is not made to be refused
-    with forensics.Case(db, read_only=True) as case:
-        case.connection.execute(f"SET memory_limit = '{REPORT_MEMORY}'")
-        data = gather(case.connection, audience=audience, names=names, generated_at=stamp,
+    check_outputs(out, audience)
+    return _Asked(out, audience, names, stamp)
+
+
+def _written(case: forensics.Case, asked: _Asked) -> ReportResult:
+    """The report ``asked`` of ``case``, written with its lists."""
+    con = case.connection
+    with restored(con, "memory_limit"):
+        con.execute(f"SET memory_limit = '{REPORT_MEMORY}'")
+        data = gather(con, audience=asked.audience, names=asked.names, generated_at=asked.stamp,
                       toolkit_version=forensics.__version__)
-    if audience != "customer":  # (the customer report lists no requests)
-        data.lists = lists.write(out, {"responses": data.responses, "victims": data.victims,
-                                       "handoffs": data.handoffs})
+    if asked.audience != "customer":  # (the customer report lists no requests)
+        data.lists = lists.write(asked.out, {"responses": data.responses, "victims": data.victims,
+                                             "handoffs": data.handoffs})
     html = render(data).encode("utf-8")
-    write_atomically(out, html)
-    return ReportResult(out, audience, len(html), data.figures, data.lists)
+    write_atomically(asked.out, html)
+    return ReportResult(asked.out, asked.audience, len(html), data.figures, data.lists)
 
 
 def check_outputs(out: Path, audience: str) -> None:

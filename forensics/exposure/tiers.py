@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from forensics.exposure.figures import DEFINITIONS, summary
 from forensics.ids import NodeId
-from forensics.store import connect, has_table, one, rows, sql_text
+from forensics.store import HeldCase, connect, has_table, one, roll_back, rows, sql_text
 
 PAGE_RECORDS = "page records"
 PAGE_RECORDS_INFERRED = "page records, read inferred"  # the read was inferred at decode_started
@@ -50,14 +50,25 @@ class Filled:
                 "exposed_responses": self.exposed_responses, "rows": self.rows}
 
 
-def fill_from_replay(db: Path | str, replayed: Path, alternatives: Sequence[tuple[str, Path]] = (),
+def fill_from_replay(db: Path | str | HeldCase, replayed: Path, alternatives: Sequence[tuple[str, Path]] = (),
                      disagreeing_nodes: Sequence[str] = (), varied_nodes: Sequence[str] = ()) -> Filled:
-    """Replace the case's ``replay_exposures`` by the exposures of the replay case ``replayed``
-    (the replay under the engine that made the logs, on the logged schedule) where page records
-    are missing, each victim certain or possible: certain where every one of the ``alternatives``
-    (``(schedule, replay case)``: the other schedules the evidence allows, replayed on the
-    ``varied_nodes`` only, where they differ) names it too, on a node whose replay followed its
-    logs (none of ``disagreeing_nodes``) and misses no records."""
+    """:func:`fill_from_replay_on` the case ``db``: its path, or the case a long job holds open."""
+    con = connect(db)
+    try:
+        return fill_from_replay_on(con, replayed, alternatives, disagreeing_nodes, varied_nodes)
+    finally:
+        con.close()
+
+
+def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
+                        alternatives: Sequence[tuple[str, Path]] = (), disagreeing_nodes: Sequence[str] = (),
+                        varied_nodes: Sequence[str] = ()) -> Filled:
+    """Replace the ``replay_exposures`` of the case open on ``con`` by the exposures of the replay
+    case ``replayed`` (the replay under the engine that made the logs, on the logged schedule) where
+    page records are missing, each victim certain or possible: certain where every one of the
+    ``alternatives`` (``(schedule, replay case)``: the other schedules the evidence allows, replayed
+    on the ``varied_nodes`` only, where they differ) names it too, on a node whose replay followed
+    its logs (none of ``disagreeing_nodes``) and misses no records."""
     base = _exposures_of(replayed)
     tables = []
     for name, path in alternatives:
@@ -65,23 +76,26 @@ def fill_from_replay(db: Path | str, replayed: Path, alternatives: Sequence[tupl
         tables.append(t.append_column("schedule", pa.array([name] * t.num_rows, pa.string())))
     alternative = (pa.concat_tables(tables) if tables
                    else base.slice(0, 0).append_column("schedule", pa.array([], pa.string())))
-    con = connect(db)
+    missing = missing_page_records(con)
+    con.register("replayed_exposures", base)
+    con.register("alternative_exposures", alternative)
+    con.execute("BEGIN TRANSACTION")
     try:
-        missing = missing_page_records(con)
-        con.register("replayed_exposures", base)
-        con.register("alternative_exposures", alternative)
-        con.execute("BEGIN TRANSACTION")
         con.execute("DELETE FROM replay_exposures")
         con.execute(sql_text("fill_from_replay.sql"), {
             "missing_nodes": list(missing), "transfer_tier": TRANSFER_REPLAY, "request_tier": REQUEST_REPLAY,
             "schedules": len(alternatives), "disagreeing_nodes": list(disagreeing_nodes),
             "varied_nodes": list(varied_nodes)})
         con.execute("COMMIT")
-        row = one(con, "SELECT count(DISTINCT reader_request) FILTER (WHERE reader_delivered), count(*), "
-                       "(SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)) "
-                       "FROM replay_exposures")
+    except BaseException:
+        roll_back(con)  # (the case stays open after: the fill is undone whole, as a closed connection would)
+        raise
     finally:
-        con.close()
+        con.unregister("replayed_exposures")
+        con.unregister("alternative_exposures")
+    row = one(con, "SELECT count(DISTINCT reader_request) FILTER (WHERE reader_delivered), count(*), "
+                   "(SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)) "
+                   "FROM replay_exposures")
     assert row is not None
     return Filled(missing, int(row[2]), int(row[0]), int(row[1]))
 

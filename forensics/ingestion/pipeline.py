@@ -68,7 +68,7 @@ from forensics.ingestion.readers import (
 from forensics.ingestion.settle import RECORD_TABLES, count, place, settle, settle_together
 from forensics.ingestion.validate import LENIENT_SUSPECT, PLAIN_SOURCE, plain_stage_sql, prepare, stage_sql
 from forensics.schema import KINDS, Reason
-from forensics.store import connect, one, roll_back, scan
+from forensics.store import HeldCase, connect, one, roll_back, scan
 from forensics.text import path_text, shown
 from forensics.version import __version__
 
@@ -202,7 +202,7 @@ class IngestResult:
 
 def ingest(
     paths: Sequence[Path | str],
-    db: Path | str,
+    db: Path | str | HeldCase,
     *,
     progress: Progress | None = None,
     format: str | None = None,
@@ -251,7 +251,7 @@ def _placed(con: duckdb.DuckDBPyConnection, file_id: int, columns: dict[str, tup
     place(con, columns)
 
 
-def _ingest(db: Path | str, logs: list[LogFile], skipped: list[PassedOver], progress: Progress | None,
+def _ingest(db: Path | str | HeldCase, logs: list[LogFile], skipped: list[PassedOver], progress: Progress | None,
             options: Options, settler: Settler = settle, searched: Sequence[Path] = ()) -> IngestResult:
     """:func:`ingest` of the files found (in the folders ``searched``); small files go in groups
     where ``settler`` settles (:func:`settle`)."""

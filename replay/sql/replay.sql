@@ -1,8 +1,8 @@
 -- The replay's statements (replay/statements.py reads them by name): one per block, headed
--- `-- name:`. They run on the scratch DuckDB (replay/scratch.py), the case attached read-only as
--- its default catalog and the replay's own tables in memory.main, but for those under "the
--- replayed case", run on the replay's case with the logged case attached as `logged`, and those
--- under "the case's replays", run on the case itself.
+-- `-- name:`. They run on the case's own connection (replay/scratch.py), its default catalog
+-- the case and the replay's own tables in kvf_scratch.main, but for those under "the replayed
+-- case", run on the replay's case with the logged case's tables as views in `kvf_logged`
+-- (replay/agreement.py), and those under "the case's replays", run on the case itself.
 --
 -- A name in braces is a list the Python declares once, filled in when the statement is read:
 -- {order} a node's order of its records (replay/statements.py), {event_values} and
@@ -30,13 +30,13 @@ SELECT DISTINCT node FROM records WHERE kind IN ('request', 'transfer');
 
 -- name: served
 -- The requests the logs show delivered: a finished with a 2xx status and none of 400 or more.
-CREATE TABLE memory.main.replay_served AS
+CREATE TABLE kvf_scratch.main.replay_served AS
 SELECT request_id FROM records WHERE kind = 'request' AND event = 'finished' AND status IS NOT NULL
 GROUP BY request_id HAVING bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400);
 
 -- name: served_untold
 -- What-if: the model decides, whatever the logs show served.
-CREATE TABLE memory.main.replay_served (request_id VARCHAR);
+CREATE TABLE kvf_scratch.main.replay_served (request_id VARCHAR);
 
 -- name: request_facts
 -- The received requests' facts, by request id (node_roles registered): what planning needs of
@@ -74,19 +74,19 @@ FROM received r LEFT JOIN facts f USING (request_id) WHERE r.k = 1 ORDER BY r.re
 
 -- name: create_plans
 -- The requests' plans (plan_rows: an empty Arrow table of replay/planning.py's PLAN_SCHEMA).
-CREATE TABLE memory.main.replay_plans AS SELECT * FROM plan_rows;
+CREATE TABLE kvf_scratch.main.replay_plans AS SELECT * FROM plan_rows;
 
 -- name: insert_plans
-INSERT INTO memory.main.replay_plans SELECT * FROM plan_rows;
+INSERT INTO kvf_scratch.main.replay_plans SELECT * FROM plan_rows;
 
 -- Each node's records -------------------------------------------------------------------------
 
 -- name: create_roles
 -- The engine nodes' roles.
-CREATE OR REPLACE TABLE memory.main.replay_roles (node VARCHAR, role VARCHAR);
+CREATE OR REPLACE TABLE kvf_scratch.main.replay_roles (node VARCHAR, role VARCHAR);
 
 -- name: insert_role
-INSERT INTO memory.main.replay_roles VALUES (?, ?);
+INSERT INTO kvf_scratch.main.replay_roles VALUES (?, ?);
 
 -- name: node_events
 -- Every node's request and transfer records in its order (_i numbering each node's), each with
@@ -100,8 +100,8 @@ SELECT ev.node AS _node, {event_fields:ev}, s.request_id IS NOT NULL AS _served,
        ev._i = max(ev._i) OVER (PARTITION BY ev.node, ev.request_id) AS _last, {plan_columns:p},
        max(CASE WHEN ev.kind = 'request' AND ev.event = 'finished' AND ev.status BETWEEN 200 AND 299
                 THEN ev._i END) OVER (PARTITION BY ev.node, ev.request_id, ev.boot) AS _finish_i, ev._i
-FROM ev LEFT JOIN memory.main.replay_plans p USING (request_id)
-LEFT JOIN memory.main.replay_served s USING (request_id)
+FROM ev LEFT JOIN kvf_scratch.main.replay_plans p USING (request_id)
+LEFT JOIN kvf_scratch.main.replay_served s USING (request_id)
 ORDER BY ev.node, ev._i;
 
 -- name: carried_ends
@@ -113,14 +113,14 @@ WITH node_ev AS (
 ), mine AS (
   SELECT ev.node, ev.request_id,
          coalesce(max(ev._i) FILTER (WHERE {before_transfer_end:ev}), 0) AS _lo, n.role
-  FROM node_ev ev JOIN memory.main.replay_roles n USING (node)
+  FROM node_ev ev JOIN kvf_scratch.main.replay_roles n USING (node)
   WHERE ev.request_id IS NOT NULL GROUP BY ev.node, ev.request_id, n.role
 ), logged_ends AS (
   SELECT n.node AS _node, {event_values:r},
          r.file_id, r.line_no, r.part, FALSE AS _implied,
          row_number() OVER (PARTITION BY n.node, r.request_id, r.transfer_id, r.event
                             ORDER BY r.node, {order:r}) AS k
-  FROM records r JOIN memory.main.replay_roles n
+  FROM records r JOIN kvf_scratch.main.replay_roles n
     ON (n.role = 'prefill' AND r.src_node = n.node) OR (n.role = 'decode' AND r.dst_node = n.node)
   WHERE r.kind = 'transfer' AND r.event IN ('completed', 'failed')
 ), implied AS (
@@ -141,8 +141,8 @@ WITH node_ev AS (
 SELECT e._node, {event_fields:e}, s.request_id IS NOT NULL AS _served, m._lo,
        e._implied, {plan_columns:p}
 FROM ends e JOIN mine m ON m.node = e._node AND m.request_id = e.request_id
-LEFT JOIN memory.main.replay_plans p ON p.request_id = e.request_id
-LEFT JOIN memory.main.replay_served s ON s.request_id = e.request_id
+LEFT JOIN kvf_scratch.main.replay_plans p ON p.request_id = e.request_id
+LEFT JOIN kvf_scratch.main.replay_served s ON s.request_id = e.request_id
 WHERE e.k = 1 AND NOT EXISTS (
   SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.node = e._node AND x.event = e.event
     AND x.request_id = e.request_id AND x.transfer_id IS NOT DISTINCT FROM e.transfer_id)
@@ -160,7 +160,7 @@ SELECT ev.node, ev.boot, min(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.eve
        max(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.event = 'finished'
                           AND ev.status BETWEEN 200 AND 299) AS f,
        any_value(coalesce(p.q_output_tokens, p.q_max_new_tokens)) AS n
-FROM ev JOIN memory.main.replay_roles r USING (node) LEFT JOIN memory.main.replay_plans p USING (request_id)
+FROM ev JOIN kvf_scratch.main.replay_roles r USING (node) LEFT JOIN kvf_scratch.main.replay_plans p USING (request_id)
 WHERE ev.request_id IS NOT NULL AND r.role = 'decode'
 GROUP BY ev.node, ev.boot, ev.request_id HAVING s < f AND n IS NOT NULL
 ORDER BY ev.node, ev.boot, s;
@@ -171,7 +171,7 @@ ORDER BY ev.node, ev.boot, s;
 SELECT r.node, boot, min(epoch_us(ts)) FILTER (WHERE event = 'decode_started') AS s,
        max(epoch_us(ts)) FILTER (WHERE event = 'finished') AS f,
        max(output_tokens) FILTER (WHERE event = 'finished' AND status BETWEEN 200 AND 299) AS n
-FROM records r JOIN memory.main.replay_roles nr USING (node)
+FROM records r JOIN kvf_scratch.main.replay_roles nr USING (node)
 WHERE kind = 'request' AND request_id IS NOT NULL AND nr.role = 'decode'
 GROUP BY r.node, boot, request_id HAVING s IS NOT NULL AND f IS NOT NULL AND n IS NOT NULL
 ORDER BY r.node, boot, request_id;
@@ -187,7 +187,7 @@ SELECT node, bool_and(epoch_us(ts) % 1000 = 0) FROM records WHERE kind = 'reques
 -- in the logs), by request id.
 WITH l AS (
   SELECT request_id, coalesce(bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400), FALSE) AS ok
-  FROM logged.request_events WHERE event = 'finished' GROUP BY request_id
+  FROM kvf_logged.request_events WHERE event = 'finished' GROUP BY request_id
 ), r AS (
   SELECT request_id, coalesce(bool_or(status BETWEEN 200 AND 299) AND NOT bool_or(status >= 400), FALSE) AS ok
   FROM request_events WHERE event = 'finished' GROUP BY request_id
@@ -201,7 +201,7 @@ WHERE coalesce(l.ok, FALSE) <> coalesce(r.ok, FALSE) ORDER BY request_id;
 WITH norm AS (
   SELECT src, node, boot, request_id, seq,
          list_sort(list_transform(page_ranges, lambda r: [r.lo, r.hi])) AS pages
-  FROM (SELECT 'log' AS src, * FROM logged.records WHERE kind = 'kv' AND op = 'alloc'
+  FROM (SELECT 'log' AS src, * FROM kvf_logged.records WHERE kind = 'kv' AND op = 'alloc'
         UNION ALL BY NAME
         SELECT 'replay' AS src, * FROM records WHERE kind = 'kv' AND op = 'alloc')
 ), numbered AS (
@@ -216,7 +216,7 @@ FULL JOIN (SELECT * FROM numbered WHERE src = 'replay') r
 
 -- name: exposure_pairs
 -- The delivered exposures (reader, victim) of each case.
-SELECT reader_request, victim_request, 'log' FROM logged.exposures WHERE reader_delivered
+SELECT reader_request, victim_request, 'log' FROM kvf_logged.exposures WHERE reader_delivered
 UNION ALL
 SELECT reader_request, victim_request, 'replay' FROM exposures WHERE reader_delivered;
 
