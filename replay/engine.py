@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from forensics import compiled
 from forensics.emit import page_string
 from replay import steps as kernel
 from replay.logset import LogSet
@@ -54,6 +55,10 @@ EXCEEDS_POOL = (400, "prompt_exceeds_kv_pool")
 #: ``beyond_replay_bound`` disagreement (the time and memory a replay takes stay bounded whatever
 #: counts a log states, up to the 2^40 the ingest accepts).
 MAX_REQUEST_PAGES = 2**22
+#: Runs of decode steps a node's engine takes through the kernel's interpreted twin before the
+#: compiled kernel (replay/steps.py): a small replay (the sample's) compiles nothing; both give
+#: the same pages.
+KERNEL_FROM = 2_000
 COVERAGE_MISMATCH = (500, "kv_coverage_mismatch")
 TAG_MISMATCH = (500, "kv_tag_mismatch")
 DECODE_TIMEOUT = (504, "transfer_timeout")
@@ -228,6 +233,7 @@ class NodeEngine:
             raise ValueError(f"unknown engine {self.behaviour!r}; one of {', '.join(BEHAVIOURS)}")
         self.tag_ids = {}
         self._next_tag = 0
+        self._runs = 0  # runs of the decode steps (:meth:`_run`): the compiled kernel's from KERNEL_FROM
         self._texts: dict[int, tuple[Pages, str]] = {}
         self.start_boot(self.boot, self.config)
 
@@ -623,8 +629,10 @@ class NodeEngine:
         room = int((np.minimum(left, steps) // page_size + 1).sum())
         step_of = np.empty(room, np.int64)
         row_of = np.empty(room, np.int64)
-        ran, taken, status = kernel.run(tokens, left, page_size, steps, self.pool.free_count, self.pool.takeable,
-                                        self.pool.released_count, step_of, row_of)
+        self._runs += 1
+        run = kernel.run if self._runs > KERNEL_FROM else compiled.interpreted(kernel.__name__).run
+        ran, taken, status = (int(x) for x in run(tokens, left, page_size, steps, self.pool.free_count,
+                                                  self.pool.takeable, self.pool.released_count, step_of, row_of))
         if taken:
             new = self.pool.take(taken)
             stamp, at = -1, ""

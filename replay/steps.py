@@ -13,7 +13,7 @@ pool would act otherwise than hand out pages from its free list: a merge of the 
 allocator's rule for the call says the free list may be short), too few pages (a starved step), or
 a page past the replay's bound. numba compiles it on first use (about 1 s) and caches the machine
 code beside this file; its interpreted twin (:func:`forensics.compiled.interpreted`) runs the same
-source as Python, for small batches.
+source as Python, for a node's first runs (``engine.KERNEL_FROM``: a small replay compiles nothing).
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ def test_the_kernel_takes_the_pages_a_step_at_a_time_would(rows: list[tuple[int,
     room = int((np.minimum(left, steps) // page_size + 1).sum())
     step_of, row_of = np.empty(room, np.int64), np.empty(room, np.int64)
     ran, taken, status = run(tokens, left, page_size, steps, free, min(free, bound), released, step_of, row_of)
+    assert all(type(x) is int for x in (ran, taken, status)) or twin  # (the twin's may be numpy's: the engine casts)
     want_tokens, want_left = [t for t, _ in rows], [n for _, n in rows]
     want_ran, want_pages, blocked = _one_at_a_time(want_tokens, want_left, page_size, steps, free, min(free, bound),
                                                    released)
