@@ -81,6 +81,20 @@ def cut(text: str, cells: int) -> str:
     return set_cell_size(text, cells - 1).rstrip() + ELLIPSIS
 
 
+def cut_start(text: str, cells: int) -> str:
+    """``text`` in at most ``cells`` terminal cells, an ellipsis starting it where its start was cut
+    (a path keeps its file's name)."""
+    if _length(text) <= cells:
+        return text
+    if cells <= 1:
+        return ELLIPSIS[:cells]
+    return ELLIPSIS + set_cell_size(text[::-1], cells - 1).rstrip()[::-1]
+
+
+#: Columns whose values are cut at their start, not their end: paths, whose end names the file.
+PATHS = ("file", "path")
+
+
 def _pad(text: str, cells: int, right: bool) -> str:
     fill = " " * (cells - _length(text))
     return fill + text if right else text + fill
@@ -187,9 +201,10 @@ def table(frame: pl.DataFrame, cells: int, *, first: Sequence[str] = (), null: s
         lines.append(margin + GAP.join(_pad(h[i] if i < len(h) else "", c.width, c.right)
                                        for c, h in zip(kept, headers, strict=True)).rstrip())
     lines.append(margin + GAP.join("─" * c.width for c in kept))
+    cuts = [cut_start if c.name in PATHS else cut for c in kept]
     for row in zip(*(c.cells for c in kept), strict=True):
-        lines.append(margin + GAP.join(_pad(cut(v, c.width), c.width, c.right)
-                                       for v, c in zip(row, kept, strict=True)).rstrip())
+        lines.append(margin + GAP.join(_pad(shorten(v, c.width), c.width, c.right)
+                                       for v, c, shorten in zip(row, kept, cuts, strict=True)).rstrip())
     left_out = [c.name for c in columns if c not in kept]
     if left_out:
         lines += wrap(f"({len(left_out)} column{'s' if len(left_out) != 1 else ''} not shown at {cells} columns: "

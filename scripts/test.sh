@@ -27,4 +27,5 @@ fi
 echo "test.sh: ruff, mypy, then the tests (pytest)" >&2
 .venv/bin/ruff check forensics replay reports kvforensics tests bench
 .venv/bin/mypy
-.venv/bin/python -m pytest -q
+# two workers (pytest-xdist): CI has 2 cores; each worker has its own session fixtures (Spark, the sample)
+.venv/bin/python -m pytest -q -n 2

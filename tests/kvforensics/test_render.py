@@ -58,6 +58,17 @@ def test_a_narrow_table_cuts_text_with_an_ellipsis_and_names_the_columns_left_ou
     assert "not shown" not in wide and "a reason that goes on and on a reason that goes on and on a…" in wide
 
 
+def test_a_path_too_wide_for_its_column_keeps_its_file_name() -> None:
+    """A file's path is cut at its start, not its end: what is left names the file."""
+    path = "/tmp/pytest-of-root/pytest-384/popen-gw0/a-long-folder-name/told0/pages.jsonl"
+    frame = pl.DataFrame({"file": [path], "line": [14], "reason": ["not_json"], "detail": ["not valid JSON " * 4]})
+    lines = render.table(frame, 60, first=("file", "line", "reason"))
+    assert all(cell_len(line) <= 60 for line in lines)
+    assert re.search(r"^…\S*told0/pages\.jsonl  ", lines[2]), lines[2]
+    assert render.cut_start(path, 12) == "…pages.jsonl" and render.cut_start("short", 12) == "short"
+    assert render.cut(path, 12) == "/tmp/pytest…"  # (any other text keeps its start)
+
+
 def test_columns_named_first_are_kept_when_the_rest_do_not_fit() -> None:
     lines = render.table(_wide(), 50, first=("certainty", "reader_request"))
     assert "certainty" in lines[0] and "reader_request" in lines[0]
