@@ -95,20 +95,7 @@ class LogSet:
         numbered, its line written as :func:`record_line` writes it (the same bytes) without the
         dict: a replay emits one for every page a decode step takes. ``pages`` is a page string
         (digits, ``-`` and ``,``: nothing to escape)."""
-        seq = self._seq.get(node, 0)
-        self._seq[node] = seq + 1
-        q = self._quoted
-        line = (f'{{"kind":"kv","ts":{q(ts)},"node":{q(node)},"seq":{seq}{f",{_BOOT}{boot}" if boot else ""},'
-                f'"request_id":{q(request_id)},"op":{q(op)},"pages":"{pages}"'
-                f'{"" if source is None else f",{_SOURCE}{q(source)}"}}}')
-        if self._into is not None:
-            fh = self._open.get(node) or self._start(node, self._into)
-            fh.write(line)
-            fh.write("\n")
-            self._part_records += 1
-        else:
-            self.lines.setdefault(node, []).append(line)
-        self.records += 1
+        self.emit_kvs(node, boot, ((ts, request_id, op, pages, source),))
 
     def emit_kvs(self, node: str, boot: int, records: Iterable[tuple[str, str, str, str, str | None]]) -> None:
         """:meth:`emit_kv` of each ``(ts, request_id, op, pages, source)`` of ``records``, in order."""

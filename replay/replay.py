@@ -119,36 +119,33 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
     if engine not in BEHAVIOURS:
         raise CaseError(f"unknown engine {engine!r}; one of: {', '.join(BEHAVIOURS)}")
     out = Path(out)
-    with scratch(held.connection) as con:
-        try:
-            configs = node_configs(con)
-            assumed = assumptions(configs)
-            has_pages = (one(con, statement("has_page_records")) or (0,))[0] > 0
-            if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
-                raise CaseError(f"{held}: no prefill or decode config records, nothing to replay")
-            roles = {node: per[-1][3].role for node, per in configs.items() if per}
-            confirming = what_if == AS_CONFIGURED and engine == (logged_engine(configs) or "sglang-placeholder")
-            mode = "confirm" if confirming else "what-if"
-            disagreements: list[Disagreement] = []
-            clocks: list[StepClock] = []
-            unlogged = plan_requests(con, configs, roles, engine, what_if, mode == "confirm", disagreements)
-            served_table(con, mode == "confirm")
-            extra, not_replayed = arrival_events(unlogged, configs)
-            _make_room(out)
-            logs = out / "logs"
-            log = LogSet(into=logs, packed=True)
-            queries = NodeQueries(con, roles)
-            for node in sorted(set(configs) | nodes_with_events(con)):
-                if only is not None and node not in only and roles.get(node) in ("prefill", "decode"):
-                    continue
-                replay_node(queries, node, configs.get(node, []), roles.get(node), engine, what_if, log,
-                            unlogged, extra.get(node, []), mode == "confirm", disagreements, schedule, clocks)
-                log.flush(node, logs)
-            queries.close()
-            log.close()
-            logs.mkdir(parents=True, exist_ok=True)
-        finally:
-            con.close()
+    with scratch(held.connection) as con:  # (its cursor closed, its catalog detached, at the block's end)
+        configs = node_configs(con)
+        assumed = assumptions(configs)
+        has_pages = (one(con, statement("has_page_records")) or (0,))[0] > 0
+        if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
+            raise CaseError(f"{held}: no prefill or decode config records, nothing to replay")
+        roles = {node: per[-1][3].role for node, per in configs.items() if per}
+        confirming = what_if == AS_CONFIGURED and engine == (logged_engine(configs) or "sglang-placeholder")
+        mode = "confirm" if confirming else "what-if"
+        disagreements: list[Disagreement] = []
+        clocks: list[StepClock] = []
+        unlogged = plan_requests(con, configs, roles, engine, what_if, mode == "confirm", disagreements)
+        served_table(con, mode == "confirm")
+        extra, not_replayed = arrival_events(unlogged, configs)
+        _make_room(out)
+        logs = out / "logs"
+        log = LogSet(into=logs, packed=True)
+        queries = NodeQueries(con, roles)
+        for node in sorted(set(configs) | nodes_with_events(con)):
+            if only is not None and node not in only and roles.get(node) in ("prefill", "decode"):
+                continue
+            replay_node(queries, node, configs.get(node, []), roles.get(node), engine, what_if, log,
+                        unlogged, extra.get(node, []), mode == "confirm", disagreements, schedule, clocks)
+            log.flush(node, logs)
+        queries.close()
+        log.close()
+        logs.mkdir(parents=True, exist_ok=True)
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
     if only is not None:
