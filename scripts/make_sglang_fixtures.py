@@ -30,7 +30,13 @@ rejection on both servers), one whose KV transfer fails, two an integrity check 
 catches, one in flight on decode when the decode server dies and starts again (a second start-up
 in the same captured file, one more served by the new process after it), and one whose bootstrap
 never completes (decode cannot reach the prefill's bootstrap server: its handshake fails; the
-prefill times out in ``KVPoll.Bootstrapping``).
+prefill times out in ``KVPoll.Bootstrapping``). One served request's prompt begins with an earlier
+one's (:data:`PREFIXES`): the prefill's prefix cache gives it whole pages (:func:`cached_tokens`),
+printed in its time stats from 0.5.12 and in its finish (``meta_info.cached_tokens``) on both
+servers. Decode prints its ``Decode batch`` lines as its steps go (:meth:`Scenario._decode_steps`):
+every ``decode_log_interval``-th step of a DP rank's scheduler, counted from the process's start,
+so DP0 TP0 and DP1 TP1 each print theirs (one request in the running batch: the run never decodes
+two together on one DP rank), and a long decode prints lines alike within a second.
 
 Every server starts with its warmup, as the release sends it: one batch with an item per DP rank
 before 0.5.18 (:meth:`Scenario._batched_warmup`), one request per DP rank from 0.5.18.
@@ -45,7 +51,12 @@ whose prompts and outputs hold text that looks like log lines (:func:`hostile_te
 output of ~150 KB printed whole; and ``text-reuse/`` (0.5.11, 0.5.18, 0.5.20, 0.5.23:
 :data:`REUSE_RELEASES`), the scenario after one long request on the over-long prompt's decode DP
 pool, that pool smaller (:func:`reuse_run`). The hostile and reuse runs are probed by periodic
-health checks (:meth:`Scenario._health_check`; SOURCE.json ``health_checks``).
+health checks (:meth:`Scenario._health_check`; SOURCE.json ``health_checks``). And, for every
+release, two decode servers of other layouts serving the scenario's served requests, started with
+``--enable-metrics-for-all-schedulers`` (:func:`batch_runs`, SOURCE.json ``batch_runs``):
+``text-all-schedulers/`` at TP4 with DP attention DP2 (two schedulers a DP rank) and
+``text-no-dp-attention/`` at TP2, whose other schedulers print their batch lines too where the
+release lets them (to 0.5.8).
 """
 
 from __future__ import annotations
@@ -76,7 +87,9 @@ from replay.sglang_print.servers import (
     Spec,
     aborts_after_forward,
     close_targets,
+    decode_log_interval,
     drawn_uuids,
+    every_scheduler_logs_decode_batches,
     has_targets,
     retires,
     server_args_fields,
@@ -111,11 +124,36 @@ SCENARIO = [
     ("req-after", 700, 8, "served", 1, 16.6),  # served by the restarted process
     ("req-boot", 3000, 16, "bootstrap_failed", 1, 17.5),  # last: the prefill gives up 300 s later
 ]
+#: Prefix-cache hits on prefill: rid -> (the earlier request whose prompt it begins with, how many
+#: of its first tokens it shares). What the release then takes from the cache: :func:`cached_tokens`.
+PREFIXES = {"req-a3": ("req-a1", 640)}
+#: A decode step's time, seconds: each DP rank's scheduler runs one step per output token after
+#: the first (which comes with the KV from the prefill)
+STEP = 0.012
+#: The warmup's output on decode (``max_new_tokens`` 8: seven decode steps on each DP rank)
+WARMUP_DECODE_TOKENS = 8
 
 
 def common_module(release: Release) -> str:
     """The module holding ``configure_logger`` in this release."""
     return "sglang.srt.utils.common" if release.has("sglang.srt.utils.common") else "sglang.srt.utils"
+
+
+def cached_tokens(rid: str, prompt: int, scenario: list[tuple[str, int, int, str, int, float]],
+                  page: int = SETUP.page) -> int:
+    """The prompt tokens the prefill's prefix cache gives request ``rid`` (:data:`PREFIXES`), as
+    every release computes them: the match is at most ``input_len - 1`` tokens
+    (``Req.adjust_max_prefix_ids``, ``managers/schedule_batch.py``), page-aligned (``RadixKey.
+    page_aligned`` / ``match_prefix``, ``mem_cache/radix_cache.py``), against the earlier request's
+    pages in the tree (its prompt's whole pages: the earlier one served before it arrives);
+    ``req.cached_tokens`` is what the match gave (``prepare_for_extend``). 0 without a hit."""
+    if rid not in PREFIXES:
+        return 0
+    earlier, shared = PREFIXES[rid]
+    before = {r: (p, outcome) for r, p, _, outcome, _, _ in scenario[: [s[0] for s in scenario].index(rid)]}
+    assert before.get(earlier, (0, ""))[1] == "served", (rid, earlier)  # (its pages in the prefill's tree)
+    held = before[earlier][0] // page * page
+    return min(shared, held, prompt - 1) // page * page
 
 
 def run(release: Release, out: Path) -> None:
@@ -142,6 +180,7 @@ def run(release: Release, out: Path) -> None:
     rotation = rotated_run(release, folder / "json-rotated", sources) if release.version in ROTATED else None
     hostile = hostile_runs(release, folder, sources)
     reuse = reuse_run(release, folder / REUSE_FOLDER, sources) if release.version in REUSE_RELEASES else None
+    batches = batch_runs(release, folder, sources)
     (folder / "SOURCE.json").write_text(json.dumps({
         "release": release.version, "wheel": release.wheel.name, "sha256": release.sha256,
         "made_by": "scripts/make_sglang_fixtures.py", "context_length": CONTEXT,
@@ -153,8 +192,16 @@ def run(release: Release, out: Path) -> None:
         # "retired" (at the bootstrap queue: 0.5.21 on)
         "over_long_prompt": "retired" if retires(release) else "aborted" if aborts_after_forward(release) else "sent",
         "decode_waiting_timeout_s": WAITING_TIMEOUT,
+        "decode_log_interval": decode_log_interval(release),
         "scenario": [dict(zip(("rid", "prompt_tokens", "output_tokens", "outcome", "decode_dp_rank", "at_s"), s,
                               strict=True)) for s in SCENARIO],
+        # requests whose prompt begins with an earlier one's: what the prefix cache gives them
+        "prefix_cache_hits": [{"rid": rid, "prefix_of": earlier, "shared_tokens": shared,
+                               "cached_tokens": cached_tokens(rid, prompt, SCENARIO)}
+                              for rid, prompt, *_ in SCENARIO if rid in PREFIXES
+                              for earlier, shared in [PREFIXES[rid]]],
+        # decode servers of other layouts, started with --enable-metrics-for-all-schedulers
+        "batch_runs": batches,
         "sources": dict(sorted(sources.items())),
         "lines": lines,
         "flag_lines": flags,
@@ -259,6 +306,16 @@ class Scenario(Printer):
         self.health = health
         self.health_rids: list[str] = []
         self._silent = False  # (:meth:`_answered_elsewhere`)
+        #: each DP rank's decode steps since its scheduler process started (``forward_ct_decode``)
+        self.steps: dict[int, int] = {}
+        #: when each DP rank's last decode ends (run seconds): the run never decodes two requests
+        #: together on one DP rank, so every batch line's running batch is one request
+        self.decoding_until: dict[int, float] = {}
+        self.interval = decode_log_interval(self.r)
+        #: started with --enable-metrics-for-all-schedulers, in a release whose every scheduler then
+        #: prints its decode batch line (not only each DP rank's first)
+        self.every_scheduler = (dict(server.spec.args).get("enable_metrics_for_all_schedulers") is True
+                                and every_scheduler_logs_decode_batches(self.r))
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -274,9 +331,41 @@ class Scenario(Printer):
             self._request(rid, prompt, output, outcome, dp_rank, at)
         for probe in probes:
             self._health_check(*probe)
-        CLOCK.at(max(at for *_, at in self.scenario) + 1.0 + (BOOTSTRAP_WAIT if s.role == "prefill" else 0.0))
-        s.configure(s.schedulers(0)[0])
-        self._batch_line()
+        if s.role == "prefill":  # (decode's batch lines are its steps': :meth:`_decode_steps`)
+            CLOCK.at(max(at for *_, at in self.scenario) + 1.0 + BOOTSTRAP_WAIT)
+            s.configure(s.schedulers(0)[0])
+            self._batch_line()
+
+    def startup(self) -> None:
+        """The server's start-up (a new process: its schedulers' step counts start at 0)."""
+        self.steps.clear()
+        self.decoding_until.clear()
+        super().startup()
+
+    def _decode_steps(self, dp_rank: int, first: float, count: int) -> None:
+        """``count`` decode steps of one request on ``dp_rank``'s scheduler(s), the first ending at
+        ``first`` (run seconds), one every :data:`STEP`. The scheduler counts its decode steps from
+        its process's start (``forward_ct_decode``) and after every ``decode_log_interval``-th it
+        prints its ``Decode batch`` line: each DP rank's first scheduler (attention-TP rank 0),
+        and with --enable-metrics-for-all-schedulers, where the release lets them, the others
+        (:func:`every_scheduler_logs_decode_batches`). On a prefill server: nothing."""
+        s = self.s
+        if s.role != "decode" or count <= 0:
+            return
+        rank = dp_rank if s.spec.dp_size > 1 else 0
+        assert first >= self.decoding_until.get(rank, 0.0), (s.spec.node, rank, first)  # (one at a time)
+        self.decoding_until[rank] = first + (count - 1) * STEP
+        printers = s.schedulers(rank if s.spec.dp_size > 1 else None)
+        for k in range(count):
+            self.steps[rank] = self.steps.get(rank, 0) + 1
+            if self.steps[rank] % self.interval:
+                continue
+            CLOCK.at(first + k * STEP)
+            for module in ("sglang.srt.server_args", "sglang.srt.arg_groups.fields.observability"):
+                s.note("decode_log_interval", module, "decode_log_interval: ")
+            for prefix in printers if self.every_scheduler else printers[:1]:
+                s.configure(prefix)
+                self._batch_line(running=1)
 
     @contextlib.contextmanager
     def _answered_elsewhere(self) -> Iterator[None]:
@@ -293,8 +382,12 @@ class Scenario(Printer):
 
     def warmup(self, at: float) -> bool:
         """The start-up warmup: one ``/generate`` per DP rank from 0.5.18 (:meth:`Printer.warmup`),
-        the batched one before (:meth:`_batched_warmup`)."""
-        return super().warmup(at) or self._batched_warmup(at)
+        the batched one before (:meth:`_batched_warmup`); on decode, its steps on each DP rank."""
+        done = super().warmup(at) or self._batched_warmup(at)
+        if done:
+            for rank in range(self.s.spec.dp_size):
+                self._decode_steps(rank, at + 0.02, WARMUP_DECODE_TOKENS - 1)
+        return done
 
     def _batched_warmup(self, at: float) -> bool:
         """The start-up warmup of a disaggregated server before 0.5.18 (``_execute_server_warmup``
@@ -417,6 +510,10 @@ class Scenario(Printer):
         self.request_logger.log_received_request(obj)
         CLOCK.at(at + 0.01)
         req = self._req(rid, prompt, room)
+        # (decode takes the prefill's count with the KV: ``cached_tokens`` in the transfer's metadata)
+        req.cached_tokens = cached_tokens(name, prompt, self.scenario)
+        if req.cached_tokens:
+            self._note_prefix_cache()
         ts = req.time_stats
         aborted: dict[str, Any] | None = None
         schedulers = s.schedulers(dp_rank)
@@ -458,7 +555,8 @@ class Scenario(Printer):
                 req.has_log_time_stats = False
                 self._log_time_stats(req)
             s.configure("")
-            self._finish(obj, rid, len(req.origin_input_ids), len(req.output_ids), aborted, t + 0.001)
+            self._finish(obj, rid, len(req.origin_input_ids), len(req.output_ids), aborted, t + 0.001,
+                         cached=req.cached_tokens)
             return
         # decode
         ts.decode_prealloc_queue_entry_time = PERF0 + t
@@ -480,6 +578,8 @@ class Scenario(Printer):
             self._finish(obj, rid, prompt, 0, self._abort_json(self._last_error, 500), t + wait + 0.01)
             return
         if outcome == "decode_restart":  # its KV lands, it decodes, the process dies: nothing more of it
+            first, crash = t + 0.003 + prompt / 400_000 + 0.02 + 0.001 + STEP, t + 0.15
+            self._decode_steps(dp_rank, first, min(output - 1, max(0, int((crash - first) / STEP) + 1)))
             CLOCK.at(t + 0.15)
             self.startup()  # (the server started again: server_args, the pool line, uvicorn, its warmup)
             self.warmup(t + 0.2)
@@ -498,7 +598,8 @@ class Scenario(Printer):
         t += 0.003 + prompt / 400_000 + 0.02
         ts.wait_queue_entry_time = PERF0 + t
         ts.forward_entry_time = PERF0 + t + 0.001
-        t += 0.001 + output * 0.012
+        self._decode_steps(dp_rank, t + 0.001 + STEP, output - 1)
+        t += 0.001 + output * STEP
         ts.completion_time = PERF0 + t
         req.output_ids = [1] * output
         CLOCK.at(t)
@@ -506,7 +607,17 @@ class Scenario(Printer):
             s.configure(prefix)
             self._log_time_stats(req)
         s.configure("")
-        self._finish(obj, rid, prompt, output, None, t + 0.002, text=answer)
+        self._finish(obj, rid, prompt, output, None, t + 0.002, text=answer, cached=req.cached_tokens)
+
+    def _note_prefix_cache(self) -> None:
+        """Where the release computes a prefix-cache hit (:func:`cached_tokens`), for SOURCE.json."""
+        note = self.s.note
+        note("prefix_cache_limit", "sglang.srt.managers.schedule_batch", "max_prefix_len = input_len - 1")
+        for marker in ("len(key) // self.page_size * self.page_size", "len(self) // page_size * page_size"):
+            note("prefix_cache_page_aligned", "sglang.srt.mem_cache.radix_cache", marker)
+        note("prefix_cache_count", "sglang.srt.managers.schedule_batch", "cached_tokens += ")
+        if self.s.role == "decode":  # (the prefill's count, from the transfer's metadata)
+            note("decode_cached_tokens", "sglang.srt.disaggregation.decode", "req.cached_tokens = cached_tokens")
 
     def _retired(self, req: Any, schedulers: list[str], at: float) -> None:
         """A request retired at the prefill bootstrap queue (0.5.21 on:
@@ -652,6 +763,41 @@ def _health(probes: tuple[tuple[float, bool], ...], rids: dict[str, list[str]]) 
             for n, (at, busy) in enumerate(sorted(probes))]
 
 
+#: The decode servers of other layouts (:func:`batch_runs`): (folder, TP size, DP size: above 1 with
+#: DP attention). At TP4 with DP attention DP2 each DP rank has two schedulers (DP0: TP0 and TP1,
+#: DP1: TP2 and TP3); at TP2 without DP attention, one pool, TP0 its first scheduler and TP1 the other.
+BATCH_LAYOUTS = (("text-all-schedulers", 4, 2), ("text-no-dp-attention", 2, 1))
+#: What those servers are started with (where the release has the flag): every scheduler's metrics
+BATCH_ARGS = (("enable_metrics", True), ("enable_metrics_for_all_schedulers", True))
+
+
+def batch_runs(release: Release, folder: Path, sources: dict[str, str]) -> list[dict[str, Any]]:
+    """The served requests of :data:`SCENARIO` on a decode server of each of :data:`BATCH_LAYOUTS`,
+    started with :data:`BATCH_ARGS`, in the text form, into ``folder/<layout>/decode-0.log``: its
+    ``Decode batch`` lines from each DP rank's first scheduler and, where the release prints them
+    with the flag (to 0.5.8: :func:`every_scheduler_logs_decode_batches`), from the others. What
+    each printed, for SOURCE.json's ``batch_runs``."""
+    scenario = [s for s in SCENARIO if s[3] == "served"]
+    fields = server_args_fields(release)
+    described = []
+    for name, tp, dp in BATCH_LAYOUTS:
+        out = folder / name
+        out.mkdir(parents=True)
+        start_clock(SETUP)
+        args = tuple((k, v) for k, v in BATCH_ARGS if k in fields)
+        server = Server(release, dataclasses.replace(SPECS["decode"], tp_size=tp, dp_size=dp, args=args), SETUP,
+                        "text", None)
+        printer = Scenario(server, scenario)
+        printer.play()
+        (out / "decode-0.log").write_text(server.out.getvalue(), encoding="utf-8")
+        sources.update(server.sources)
+        described.append({"folder": name, "role": "decode", "tp_size": tp, "dp_size": dp, "dp_attention": dp > 1,
+                          "args": dict(args), "every_scheduler_prints": printer.every_scheduler,
+                          "scenario": [dict(zip(("rid", "prompt_tokens", "output_tokens", "outcome", "decode_dp_rank",
+                                                 "at_s"), s, strict=True)) for s in scenario]})
+    return described
+
+
 #: The hostile run: no client gives a rid (each server assigns its own), and the prompts and
 #: outputs hold text that looks like log lines. (name, prompt tokens, output tokens, outcome,
 #: decode DP rank, arrival seconds)
@@ -776,7 +922,11 @@ def vary(seed: int) -> None:
         output = rng.randrange(1, 200)
         out.append((f"{rid}-{rng.randrange(16**6):06x}", prompt, output, outcome, rng.randrange(2), round(at, 3)))
         at += 0.05 + prompt / 400_000 + output * 0.012 + rng.uniform(0.5, 1.5)
+    renamed = {old[0]: new[0] for old, new in zip(SCENARIO, out, strict=True)}
+    hits = {renamed[rid]: (renamed[earlier], shared) for rid, (earlier, shared) in PREFIXES.items()}
     SCENARIO[:] = out
+    PREFIXES.clear()
+    PREFIXES.update(hits)
 
 
 def main(argv: list[str] | None = None) -> int:

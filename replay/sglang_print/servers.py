@@ -375,21 +375,19 @@ class Printer:
         self.s.note("pool", mod, "max_total_num_tokens=")
         self.log.info(text)
 
-    def _batch_line(self) -> None:
-        """The head of a batch-statistics line (the rest is assembled piecemeal): noise."""
+    def _batch_line(self, running: int = 1) -> None:
+        """The head of a batch-statistics line (the rest is assembled piecemeal), ``running`` the
+        requests in the running batch."""
         marker = "Prefill batch" if self.s.role == "prefill" else "Decode batch"
-        mod = next(m for m in ("sglang.srt.managers.scheduler_components.metrics_reporter",
-                               "sglang.srt.observability.scheduler_metrics_mixin",
-                               "sglang.srt.managers.scheduler_metrics_mixin") if self.r.has(m)
-                   and marker in self.r.source(m))
+        mod = batch_module(self.r, marker)
         text = self.r.message(mod, marker)(
             iter_msg="", can_run_list=[1], log_input_tokens=900, log_hit_tokens=0,
             token_usage_msg="token usage: 0.00, ",
-            running_bs=1, waiting_queue=[], num_running_reqs=1, num_used=900, token_usage=0.0, cuda_graph=True,
-            can_run_cuda_graph=True, new_token_ratio=0.7, last_gen_throughput=41.2, gen_throughput=41.2,
-            batch=types.SimpleNamespace(reqs=[1]), num_batch_reqs=1, num_new_seqs=1, new_token=900, cached_token=0,
-            num_new_seq=1, num_cached_tokens=0, num_new_tokens=900, num_queue_reqs=0, num_pending_tokens=0,
-            num_running_req=1)
+            running_bs=running, waiting_queue=[], num_running_reqs=running, num_used=900, token_usage=0.0,
+            cuda_graph=True, can_run_cuda_graph=True, new_token_ratio=0.7, last_gen_throughput=41.2,
+            gen_throughput=41.2, batch=types.SimpleNamespace(reqs=[1] * running), num_batch_reqs=running,
+            num_new_seqs=1, new_token=900, cached_token=0, num_new_seq=1, num_cached_tokens=0, num_new_tokens=900,
+            num_queue_reqs=0, num_pending_tokens=0, num_running_req=running)
         self.s.note("batch_stats", mod, marker)
         self.log.info(text)
 
@@ -567,16 +565,16 @@ class Printer:
         return self.finish.FINISH_ABORT(message, _HTTPStatus(status)).to_json()
 
     def _finish(self, obj: Any, rid: str, prompt: int, output: int, aborted: dict[str, Any] | None, at: float,
-                *, stop: bool = False, latency: float = 0.5, text: str = "") -> None:
+                *, stop: bool = False, latency: float = 0.5, text: str = "", cached: int = 0) -> None:
         """The request log's finish line at ``at`` (the abort's reason, else the length or, with
         ``stop``, the end-of-sequence token reached; ``text`` the output, logged at levels 2 and
-        3), and uvicorn's access line."""
+        3; ``cached`` the prompt tokens the prefix cache gave), and uvicorn's access line."""
         CLOCK.at(at)
         self.s.configure("")
         done = self.finish.FINISH_MATCHED_TOKEN(matched=2) if stop else self.finish.FINISH_LENGTH(length=output)
         reason = aborted or done.to_json()
         meta = {"id": rid, "finish_reason": reason, "prompt_tokens": prompt, "completion_tokens": output,
-                "cached_tokens": 0, "e2e_latency": latency}
+                "cached_tokens": cached, "e2e_latency": latency}
         if self.sends_time:
             meta["response_sent_to_client_ts"] = CLOCK.now  # (the tokenizer sets it just before logging)
         out = {"text": text, "output_ids": [1] * output, "meta_info": meta}
@@ -631,6 +629,34 @@ def aborts_after_forward(r: Release) -> bool:
     aborts it before the send (``_retire_aborted_prefill_result``: the sender aborted, nothing
     sent; 0.5.20), rather than sending the stub (up to 0.5.19) or retiring it at intake."""
     return "_retire_aborted_prefill_result" in r.source("sglang.srt.disaggregation.prefill") and not retires(r)
+
+
+def batch_module(r: Release, marker: str) -> str:
+    """The module whose batch-statistics line starts with ``marker`` (``Decode batch``,
+    ``Prefill batch``) in this release."""
+    return next(m for m in ("sglang.srt.managers.scheduler_components.metrics_reporter",
+                            "sglang.srt.observability.scheduler_metrics_mixin",
+                            "sglang.srt.managers.scheduler_metrics_mixin") if r.has(m) and marker in r.source(m))
+
+
+def decode_log_interval(r: Release) -> int:
+    """``--decode-log-interval``'s default in the release: the decode steps of a scheduler between
+    two of its ``Decode batch`` lines."""
+    value = server_args_fields(r).get("decode_log_interval")
+    assert isinstance(value, int) and not isinstance(value, bool), (r.version, value)
+    return value
+
+
+def every_scheduler_logs_decode_batches(r: Release) -> bool:
+    """Whether, started with ``--enable-metrics-for-all-schedulers``, every scheduler prints its
+    ``Decode batch`` line, not only its DP rank's first (attention-TP rank 0). To 0.5.8 the flag
+    lets each scheduler call ``log_decode_stats``, whose ``logger.info(msg)`` is unguarded; from
+    0.5.11 that ``logger.info(msg)`` sits under ``if self.is_stats_logging_rank:`` (attention-TP
+    rank 0), so the flag widens the metrics only, not the log."""
+    if "enable_metrics_for_all_schedulers" not in server_args_fields(r):
+        return False
+    src = r.source(batch_module(r, "Decode batch"))
+    return re.search(r"if self\.is_stats_logging_rank:\s*\n\s*logger\.info\(msg\)", src) is None
 
 
 def _level_after(r: Release, module: str, marker: str) -> str:

@@ -311,12 +311,13 @@ def test_the_batched_warmup_is_printed_where_the_release_has_it_and_only_there()
 @pytest.mark.parametrize("release", BATCHED)
 def test_the_batched_warmup_is_the_servers_own_in_every_form(release: str, tmp_path: Path) -> None:
     """0.5.5, 0.5.7, 0.5.8, 0.5.11 and 0.5.12, every set the release has (text, JSON, text-ms, the
-    rotated, hostile and reuse runs): the warmup's batch line (``rid=[...]``, bootstrap host
-    2.2.2.2 for each item, the rooms ``i * 2**63 // dp_size + i % tp_size``) and its items' finish
-    lines are no genuine line quarantined, no request, no record (by rid or by room): never
-    exposed nor a victim, as the replay reads only records; each file that logs the batch counts
-    its items apart in the note ``warmup``; and the batch's one HTTP answer (one POST, however
-    many items) agrees with the access lines: no ``access`` note."""
+    rotated, hostile and reuse runs, the decode servers of other layouts): the warmup's batch
+    line (``rid=[...]``, bootstrap host 2.2.2.2 for each item, the rooms ``i * 2**63 // dp_size +
+    i % tp_size``) and its items' finish lines are no genuine line quarantined, no request, no
+    record (by rid or by room): never exposed nor a victim, as the replay reads only records;
+    each file that logs the batch counts its items apart in the note ``warmup``; and the batch's
+    one HTTP answer (one POST, however many items) agrees with the access lines: no ``access``
+    note."""
     folders = sorted(d for d in (ROOT / release).iterdir() if d.is_dir() and d.name != "lines")
     assert any(d.name == "text" for d in folders)
     for n, folder in enumerate(folders):
