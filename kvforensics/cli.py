@@ -898,6 +898,9 @@ def simulate(
     no_overlap_schedule: Annotated[bool, typer.Option(
         "--no-overlap-schedule", help="Decode without the overlap scheduler (SGLang's "
         "--disable-overlap-schedule; on by default).")] = False,
+    no_prefix_cache: Annotated[bool, typer.Option(
+        "--no-prefix-cache", help="Prefill without the prefix (radix) cache, freeing a prompt's pages at its "
+        "transfer's end (SGLang's --disable-radix-cache; on by default).")] = False,
     sglang_logs: Annotated[Path | None, typer.Option(
         "--sglang-logs", help="Also write here what SGLang servers would have logged of the run "
         "(new or empty folder), with tenants.json for --tenant-map.")] = None,
@@ -921,6 +924,7 @@ def simulate(
         engine=str(engine), context_length=context_length, prefill_pool_tokens=prefill_pool_tokens,
         decode_pool_tokens=decode_pool_tokens, page_size=page_size, prefill_nodes=prefill_nodes,
         decode_nodes=decode_nodes, overlap_schedule=not no_overlap_schedule,
+        prefix_cache=not no_prefix_cache,
     )
     if sglang_logs is not None and sglang_logs.exists() and (not sglang_logs.is_dir() or any(sglang_logs.iterdir())):
         raise OutputExists(f"{sglang_logs}: exists and is not an empty folder; choose another --sglang-logs")

@@ -63,15 +63,21 @@ def node_configs(con: Any) -> NodeConfigs:
 
 
 def assumptions(configs: NodeConfigs) -> tuple[str, ...]:
-    """What the replay assumed that the logs do not say: the decode nodes whose config does not
-    state whether the overlap scheduler ran (v1.1's ``overlap_schedule``), taken to be on."""
-    unsaid = sorted(node for node, per in configs.items()
-                    if any(c.role == "decode" and "overlap_schedule" not in c.said for _, _, _, c in per))
-    if not unsaid:
-        return ()
-    shown = ", ".join(unsaid[:5]) + (f" and {len(unsaid) - 5:,} more" if len(unsaid) > 5 else "")
-    return (f"overlap scheduler on (SGLang's default) on {len(unsaid):,} decode node(s) whose config "
-            f"does not say: {shown}",)
+    """What the replay assumed that the logs do not say (v1.1's scheduling fields), each taken as
+    SGLang's default: the overlap scheduler on where a decode config does not state
+    ``overlap_schedule``, the prefix cache on where an SGLang prefill config does not state
+    ``prefix_cache``."""
+    out = []
+    for role, name, what in (("decode", "overlap_schedule", "overlap scheduler on"),
+                             ("prefill", "prefix_cache", "prefix cache on")):
+        unsaid = sorted(node for node, per in configs.items()
+                        if any(c.role == role and name not in c.said and (role == "decode" or c.caches_prefixes)
+                               for _, _, _, c in per))
+        if unsaid:
+            shown = ", ".join(unsaid[:5]) + (f" and {len(unsaid) - 5:,} more" if len(unsaid) > 5 else "")
+            out.append(f"{what} (SGLang's default) on {len(unsaid):,} {role} node(s) whose config does not say: "
+                       f"{shown}")
+    return tuple(out)
 
 
 def logged_engine_of(db: Path | str) -> str | None:

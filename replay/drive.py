@@ -22,6 +22,19 @@ def ambiguous_nodes(clocks: list[StepClock]) -> tuple[str, ...]:
     return tuple(sorted({c.node for c in clocks if c.ambiguous}))
 
 
+def prefix_guesses(engines: list[NodeEngine]) -> tuple[str, ...]:
+    """What the replay assumed of prefill's prefix cache that the logs do not say: which cached
+    prompt a hit shared, where more than one was long enough."""
+    guessed = {e.config.node: e.prefix_guesses for e in engines if e.prefix_guesses}
+    if not guessed:
+        return ()
+    nodes = sorted(guessed)
+    shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5:,} more" if len(nodes) > 5 else "")
+    return (f"{sum(guessed.values()):,} prefix-cache hit(s) on prefill ({shown}) whose cached prompt the logs do "
+            "not name took the one touched last (of its tenant first): prefill's pages from there are one layout "
+            "of several; decode's pages, and the victims, do not depend on them",)
+
+
 def replay_node(
     queries: NodeQueries,
     node: str,
@@ -36,6 +49,7 @@ def replay_node(
     disagreements: list[Disagreement],
     schedule: Schedule = LOGGED,
     clocks_used: list[StepClock] | None = None,
+    engines_used: list[NodeEngine] | None = None,
 ) -> None:
     """Feed one node's configs and events, merged in (boot, seq) order, to a node engine;
     ``extra`` events (of requests the logs have no engine event for) join by time. A request is
@@ -167,6 +181,8 @@ def replay_node(
                 node_engine = NodeEngine(config, engine, log, requests, plans, boot=boot, served=served,
                                          disagreements=disagreements)
                 engines.append(node_engine)
+                if engines_used is not None:
+                    engines_used.append(node_engine)
             else:
                 node_engine.start_boot(boot, config)
         else:

@@ -25,6 +25,20 @@ from forensics.emit import page_string
 from replay import steps as kernel
 from replay.logset import LogSet
 from replay.pool import BeyondBound, PagePool, Pages, pages_for
+from replay.radix import Node, PrefixCache, evict_tokens
+
+#: The release from which SGLang's prefix cache evicts only what an allocation lacks (before it,
+#: the whole amount asked): docs/schema-v1.1.md, "Prefill's cached tokens".
+EVICTS_SHORTFALL_FROM = (0, 5, 21)
+
+
+def evicts_whole(version: str) -> bool:
+    """Whether the release ``version`` (``X.Y.Z``, or a range ``A-B`` of them) evicts the whole
+    amount an allocation asks for; a version it cannot read is taken as a recent one."""
+    parts = version.split("-")[-1].split(".")[:3]
+    if len(parts) < 3 or not all(x.isdigit() for x in parts):
+        return False
+    return tuple(int(x) for x in parts) < EVICTS_SHORTFALL_FROM
 
 
 def decode_steps(outputs: int, overlap: bool) -> int:
@@ -79,8 +93,9 @@ class NodeConfig:
     #: decode: the overlap scheduler (SGLang's default on decode; a v1 config record does not say,
     #: docs/schema-v1.1.md): a finishing request gets one more slot before its row is freed
     overlap_schedule: bool = True
-    #: the prefix (radix) cache, where the config record says (v1.1; None: not said). Prefill's
-    #: is not modelled: its pages are freed at the transfer's end (reference-engine.md, point 4)
+    #: the prefix (radix) cache, where the config record says (v1.1; None: not said, and SGLang's
+    #: default applies: :attr:`caches_prefixes`). On prefill, a prompt's full pages then stay cached
+    #: after its transfer (:mod:`replay.radix`); off, they are freed at its end (reference-engine.md, point 4)
     prefix_cache: bool | None = None
     #: which of those (v1.1's fields) the node's config record stated; the others are assumed
     said: tuple[str, ...] = ()
@@ -89,6 +104,14 @@ class NodeConfig:
     def pool_tokens(self) -> int:
         """Tokens the pool holds, page 0 (reserved) left out."""
         return (self.pool_pages - 1) * self.page_size
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether the node keeps prompts in a prefix cache: as its config says, else SGLang's
+        default (on for prefill, off for decode; reference-engine.md points 4 and 6)."""
+        if self.prefix_cache is not None:
+            return self.prefix_cache
+        return self.engine == "sglang" and self.role == "prefill"
 
     @property
     def max_req_input_len(self) -> int:
@@ -176,6 +199,8 @@ DISAGREEMENTS = {
     "model_admits_rejected": "the model would admit a request the logs show rejected",
     "model_outcome_differs": "the replay, following the logs, still answers a request otherwise than they do",
     "steps_differ": "a request's decode steps fit no lockstep schedule of the node's logged order and outputs",
+    "prefix_not_cached": "a prompt the logs say took tokens from the prefix cache finds no cached prompt that long "
+                         "in the replay: it computes every page",
     "beyond_replay_bound": "the request's pages are beyond the replay's bounds (2^22 pages a request, 2^25 distinct "
                            "pages a node's pool hands out): it is not replayed page by page there",
 }
@@ -193,12 +218,17 @@ class _Held:
     #: decode: the prompt's last page where its first step's slot falls and its transfer wrote
     #: nothing (a placeholder's): that step writes it, its version the request's from then on
     first_write: Pages | None = None
+    #: prefill, prefix cache on: the pages the prompt took from the cache, and the cached node it
+    #: holds locked (the one its match ended on, then its own from its forward on)
+    shared: Pages | None = None
+    node: Node | None = None
+    inserted: bool = False
     ended: bool = False  # the engine ended the request on this node
     reading: bool = False  # decode: attending its pages (from decode_started)
     released: bool = False
 
     def pages(self) -> list[Pages]:
-        """Every page array it holds, in row order."""
+        """Every page array it holds, in row order (a prefill's shared prefix not among them)."""
         return ([self.prompt] if self.prompt is not None else []) + self.steps
 
 
@@ -227,6 +257,8 @@ class NodeEngine:
     batch: list[str] = field(init=False)
     tags: np.ndarray = field(init=False)
     tag_ids: dict[str, int] = field(init=False)
+    #: prefill with the prefix cache on: the cached prompts (None: pages freed at the transfer's end)
+    cache: PrefixCache | None = field(init=False)
 
     def __post_init__(self) -> None:
         if self.behaviour not in BEHAVIOURS:
@@ -235,6 +267,8 @@ class NodeEngine:
         self._next_tag = 0
         self._runs = 0  # runs of the decode steps (:meth:`_run`): the compiled kernel's from KERNEL_FROM
         self._texts: dict[int, tuple[Pages, str]] = {}
+        self._guessed = 0
+        self.cache = None
         self.start_boot(self.boot, self.config)
 
     # -- state -------------------------------------------------------------------------
@@ -248,6 +282,13 @@ class NodeEngine:
         self.held = {}
         self.batch = []
         self.tags = np.full(0, -1, dtype=np.int64)
+        self._guessed = self.prefix_guesses  # (the boots before: the new one starts a cache of its own)
+        self.cache = PrefixCache(config.page_size) if config.role == "prefill" and config.caches_prefixes else None
+
+    @property
+    def prefix_guesses(self) -> int:
+        """Prefix-cache hits whose cached prompt the logs leave to a guess, over the node's boots."""
+        return self._guessed + (self.cache.guessed if self.cache is not None else 0)
 
     def forget(self, rid: str) -> None:
         """Let go of what the node holds of ``rid`` once none of its events is left to come: a
@@ -271,11 +312,13 @@ class NodeEngine:
         return self.tags
 
     def check(self) -> None:
-        """The allocator invariant over what every request holds now."""
+        """The allocator invariant over what every request and the prefix cache hold now."""
         held: list[Pages] = []
         for h in self.held.values():
             if not h.released:
-                held.extend(h.pages())
+                held.extend(h.pages() if not h.inserted or h.prompt is None else [h.prompt[self._full(h):]])
+        if self.cache is not None:
+            held.extend(self.cache.held())
         self.pool.check(held)
 
     # -- emitting ------------------------------------------------------------------------
@@ -314,6 +357,9 @@ class NodeEngine:
     def _free(self, ts: str, rid: str) -> None:
         h = self.held.get(rid)
         if h is None or h.released:
+            return
+        if self.cache is not None:
+            self._uncache(ts, rid, h)
             return
         pages = [p for p in h.pages() if len(p)]
         h.released = True
@@ -383,17 +429,22 @@ class NodeEngine:
             if event == "prefill_started":
                 if p.over_long:
                     self._reject_over_long(ts, rid, p)
+                if self.cache is not None:
+                    return self._take_cached_prompt(record, rid, h, p)
                 # the pool may be short for prompts overlapping on prefill, or a smaller what-if pool
                 return self._take_prompt_pages(record, h, p.kv_tokens, log_rejection=False)
             self._emit(record)
             if event == "prefill_done" and h.prompt is not None:
                 self._kv(ts, rid, "write", h.prompt, "compute")
+                if self.cache is not None and not h.inserted:
+                    self._insert(rid, h)
             return True
         if p.prefill_rejects:
             return False
         record = dict(record, tokens=p.kv_tokens)
         if h.prompt is not None:
-            record["src_pages"] = self._text(h.prompt)
+            record["src_pages"] = (self._text(h.prompt) if h.shared is None or not len(h.shared)
+                                   else page_string(np.concatenate([h.shared, h.prompt])))
         record.pop("dst_pages", None)
         self._emit(record)
         if event in ("completed", "failed"):
@@ -475,6 +526,79 @@ class NodeEngine:
         h.prompt = prompt
         self._kv(ts, rid, "alloc", h.prompt)
         return True
+
+    # -- prefill's prefix cache (replay/radix.py) -----------------------------------------------
+
+    def _take_cached_prompt(self, record: dict[str, Any], rid: str, h: _Held, p: Plan) -> bool:
+        """Prefill with the prefix cache on: the prompt's first ``cached_tokens`` (as logged) shared
+        from the cache, its path locked; the rest allocated as :meth:`_take_prompt_pages` does, after
+        the cache evicts least-recently-used prompts if the free pages are short."""
+        assert self.cache is not None
+        page_size = self.config.page_size
+        cached = 0 if p.over_long else int(record.get("cached_tokens") or 0)
+        request = self.requests.get(rid)
+        node, shared = self.cache.match(min(cached, p.kv_tokens - 1), request.tenant_id if request else None)
+        if cached >= page_size and node is None:
+            self._disagrees_always(rid, "prefix_not_cached", f"{cached:,} tokens logged as cached, none cached "
+                                   "that long in the replay")
+        self.cache.lock(node)
+        h.node, h.shared = node, shared
+        tokens = p.kv_tokens - len(shared) * page_size  # (its own: the match is whole pages)
+        need = pages_for(tokens, page_size)
+        if need <= MAX_REQUEST_PAGES:  # (SGLang asks room for a page more a request at page size > 1)
+            self._evict(record["ts"], tokens + (page_size if page_size > 1 else 0))
+        done = self._take_prompt_pages(record, h, tokens, log_rejection=False)
+        if h.prompt is None:  # ended, or past the bounds: nothing of it stays locked
+            self.cache.unlock(node)
+            h.node = h.shared = None
+            return done
+        h.tokens = tokens
+        if len(shared):
+            self._kv(record["ts"], rid, "share", shared, text=page_string(shared))
+        return done
+
+    def _evict(self, ts: str, tokens: int) -> None:
+        """Make room for an allocation of ``tokens`` tokens: the cache evicts what the pool lacks
+        (0.5.21 on) or the whole amount (before), its prompts' pages freed by the requests that
+        wrote them."""
+        assert self.cache is not None
+        asked = evict_tokens(tokens, self.pool.available * self.config.page_size,
+                             evicts_whole(self.config.engine_version))
+        for node in self.cache.evict(asked) if asked else ():
+            self._kv(ts, node.owner, "free", node.pages, text=page_string(node.pages))
+            self.pool.release(node.pages)
+
+    def _full(self, h: _Held) -> int:
+        """Of a prefill's own pages, the full ones (the cache keeps them; a partly filled last is freed)."""
+        return h.tokens // self.config.page_size
+
+    def _insert(self, rid: str, h: _Held) -> None:
+        """After the prompt's forward: its own full pages cached under its match, its lock moved there."""
+        assert self.cache is not None and h.prompt is not None
+        request = self.requests.get(rid)
+        node = self.cache.insert(h.node, h.prompt[:self._full(h)], rid, request.tenant_id if request else None)
+        self.cache.lock(node)
+        self.cache.unlock(h.node)
+        h.node, h.inserted = node, True
+
+    def _uncache(self, ts: str, rid: str, h: _Held) -> None:
+        """The transfer's end (or the request's): what the cache does not keep is freed, the lock let go."""
+        assert self.cache is not None
+        h.released = True
+        keep = self._full(h) if h.inserted and h.prompt is not None else 0
+        if h.shared is not None and len(h.shared):  # (its hold on the shared prefix; the cache keeps the pages)
+            self._kv(ts, rid, "free", h.shared, text=page_string(h.shared))
+        if h.prompt is not None and len(h.prompt) > keep:
+            rest = h.prompt[keep:]
+            self._kv(ts, rid, "free", rest, text=page_string(rest) if keep else None)
+            self.pool.release(rest)
+        self.cache.touch(h.node)
+        self.cache.unlock(h.node)
+        h.node = None
+
+    def _disagrees_always(self, rid: str, kind: str, detail: str) -> None:
+        """List a disagreement of ``rid``'s logs with the model, whichever way the replay goes on."""
+        self.disagreements.append(Disagreement(rid, self.config.node, kind, detail))
 
     def _beyond(self, record: dict[str, Any], h: _Held, detail: str) -> bool:
         """Past the replay's bounds: ``record`` goes on as logged, its request holding no pages

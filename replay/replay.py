@@ -28,8 +28,8 @@ from forensics.errors import CaseError, OutputExists
 from forensics.store import HeldCase, held, one, roll_back
 from replay.agreement import Agreement, agreement, beside, outcomes_changed
 from replay.configs import AS_CONFIGURED, WhatIf, assumptions, logged_engine, logged_engine_of, node_configs
-from replay.drive import ambiguous_nodes, replay_node
-from replay.engine import BEHAVIOURS, Disagreement
+from replay.drive import ambiguous_nodes, prefix_guesses, replay_node
+from replay.engine import BEHAVIOURS, Disagreement, NodeEngine
 from replay.events import NodeQueries, nodes_with_events
 from replay.logset import LogSet
 from replay.planning import arrival_events, plan_requests, served_table
@@ -130,6 +130,7 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
         mode = "confirm" if confirming else "what-if"
         disagreements: list[Disagreement] = []
         clocks: list[StepClock] = []
+        engines: list[NodeEngine] = []
         unlogged = plan_requests(con, configs, roles, engine, what_if, mode == "confirm", disagreements)
         served_table(con, mode == "confirm")
         extra, not_replayed = arrival_events(unlogged, configs)
@@ -141,11 +142,12 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
             if only is not None and node not in only and roles.get(node) in ("prefill", "decode"):
                 continue
             replay_node(queries, node, configs.get(node, []), roles.get(node), engine, what_if, log,
-                        unlogged, extra.get(node, []), mode == "confirm", disagreements, schedule, clocks)
+                        unlogged, extra.get(node, []), mode == "confirm", disagreements, schedule, clocks, engines)
             log.flush(node, logs)
         queries.close()
         log.close()
         logs.mkdir(parents=True, exist_ok=True)
+        assumed += prefix_guesses(engines)
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
     if only is not None:

@@ -66,6 +66,10 @@ class Deployment:
     engine_version: str = "0.5.21"
     #: decode's overlap scheduler (SGLang's default; off: ``--disable-overlap-schedule``)
     overlap_schedule: bool = True
+    #: prefill's prefix (radix) cache: on (SGLang's default), a prompt's full pages stay cached after
+    #: its transfer until an allocation evicts them; off, or None (not said in the configs, as a v1
+    #: log), they are freed at its end
+    prefix_cache: bool | None = True
 
     def configs(self) -> list[NodeConfig]:
         """Every node's config: prefill nodes, then decode nodes."""
@@ -77,7 +81,8 @@ class Deployment:
                     node=f"{role}-{i}", role=role, context_length=self.context_length,
                     page_size=self.page_size, pool_pages=pool_pages(tokens, self.page_size),
                     engine="sglang", engine_version=self.engine_version, model=self.model,
-                    overlap_schedule=self.overlap_schedule or role != "decode"))
+                    overlap_schedule=self.overlap_schedule or role != "decode",
+                    prefix_cache=self.prefix_cache if role == "prefill" else None))
         return out
 
 

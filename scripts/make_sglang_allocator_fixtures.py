@@ -898,6 +898,9 @@ what was borrowed. Allocators are built with `need_sort=True` (disaggregated mod
 """
 
 
+RADIX_SECTION = "<!-- prefill-radix:"
+
+
 def cross_release(summaries: Sequence[Summary]) -> str:
     """Whether every release recorded the same calls (arguments, returns, pool states) for each scenario."""
     digests: dict[str, set[str]] = {}
@@ -938,7 +941,11 @@ def write_readme(out: Path, wheels: Sequence[Wheel], summaries: Sequence[Summary
         waits = "" if s.waits is None else f"{s.waits} ({s.waited} requests)"
         text += (f"| `{s.path}` | {s.bytes} | {s.calls} | {m['alloc']} | {m['alloc_extend']} | {m['alloc_decode']} "
                  f"| {s.nones} | {waits} |\n")
-    (out / "README.md").write_text(text)
+    path = out / "README.md"
+    old = path.read_text() if path.exists() else ""
+    if RADIX_SECTION in old:  # written by make_sglang_radix_fixtures.py: kept as it is
+        text += "\n" + old[old.index(RADIX_SECTION):]
+    path.write_text(text)
 
 
 def check(doc: Json) -> None:

@@ -163,9 +163,11 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         node.records.append(rec)
 
     def config(node: Node, t: int) -> None:
+        # (its prefill frees a prompt's pages once it is sent: SGLang's --disable-radix-cache, which
+        # schema v1.1's prefix_cache says; a v1 config is taken to run SGLang's default, the cache on)
         emit(node, t, {"kind": "config", "role": node.role, "engine": "sglang", "engine_version": "0.5.21",
                        "model": "glm-5.3", "context_length": context, "page_size": page_size,
-                       "pool_pages": node.pool_pages})
+                       "pool_pages": node.pool_pages, **({"prefix_cache": False} if node.role == "prefill" else {})})
 
     for n in (*prefills, *decodes):
         config(n, 0)
