@@ -66,6 +66,27 @@ def test_page_strings_are_canonical_ranges() -> None:
     assert page_string(np.array([7], dtype=np.int64)) == "7"
 
 
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=200), st.booleans())
+def test_an_arrays_page_string_is_its_sets_whatever_its_length_and_order(ids: list[int], ordered: bool) -> None:
+    """Short arrays are run through in Python, long ones vectorised: both give the ranges of the
+    set of ids, as a plain list's ranges are worked out (any order, repeats)."""
+    if ordered:
+        ids = sorted(set(ids))
+    want = sorted(set(ids))
+    runs = ",".join(f"{a}-{b}" if b > a else str(a) for a, b in _ranges(want))
+    assert page_string(np.array(ids, dtype=np.int64)) == page_string(ids) == runs
+
+
+def _ranges(ids: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for p in ids:
+        if out and p == out[-1][1] + 1:
+            out[-1] = (out[-1][0], p)
+        else:
+            out.append((p, p))
+    return out
+
+
 def test_node_names_that_look_alike_as_file_names_keep_their_own_files(tmp_path: Path) -> None:
     from replay.logset import LogSet
 
