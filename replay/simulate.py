@@ -67,8 +67,8 @@ class Deployment:
     #: decode's overlap scheduler (SGLang's default; off: ``--disable-overlap-schedule``)
     overlap_schedule: bool = True
     #: prefill's prefix (radix) cache: on (SGLang's default), a prompt's full pages stay cached after
-    #: its transfer until an allocation evicts them; off, or None (not said in the configs, as a v1
-    #: log), they are freed at its end
+    #: its transfer until an allocation evicts them; off, they are freed at its end; None, not said in
+    #: the configs (as a v1 log), and the engine runs SGLang's default
     prefix_cache: bool | None = True
 
     def configs(self) -> list[NodeConfig]:
