@@ -75,6 +75,11 @@ class PrefixCache:
     def _push(self, leaf: Node) -> None:
         self._order += 1
         heapq.heappush(self._leaves, (leaf.last, self._order, leaf))
+        if len(self._leaves) > 4 * len(self._nodes) + 64:  # (stale entries: rebuilt from the leaves now)
+            leaves = [n for n in self._live() if n.children == 0 and not n.lock]
+            self._leaves = [(n.last, self._order + i, n) for i, n in enumerate(leaves, 1)]
+            self._order += len(leaves)
+            heapq.heapify(self._leaves)
 
     def touch(self, node: Node | None) -> None:
         """A request's path touched again (its transfer's end: ``cache_finished_req`` inserts it)."""
@@ -167,11 +172,16 @@ class PrefixCache:
         return node
 
     def _live(self) -> list[Node]:
-        """The live nodes (the list pruned once as many have died as live)."""
+        """The live nodes."""
+        self._prune()
+        return [n for n in self._nodes if n.alive] if self._dead else self._nodes
+
+    def _prune(self) -> None:
+        """Let the dead nodes go once as many have died as live (a replay's memory follows the
+        cache, not the requests it has seen)."""
         if self._dead * 2 > len(self._nodes):
             self._nodes = [n for n in self._nodes if n.alive]
             self._dead = 0
-        return [n for n in self._nodes if n.alive] if self._dead else self._nodes
 
     def _split(self, node: Node, keep: int) -> Node:
         """``node`` cut after its first ``keep`` pages: the upper part, the new parent of the rest."""
@@ -191,6 +201,7 @@ class PrefixCache:
         node = Node(pages, owner, tenant, parent, depth)
         if parent is not None:
             parent.children += 1
+        self._prune()
         self._nodes.append(node)
         self.evictable += len(pages)
         self._touch(node)

@@ -216,3 +216,20 @@ def test_a_hit_sglang_printed_shares_a_cached_prompts_pages_and_the_guess_is_sai
     assert last - first + 1 == 10 and n_own == 5  # ten pages shared; its other 260 tokens in five pages
     earlier = [pages for rid, op, pages in rows[:[r[0] for r in rows].index("req-a3")] if op == "alloc"]
     assert any(p.startswith(f"{first}-") and int(p.split("-")[1].split(",")[0]) >= last for p in earlier)
+
+
+def test_the_cache_keeps_what_it_holds_not_every_prompt_it_has_seen() -> None:
+    """10,000 prompts cached and evicted one after the other, and one prompt touched 10,000
+    times: the cache's nodes follow what it still holds and its queue of leaves stays within a few
+    times that (stale entries let go), so a long replay's memory stays flat."""
+    cache = PrefixCache(PS)
+    for i in range(10_000):
+        cache.insert(None, np.array([1 + i % 5, 100 + i % 5], np.int64), f"a{i}", "t")
+        if i % 5 == 4:  # (five prompts of two pages cached, then evicted)
+            assert [n.owner for n in cache.evict(10 * PS)] == [f"a{j}" for j in range(i - 4, i + 1)]
+            assert len(cache._nodes) <= 2 * 5 + 1
+    leaves = [cache.insert(None, np.array([9 + i], np.int64), f"b{i}", "t") for i in range(2)]
+    for _ in range(10_000):
+        cache.touch(leaves[0])
+    assert len(cache._leaves) <= 4 * len(cache._nodes) + 64
+    assert [n.owner for n in cache.evict(100 * PS)] == ["b1", "b0"]
