@@ -32,7 +32,13 @@ Layouts (how a deployment logs, all valid under the schema), chosen per log set:
   records, its share of the tokens and its pages landing when it completes;
 - ``jitter_ns``: each decode step lasts :data:`STEP` give or take up to this much (uniformly), so
   steps drift off the clock's multiples and a request's times place its steps only roughly;
-- ``ms_times``: times are logged to the millisecond (truncated), as SGLang prints them.
+- ``ms_times``: times are logged to the millisecond (truncated), as SGLang prints them;
+- ``prefix_cache``: prefill keeps each prompt's full pages in its prefix cache (reference-engine.md
+  point 4; its config says so): after the forward they are cached (held for the request until its
+  transfer ends), at the end only the partly filled last page is freed, and a prompt whose pages
+  the free and released lists lack first has the cache free the prompts least recently touched
+  (cached or ended), none of one in flight, until the shortfall is freed (0.5.21, which this
+  deployment runs, evicts only that). Prompts share no prefix here: every hit is zero.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class Layout:
     chunks: int = 1
     jitter_ns: int = 0
     ms_times: bool = False
+    prefix_cache: bool = False
 
 
 @dataclass
@@ -167,7 +174,41 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         # schema v1.1's prefix_cache says; a v1 config is taken to run SGLang's default, the cache on)
         emit(node, t, {"kind": "config", "role": node.role, "engine": "sglang", "engine_version": "0.5.21",
                        "model": "glm-5.3", "context_length": context, "page_size": page_size,
-                       "pool_pages": node.pool_pages, **({"prefix_cache": False} if node.role == "prefill" else {})})
+                       "pool_pages": node.pool_pages,
+                       **({"prefix_cache": layout.prefix_cache} if node.role == "prefill" else {})})
+
+    # prefill, with the prefix cache: each node's cached prompts, request -> [full pages, last touched, in flight]
+    cached: dict[str, dict[str, list[Any]]] = {n.name: {} for n in prefills}
+    touches = [0]
+
+    def touched(node: Node, rid: str) -> None:
+        touches[0] += 1
+        cached[node.name][rid][1] = touches[0]
+
+    def make_room(node: Node, t: int, tokens: int) -> None:
+        """Before a prompt of ``tokens`` tokens takes its pages (and a page more, as SGLang asks):
+        the least recently touched prompts not in flight freed until the shortfall is."""
+        short = tokens + page_size - node.pool.available() * page_size
+        for x in sorted((x for x, c in cached[node.name].items() if not c[2]), key=lambda x: cached[node.name][x][1]):
+            if short <= 0:
+                break
+            pages = cached[node.name].pop(x)[0]
+            kv(node, t, x, "free", pages)
+            node.pool.give_back(pages)
+            short -= len(pages) * page_size
+
+    def let_go(node: Node, t: int, rid: str, tokens: int) -> None:
+        """A prompt's transfer is over on prefill: what the cache does not keep is freed."""
+        pages = held.pop((node.name, rid))
+        kept = tokens // page_size if layout.prefix_cache and (node.name, rid) in inserted else 0
+        if pages[kept:]:
+            kv(node, t, rid, "free", pages[kept:])
+            node.pool.give_back(pages[kept:])
+        if rid in cached[node.name]:
+            touched(node, rid)
+            cached[node.name][rid][2] = False
+
+    inserted: set[tuple[str, str]] = set()
 
     for n in (*prefills, *decodes):
         config(n, 0)
@@ -297,6 +338,8 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
             request(p, t, rid, "prefill_started")
             if r["over"]:  # the placeholder: marked rejected, one token computed and sent
                 request(p, t, rid, "rejected", reason="input_too_long", limit_tokens=limit)
+            if layout.prefix_cache:
+                make_room(p, t, kv_tokens)
             pages = p.pool.take_prompt(ceil_div(kv_tokens, page_size), kv_tokens, page_size)
             held[(p.name, rid)] = pages
             kv(p, t, rid, "alloc", pages)
@@ -305,6 +348,11 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         elif what == "prefilled":
             request(p, t, rid, "prefill_done")
             kv(p, t, rid, "write", held[(p.name, rid)], "compute")
+            if layout.prefix_cache:
+                inserted.add((p.name, rid))
+                if kv_tokens // page_size:
+                    cached[p.name][rid] = [held[(p.name, rid)][:kv_tokens // page_size], 0, True]
+                    touched(p, rid)
             for c, (_, n) in enumerate(shares(kv_tokens)):
                 if layout.starts in ("prefill", "both"):
                     transfer(p, t, rid, "started", r, n, c)
@@ -314,9 +362,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         elif what == "sent" and rid in lost:  # the decode side is gone: the transfer fails
             for c, (_, n) in enumerate(shares(kv_tokens)):
                 transfer(p, t, rid, "failed", r, n, c)
-            kv_pages = held.pop((p.name, rid))
-            kv(p, t, rid, "free", kv_pages)
-            p.pool.give_back(kv_pages)
+            let_go(p, t, rid, kv_tokens)
         elif what == "sent":
             chunks = shares(kv_tokens)
             for c, (first, n) in enumerate(chunks):
@@ -324,9 +370,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
                 if layout.ends in ("prefill", "both"):
                     transfer(p, step, rid, "completed", r, n, c)
                 if c == len(chunks) - 1:  # the prefill side keeps its pages until the last chunk is sent
-                    kv_pages = held.pop((p.name, rid))
-                    kv(p, step, rid, "free", kv_pages)
-                    p.pool.give_back(kv_pages)
+                    let_go(p, step, rid, kv_tokens)
                 landed = held[(d.name, rid)][first // page_size: ceil_div(first + n, page_size)]
                 if layout.ends in ("decode", "both"):
                     transfer(d, step + 200, rid, "completed", r, n, c)

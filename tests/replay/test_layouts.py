@@ -34,6 +34,7 @@ LAYOUTS = {
     "no transfer end, clocks 30 ms apart, a restart in flight": Layout(ends="none", skew_ns=30_000_000, restart=True,
                                                                       in_flight=True),
     "three transfers, no end logged": Layout(chunks=3, ends="none", starts="decode"),
+    "prefill keeps prompts in its prefix cache": Layout(prefix_cache=True),
 }
 
 
@@ -70,6 +71,32 @@ def test_any_layout_of_any_run_replays_exactly(tmp_path: Path, seed: int, ends: 
     figures, result = figures_and_replay(tmp, seed, layout, requests=120)
     assert result.exposure == figures
     assert result.disagreements == ()
+
+
+def test_prefills_prefix_cache_gives_the_logged_prefill_pages_page_for_page(tmp_path: Path) -> None:
+    """The generator's own prefix cache (its prompts' full pages kept after their transfers, the
+    least recently touched freed when a prompt's pages are short): replayed from the full logs,
+    every allocation, prefill's after its evictions included, is the logged one. The cache had to
+    evict: a prefill node allocated more pages than its pool holds, and only evictions free
+    cached pages."""
+    full = generate(tmp_path / "full", seed=11, requests=200, layout=Layout(prefix_cache=True))
+    allocated = {}
+    for f in full.glob("prefill-*.jsonl"):
+        records = [json.loads(line) for line in f.read_text().splitlines()]
+        pool = next(r["pool_pages"] for r in records if r["kind"] == "config")
+        allocated[f.stem] = (sum(_count(r["pages"]) for r in records
+                                 if r["kind"] == "kv" and r["op"] == "alloc"), pool)
+    assert any(n > pool for n, pool in allocated.values()), allocated
+    forensics.investigate([full], tmp_path / "full.duckdb")
+    result = replay(tmp_path / "full.duckdb", "sglang-placeholder", tmp_path / "replay")
+    assert result.disagreements == () and result.agreement is not None
+    assert result.agreement.reproduced_allocations == result.agreement.logged_allocations
+
+
+def _count(pages: str) -> int:
+    """Pages in a schema page string."""
+    return sum(int(b) - int(a) + 1 for a, _, b in (r.partition("-") if "-" in r else (r, "", r)
+                                                   for r in pages.split(",")))
 
 
 def test_logs_that_contradict_the_pool_give_listed_disagreements(tmp_path: Path) -> None:
