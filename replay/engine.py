@@ -27,9 +27,10 @@ from replay.logset import LogSet
 from replay.pool import BeyondBound, PagePool, Pages, pages_for
 from replay.radix import Node, PrefixCache, evict_tokens
 
-#: The release from which SGLang's prefix cache evicts only what an allocation lacks (before it,
-#: the whole amount asked): docs/schema-v1.1.md, "Prefill's cached tokens".
-EVICTS_SHORTFALL_FROM = (0, 5, 21)
+#: The release from which SGLang's prefix cache evicts only what an allocation lacks; before it,
+#: the whole amount asked (read in the wheels: 0.5.11 and 0.5.12 the whole amount,
+#: mem_cache/common.py:352; 0.5.18 on the shortfall, :138 in 0.5.18; 0.5.13 to 0.5.17 not read).
+EVICTS_SHORTFALL_FROM = (0, 5, 18)
 
 
 def evicts_whole(version: str) -> bool:
@@ -559,7 +560,7 @@ class NodeEngine:
 
     def _evict(self, ts: str, tokens: int) -> None:
         """Make room for an allocation of ``tokens`` tokens: the cache evicts what the pool lacks
-        (0.5.21 on) or the whole amount (before), its prompts' pages freed by the requests that
+        (0.5.18 on) or the whole amount (before), its prompts' pages freed by the requests that
         wrote them."""
         assert self.cache is not None
         asked = evict_tokens(tokens, self.pool.available * self.config.page_size,

@@ -234,9 +234,9 @@ class PrefixCache:
 def evict_tokens(asked: int, available: int, whole: bool) -> int:
     """The tokens the cache is asked to evict before an allocation that asks ``asked`` tokens
     (at page size > 1 a page more a request than its new tokens: ``alloc_paged_token_slots_extend``)
-    with ``available`` free: none where they suffice, else the whole amount (``whole``: up to
-    0.5.20, mem_cache/common.py ``evict_from_tree_cache``) or the shortfall (0.5.21 on,
-    mem_cache/allocator/base.py)."""
+    with ``available`` free: none where they suffice, else the whole amount (``whole``: 0.5.11
+    and 0.5.12, mem_cache/common.py ``evict_from_tree_cache``) or the shortfall (from 0.5.18: the
+    same function, then mem_cache/allocator/base.py from 0.5.21)."""
     if available >= asked:
         return 0
     return asked if whole else asked - available

@@ -101,10 +101,11 @@ def test_eviction_frees_least_recently_used_prompts_first_and_never_one_in_fligh
     assert ("d1", "alloc", "1-2,7-8") in _kv(log)
 
 
-@pytest.mark.parametrize(("version", "evicted"), [("0.5.11", ["a1", "b1"]), ("0.5.23", ["a1"])])
+@pytest.mark.parametrize(("version", "evicted"), [("0.5.11", ["a1", "b1"]), ("0.5.12", ["a1", "b1"]),
+                                                  ("0.5.18", ["a1"]), ("0.5.23", ["a1"])])
 def test_releases_evict_the_whole_amount_asked_or_only_the_shortfall(version: str, evicted: list[str]) -> None:
-    """0.5.11 evicts as many tokens as the allocation asks for; from 0.5.21 only what the free
-    pages lack (docs/schema-v1.1.md)."""
+    """0.5.11 and 0.5.12 evict as many tokens as the allocation asks for; from 0.5.18 only what
+    the free pages lack (docs/schema-v1.1.md)."""
     engine, log = _engine(8, version, prompts={"a1": 128, "b1": 128, "c1": 128, "d1": 128})
     for rid in ("a1", "b1", "c1"):
         _serve(engine, rid)

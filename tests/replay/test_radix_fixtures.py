@@ -12,8 +12,8 @@ free and staged lists after every event. Nothing here needs torch.
 The driver below takes from a fixture what the node's own evidence would say (each request's
 cached tokens, its batch, and, where SGLang found a prompt's own pages already in the tree at its
 insert, which: duplicates, which request-level logs cannot show) and asks the model for the rest:
-the pages matched, those evicted (least recently used first, the whole amount asked up to 0.5.20
-and the shortfall from 0.5.21), those allocated and those freed, which are held to SGLang's,
+the pages matched, those evicted (least recently used first, the whole amount asked in 0.5.11
+and the shortfall from 0.5.18), those allocated and those freed, which are held to SGLang's,
 event by event."""
 
 from __future__ import annotations
