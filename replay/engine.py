@@ -540,8 +540,8 @@ class NodeEngine:
         request = self.requests.get(rid)
         node, shared = self.cache.match(min(cached, p.kv_tokens - 1), request.tenant_id if request else None)
         if cached >= page_size and node is None:
-            self._disagrees_always(rid, "prefix_not_cached", f"{cached:,} tokens logged as cached, none cached "
-                                   "that long in the replay")
+            self.disagreements.append(Disagreement(rid, self.config.node, "prefix_not_cached", f"{cached:,} tokens "
+                                                   "logged as cached, none cached that long in the replay"))
         self.cache.lock(node)
         h.node, h.shared = node, shared
         tokens = p.kv_tokens - len(shared) * page_size  # (its own: the match is whole pages)
@@ -596,10 +596,6 @@ class NodeEngine:
         self.cache.touch(h.node)
         self.cache.unlock(h.node)
         h.node = None
-
-    def _disagrees_always(self, rid: str, kind: str, detail: str) -> None:
-        """List a disagreement of ``rid``'s logs with the model, whichever way the replay goes on."""
-        self.disagreements.append(Disagreement(rid, self.config.node, kind, detail))
 
     def _beyond(self, record: dict[str, Any], h: _Held, detail: str) -> bool:
         """Past the replay's bounds: ``record`` goes on as logged, its request holding no pages

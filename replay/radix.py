@@ -13,7 +13,8 @@ last (of the prompt's own tenant first) and counts the guess (:attr:`PrefixCache
 What SGLang does, and this follows (mem_cache/radix_cache.py; 0.5.11 and 0.5.23):
 
 - ``match_prefix`` touches every node on the matched path; a match ending inside a node splits it
-  (the upper part keeps the lock count; both keep the time);
+  (the upper part keeps the lock count; the lower is touched with the path, the upper made after it
+  and so touched later still);
 - a request locks the path it matched while it is in flight (``inc_lock_ref``), and its own inserted
   node from its forward on (``cache_unfinished_req``) until its transfer ends
   (``cache_finished_req``), which touches the path again;
@@ -64,7 +65,9 @@ class PrefixCache:
 
     # -- touching and locking --------------------------------------------------------------------
 
-    def _touch(self, node: Node | None) -> None:
+    def touch(self, node: Node | None) -> None:
+        """``node``'s path touched, from it up to the root, at one new tick (a match, an insert, a
+        transfer's end: ``cache_finished_req`` inserts it again); None touches the root alone."""
         self._tick += 1
         while node is not None:
             node.last = self._tick
@@ -80,10 +83,6 @@ class PrefixCache:
             self._leaves = [(n.last, self._order + i, n) for i, n in enumerate(leaves, 1)]
             self._order += len(leaves)
             heapq.heapify(self._leaves)
-
-    def touch(self, node: Node | None) -> None:
-        """A request's path touched again (its transfer's end: ``cache_finished_req`` inserts it)."""
-        self._touch(node)
 
     def held(self) -> list[Pages]:
         """The pages every live node holds."""
@@ -118,7 +117,7 @@ class PrefixCache:
         want = cached_tokens // self.page_size
         node = self.guess(cached_tokens, tenant)
         if node is None:
-            self._touch(None)  # (SGLang's match touches the root)
+            self.touch(None)  # (SGLang's match touches the root)
             return None, np.empty(0, np.int64)
         node = self._end_at(node, want)
         return node, path_pages(node)
@@ -159,11 +158,11 @@ class PrefixCache:
         to it touched as SGLang's match does (0.5.11 radix_cache.py, ``_match_prefix_helper``: it
         touches the node it splits, whose new upper part is made after, its time later still)."""
         if node.depth <= want:
-            self._touch(node)
+            self.touch(node)
             return node
         lower = node
         node = self._split(lower, len(lower.pages) - (lower.depth - want))
-        self._touch(node)
+        self.touch(node)
         lower.last = self._tick
         if lower.children == 0:
             self._push(lower)
@@ -204,7 +203,7 @@ class PrefixCache:
         self._prune()
         self._nodes.append(node)
         self.evictable += len(pages)
-        self._touch(node)
+        self.touch(node)
         return node
 
     # -- evicting --------------------------------------------------------------------------------

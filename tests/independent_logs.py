@@ -200,7 +200,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
     def let_go(node: Node, t: int, rid: str, tokens: int) -> None:
         """A prompt's transfer is over on prefill: what the cache does not keep is freed."""
         pages = held.pop((node.name, rid))
-        kept = tokens // page_size if layout.prefix_cache and (node.name, rid) in inserted else 0
+        kept = tokens // page_size if (node.name, rid) in inserted else 0  # (inserted: with the cache only)
         if pages[kept:]:
             kv(node, t, rid, "free", pages[kept:])
             node.pool.give_back(pages[kept:])

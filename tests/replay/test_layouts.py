@@ -15,6 +15,7 @@ from independent_logs import Layout, generate, strip_pages
 from typer.testing import CliRunner
 
 import forensics
+from forensics.exposure.reference import expand
 from kvforensics.cli import EXIT_DISAGREES, app
 from replay.engine import NodeConfig
 from replay.replay import logged_engine, replay
@@ -84,19 +85,13 @@ def test_prefills_prefix_cache_gives_the_logged_prefill_pages_page_for_page(tmp_
     for f in full.glob("prefill-*.jsonl"):
         records = [json.loads(line) for line in f.read_text().splitlines()]
         pool = next(r["pool_pages"] for r in records if r["kind"] == "config")
-        allocated[f.stem] = (sum(_count(r["pages"]) for r in records
+        allocated[f.stem] = (sum(len(expand(r["pages"])) for r in records
                                  if r["kind"] == "kv" and r["op"] == "alloc"), pool)
     assert any(n > pool for n, pool in allocated.values()), allocated
     forensics.investigate([full], tmp_path / "full.duckdb")
     result = replay(tmp_path / "full.duckdb", "sglang-placeholder", tmp_path / "replay")
     assert result.disagreements == () and result.agreement is not None
     assert result.agreement.reproduced_allocations == result.agreement.logged_allocations
-
-
-def _count(pages: str) -> int:
-    """Pages in a schema page string."""
-    return sum(int(b) - int(a) + 1 for a, _, b in (r.partition("-") if "-" in r else (r, "", r)
-                                                   for r in pages.split(",")))
 
 
 def test_logs_that_contradict_the_pool_give_listed_disagreements(tmp_path: Path) -> None:
