@@ -989,6 +989,7 @@ def replay(
     Prints the replay's exposure figures and, where the case has page records, the agreement.
     """
     from kvforensics.job import check_what_if
+    from kvforensics.story import step_records_said
     from replay.replay import WhatIf, default_out
     from replay.replay import replay as run_replay
 
@@ -1005,6 +1006,8 @@ def replay(
         typer.echo(f"  {result.not_replayed:,} requests could not be placed (no prefill or decode node): not replayed")
     for assumption in result.assumed:
         typer.echo(f"  assumed, the logs do not say: {assumption}")
+    if result.mode == "confirm" and (steps := step_records_said(result)):
+        typer.echo(f"  {steps}")
     typer.echo("")
     _print_figures(result.exposure)
     _print_disagreements(result)

@@ -121,6 +121,8 @@ def _notes(found: Any) -> list[str]:
                    else f"what-if, {r.outcomes_changed:,} logged outcomes changed")
         notes.append(f"replay under {r.engine}: {r.exposure['exposed_responses']:,} exposed responses{agreement} "
                      f"({checked})")
+        if r.mode == "confirm" and (steps := step_records_said(r)):
+            notes.append(steps)
     if found.unseen_late_writes:
         notes.append(f"{found.unseen_late_writes:,} transfer(s) sent by prefill and given up by a decode node without "
                      "page records: a late write there is in no log, and no replay figure includes what it "
@@ -132,6 +134,24 @@ def _notes(found: Any) -> list[str]:
     if found.replay_skipped:
         notes.append(f"replay skipped: {found.replay_skipped}")
     return notes
+
+
+def step_records_said(r: Any) -> str | None:
+    """What a confirming replay made of the decode nodes' step records (the engine's own step log),
+    None where the case has none."""
+    listed = sum(d.kind == "step_record_differs" for d in r.disagreements)
+    if not (r.step_records or r.step_records_undecided or r.step_records_unchecked or listed):
+        return None
+    parts = [f"{r.step_records:,} fit the replay's steps"]
+    if r.step_records_undecided:
+        parts.append(f"{r.step_records_undecided:,} may (off by no more than the events whose step the times leave "
+                     "undecided allow)")
+    if listed:
+        parts.append(f"{listed:,} do not (step_record_differs: that node's victims are only possible)")
+    if r.step_records_unchecked:
+        parts.append(f"{r.step_records_unchecked:,} not checked (a request decoded there that the replay does not "
+                     "run step by step)")
+    return "decode step records (the engine's own step log): " + "; ".join(parts)
 
 
 def _figures(found: Any) -> dict[str, dict[str, int | None]]:

@@ -54,11 +54,11 @@ def node_configs(con: Any) -> NodeConfigs:
     rows = con.execute(statement("configs")).fetchall()
     stated = _stated(con, [(r[-3], r[-2]) for r in rows if r[-1] is None])
     out: NodeConfigs = defaultdict(list)
-    for node, boot, seq, ts, role, eng, version, model, ctx, page_size, pool, file_id, line_no, doc in rows:
+    for node, boot, seq, ts, role, eng, version, model, ctx, page_size, pool, interval, file_id, line_no, doc in rows:
         said = _scheduling(doc if doc is not None else stated.get((file_id, line_no)))
         out[node].append((boot, -1 if seq is None else seq, log_ts(ts),
                           NodeConfig(node, role, ctx, page_size, pool, eng, version, model, **said,
-                                     said=tuple(sorted(said)))))
+                                     said=tuple(sorted(said)), step_log_interval=interval)))
     return out
 
 

@@ -134,20 +134,56 @@ def replay_node(
             return record["ts"] if at is None or at > ts else ts_text(at)
 
         e.advance(run, when)
+        clock.settle(ts, record["kind"] == "request" and record["event"] == "finished")
         e.handle(record)
         if rid is None:
             return
         if finishing is not None:
             clock.finished(rid, ts, finishing[1])
         elif starting and rid in e.batch:
-            clock.started(rid, ts, joining, at)
+            clock.started(rid, ts, joining, at, e.held[rid].allocs)
+        elif starting and (rid not in requests or decode_steps(requests[rid].outputs, e.config.overlap_schedule)):
+            clock.blind = True  # (it decodes on the node, not in the replay: the batch is not the node's)
+            clock.forget(rid)
         elif rid not in e.batch:
             clock.forget(rid)
+
+    def step_record(event: dict[str, Any]) -> None:
+        """A decode node's step record: held to the replay's steps; where its place is exact and the
+        records before it fixed the node's count, the steps up to the one it reports run first."""
+        assert node_engine is not None
+        e = node_engine
+        clock = clock_of(e.boot)
+        first = clock.steps
+
+        def when(k: int) -> str:
+            at = clock.time_of(first + k)
+            return event["ts"] if at is None or at > event["_ns"] else ts_text(at)
+
+        label = f"seq {event['seq']}" if event["seq"] is not None else f"at {event['ts']}"
+        step = clock.reported(event["steps"] or e.config.step_log_interval, event["running"], event["seq"],
+                              event["_ns"], label)
+        pinned = False
+        if step is not None:  # (where the steps cannot reach it, none runs: the record is not followed)
+            room = clock.room([x.allocs_left for _, x in e.decoding()], event["_i"])
+            run = e.advance(step - clock.steps, when) if 0 <= step - clock.steps <= room else 0
+            clock.ran(run)
+            if e.config.overlap_schedule and clock.steps == step and run < room and e.decoding():
+                clock.ran(e.advance(1, lambda k: when(run + k)))  # (the next step was launched before it)
+            pinned = clock.pinned(step, event["running"], label)
+        if not pinned and event["seq"] is not None:  # its place exact: the steps its time says ran before it
+            doubts = clock.ambiguous
+            run, _ = clock.before(event["_ns"], [x.allocs_left for _, x in e.decoding()], None, at=event["_i"])
+            e.advance(run, when)
+            clock.placed(exact=clock.ambiguous == doubts and clock.cadence is not None)
+        e.handle(_logged(event))  # (kept as logged: evidence the replayed set carries, as its requests' events)
 
     def clock_of(boot: int) -> StepClock:
         clock = clocks.get(boot)
         if clock is None:
-            clock = clocks[boot] = StepClock(cadences.get(boot), schedule, node, horizon=horizons.pop(boot, None))
+            assert node_engine is not None
+            clock = clocks[boot] = StepClock(cadences.get(boot), schedule, node, horizon=horizons.pop(boot, None),
+                                             overlap=node_engine.config.overlap_schedule)
             if clocks_used is not None:
                 clocks_used.append(clock)
         return clock
@@ -166,6 +202,7 @@ def replay_node(
             return ts_text(ts if at is None or at > ts else at)
 
         e.advance(run, when)
+        clock.settle()
         for rid in deferred:
             forget(rid, now=True)
         deferred.clear()
@@ -198,6 +235,10 @@ def replay_node(
         while k < len(steps) and steps[k][:2] <= key:
             configure(steps[k][0], steps[k][2])
             k += 1
+        if event["kind"] == "step":
+            if role == "decode" and node_engine is not None and event["boot"] == node_engine.boot:
+                step_record(event)
+            continue
         record = admit(item)
         if node_engine is None:  # events before any config: no pool to act on
             log.emit(record)
@@ -217,8 +258,15 @@ def replay_node(
     while pending and node_engine is not None:
         unlogged_event = pending.pop()
         feed(dict(unlogged_event, boot=node_engine.boot), log_ns(unlogged_event["ts"]))
+    if node_engine is not None and node_engine.boot in clocks:  # (records after its last event: up to its batch's end)
+        clocks[node_engine.boot].settle(beyond=max((x.allocs_left for _, x in node_engine.decoding()), default=0))
     for rid in deferred:  # (the node's log ends: what it ran after its last record is in no log)
         forget(rid, now=True)
+    if confirm:  # where the node's own step log and the replay's steps disagree, say so
+        for boot, clock in sorted(clocks.items()):
+            disagreements.extend(Disagreement("", node, "step_record_differs",
+                                              f"boot {boot}, step record {label}: {d}")
+                                 for label, d in clock.step_disagreements)
 
 
 def _horizons(rows: Iterator[tuple[Any, ...]], configs: dict[int, NodeConfig]) -> dict[int, Horizon]:

@@ -100,6 +100,10 @@ class NodeConfig:
     prefix_cache: bool | None = None
     #: which of those (v1.1's fields) the node's config record stated; the others are assumed
     said: tuple[str, ...] = ()
+    #: decode: steps between two of the node's ``step`` records (v1.1; SGLang's
+    #: ``decode_log_interval``); None: the config does not say (a step record without ``steps``
+    #: then counts nothing the replay can use)
+    step_log_interval: int | None = None
 
     @property
     def pool_tokens(self) -> int:
@@ -129,6 +133,7 @@ class NodeConfig:
             # (v1.1, docs/schema-v1.1.md: written where they are not the engine's default or were said)
             **({"overlap_schedule": False} if not self.overlap_schedule else {}),
             **({"prefix_cache": self.prefix_cache} if self.prefix_cache is not None else {}),
+            **({"step_log_interval": self.step_log_interval} if self.step_log_interval is not None else {}),
         }
 
 
@@ -202,6 +207,8 @@ DISAGREEMENTS = {
     "steps_differ": "a request's decode steps fit no lockstep schedule of the node's logged order and outputs",
     "prefix_not_cached": "a prompt the logs say took tokens from the prefix cache finds no cached prompt that long "
                          "in the replay: it computes every page",
+    "step_record_differs": "a decode node's step record (its own count of decode steps and its running batch) "
+                           "does not fit the steps the replay ran there",
     "beyond_replay_bound": "the request's pages are beyond the replay's bounds (2^22 pages a request, 2^25 distinct "
                            "pages a node's pool hands out): it is not replayed page by page there",
 }
@@ -330,6 +337,11 @@ class NodeEngine:
         record["node"] = self.config.node
         record["boot"] = self.boot
         self.log.emit(record)
+
+    def step_record(self, ts: str, running: int) -> None:
+        """Decode: the node's ``step`` record at ``ts`` (v1.1): ``running`` requests in the batch of
+        the step it reports (its steps since the last: the config's ``step_log_interval``)."""
+        self._emit({"kind": "step", "ts": ts, "running": running})
 
     def _text(self, pages: Pages) -> str:
         """The page string of ``pages``, computed once per array a request holds."""

@@ -69,6 +69,14 @@ class ReplayResult:
     ambiguous_nodes: tuple[str, ...] = ()  # the decode nodes where they are
     #: what the replay took for granted that the logs do not say (:func:`assumptions`)
     assumed: tuple[str, ...] = ()
+    #: decode nodes' step records (v1.1) held to the replay's steps; those that do not fit are
+    #: ``step_record_differs`` disagreements
+    step_records: int = 0
+    #: step records not held to them: on a decode node's boot where a request decoded that the replay
+    #: does not run step by step (one the router never logged, or past the replay's bounds)
+    step_records_unchecked: int = 0
+    #: step records that may fit: off the replay's steps by no more than its ambiguous events allow
+    step_records_undecided: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The replay as JSON-ready data."""
@@ -89,6 +97,9 @@ class ReplayResult:
             "ambiguous_steps": self.ambiguous_steps,
             "ambiguous_nodes": list(self.ambiguous_nodes),
             "assumed": list(self.assumed),
+            "step_records": self.step_records,
+            "step_records_unchecked": self.step_records_unchecked,
+            "step_records_undecided": self.step_records_undecided,
             "disagreements": {"count": len(self.disagreements), "by_kind": dict(sorted(kinds.items())),
                               "list": [d.as_dict() for d in self.disagreements]},
         }
@@ -153,7 +164,9 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
     if only is not None:
         return ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, None, mode,
                             tuple(disagreements), 0, schedule, sum(c.ambiguous for c in clocks),
-                            ambiguous_nodes(clocks), assumed)
+                            ambiguous_nodes(clocks), assumed, sum(c.step_records for c in clocks),
+                            sum(c.step_records_unchecked for c in clocks),
+                            sum(c.step_records_undecided for c in clocks))
     with beside(held.connection, case) as both:
         agreed = agreement(both) if has_pages else None
         changed = outcomes_changed(both)
@@ -164,7 +177,9 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
                           for rid, delivered in changed]
     done = ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, agreed, mode,
                         tuple(disagreements), len(changed), schedule, sum(c.ambiguous for c in clocks),
-                        ambiguous_nodes(clocks), assumed)
+                        ambiguous_nodes(clocks), assumed, sum(c.step_records for c in clocks),
+                            sum(c.step_records_unchecked for c in clocks),
+                            sum(c.step_records_undecided for c in clocks))
     _remember(held.connection, done)
     return done
 

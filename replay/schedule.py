@@ -38,6 +38,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+#: A step record's running batch is checked where the steps it may report are at most this many
+#: (the records before it have placed it; the first of a boot may fall anywhere between two events).
+_ROWS_CHECKED = 64
+#: The name a record read again after it did not fit carries (:meth:`StepClock.pinned`).
+_RESTART = "(read again)"
 #: A step count from a time is taken this close to a whole number as that number (times are whole
 #: nanoseconds, kept as integers: as floats, epoch nanoseconds lose hundreds of them).
 _EPS = 1e-6
@@ -148,6 +153,31 @@ class StepClock:
     _ends: dict[str, tuple[int, int]] = field(default_factory=dict)
     _chains: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)  # (Horizon.chains)
     _joining: tuple[list[int], list[int]] | None = None  # the chains of the start just placed
+    #: step records (:meth:`reported`): each running request's first step and steps in all, and
+    #: those of the requests that left, while a record may still ask for a step they ran in
+    _rows: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _left: list[tuple[int, int]] = field(default_factory=list)
+    #: the step records read and not yet settled (:meth:`settle`): each (steps reported since the
+    #: boot's first record, steps run before it, its running batch, its name, the time from which
+    #: an event surely came after it: None where its place in the node's order is exact)
+    _records: list[tuple[int, int, int, str, int | None]] = field(default_factory=list)
+    _reported: int | None = None  # steps reported from the boot's first record to its last
+    #: the last record settled: its count since the boot's first, and the steps of the replay's
+    #: count it may report (the node's first count is unknown: the warmup's steps count too)
+    _chain: tuple[int, int, int] | None = None
+    overlap: bool = True  # the node runs the overlap scheduler (a record then reports the step before)
+    step_records: int = 0  # step records that fit the replay's steps (nothing in them contradicts it)
+    #: step records that do not fit the replay's steps where the times had left some step counts
+    #: undecided before them: the replay's pick among the schedules they allow may be the one the
+    #: record rules out (the job replays the others: victims that vary are possible)
+    step_records_undecided: int = 0
+    #: step records not checked: a request decoded on the boot that the replay does not run step by
+    #: step (no plan: the router never logged it; or past the replay's bounds), so its batch is not the node's
+    step_records_unchecked: int = 0
+    blind: bool = False
+    #: where the replay's steps and the node's step records disagree: (the record, as its seq or
+    #: time names it; what)
+    step_disagreements: list[tuple[str, str]] = field(default_factory=list)
 
     def before(self, ts_ns: int, remaining: list[int], finishing: tuple[str, int] | None,
                starting: bool = False, joining: tuple[int, int] | None = None,
@@ -160,14 +190,7 @@ class StepClock:
         in the node's order) where both are known; ``at``: where the event comes in the node's
         order (the starts after it bound it: :class:`Horizon`). Also whether the count fits the
         logs (False: a disagreement)."""
-        room = min(remaining, default=0)
-        for rid, (steps_i, _) in self._ends.items():  # no step runs past a finish still to come,
-            later = 0  # nor past what the chains of requests to start before it leave room for
-            if at is not None and rid in self._chains:
-                starts, best = self._chains[rid]
-                later = best[bisect.bisect_left(starts, at)]
-            room = min(room, self._first[rid] + steps_i - later - self.steps)
-        room = max(room, 0)
+        room = self.room(remaining, at)
         least = 0
         if joining is not None:  # finishes in lockstep: one that comes before its own ends no later,
             total, finish_at = joining  # nor before the chains of requests that start after it
@@ -201,6 +224,19 @@ class StepClock:
         self.steps += run
         return run, True
 
+    def room(self, remaining: list[int], at: int | None = None) -> int:
+        """The most steps that may run now, before an event at ``at`` in the node's order, with
+        ``remaining`` the steps each running request still has to take: no step runs past a finish
+        still to come, nor past what the chains of requests to start before it leave room for."""
+        room = min(remaining, default=0)
+        for rid, (steps_i, _) in self._ends.items():
+            later = 0
+            if at is not None and rid in self._chains:
+                starts, best = self._chains[rid]
+                later = best[bisect.bisect_left(starts, at)]
+            room = min(room, self._first[rid] + steps_i - later - self.steps)
+        return max(room, 0)
+
     @staticmethod
     def _count(position: float, starting: bool) -> int:
         """Steps launched before an event ``position`` steps after the anchor: a start comes with a
@@ -228,10 +264,13 @@ class StepClock:
         at, index = self._anchor
         return at + round((step - index) * self.cadence.step_ns)
 
-    def started(self, rid: str, ts_ns: int, joining: tuple[int, int] | None = None, at: int | None = None) -> None:
+    def started(self, rid: str, ts_ns: int, joining: tuple[int, int] | None = None, at: int | None = None,
+                allocs: int = 0) -> None:
         """``rid`` joined the running batch at ``ts_ns``, as the next step was launched; ``joining``:
-        its steps in all and where its delivered finish comes, where known."""
+        its steps in all and where its delivered finish comes, where known; ``allocs``: the steps
+        the engine gives it."""
         self._first[rid] = self.steps
+        self._rows[rid] = (self.steps, allocs)
         if joining is not None:
             self._ends[rid] = joining
             if self._joining is not None:
@@ -245,12 +284,197 @@ class StepClock:
         first = self._first.pop(rid, None)
         self._ends.pop(rid, None)
         self._chains.pop(rid, None)
+        self._leave(rid)
         if first is None or total < 1 or self.cadence is None:
             return
         self._anchor = (ts_ns - round(self.cadence.finish_ns), first + total - 1)
 
     def forget(self, rid: str) -> None:
         """``rid`` left the batch without a logged finish."""
+        self._leave(rid)
         self._first.pop(rid, None)
         self._ends.pop(rid, None)
         self._chains.pop(rid, None)
+
+    # -- the node's step records (docs/schema-v1.1.md, "What SGLang's Decode batch line pins") ----
+
+    def _leave(self, rid: str) -> None:
+        """``rid`` left the batch: its steps kept while a step record read or to come may report one
+        of them (a record comes after the steps run before the event before it, less one)."""
+        row = self._rows.pop(rid, None)
+        floor = min([self.steps, *(r[1] for r in self._records)]) - 1
+        if row is not None and row[0] + row[1] >= floor:
+            self._left = [r for r in self._left if r[0] + r[1] >= floor]
+            self._left.append(row)
+
+    def reported(self, steps: int | None, running: int, seq: int | None, ts_ns: int, label: str = "") -> int | None:
+        """A step record at ``ts_ns``: the node had processed the results of ``steps`` more decode
+        steps since its previous record (None: not known, the chain starts again), ``running``
+        requests in the batch of the last; ``label`` names it where it may be listed.
+
+        The node's count runs a fixed offset from the replay's (its first record's count is unknown:
+        the warmup's steps count too), so a record says where its step falls from the last one
+        settled. Where its place in the node's order is exact (it has a seq) and the last record
+        fixed its step, this one's: the caller runs the replay's steps up to it and calls
+        :meth:`pinned`. Else None: it places no step, and the steps run before it and before an
+        event surely after it bound where its step falls (:meth:`settle`).
+
+        Without a seq (an SGLang log: the order is the records' times) the line was printed within
+        its time's resolution (a second, as SGLang prints it, unless ``SGLANG_LOG_MS``), and only
+        an event after that, other than a finish, surely came after it: SGLang's finish line comes
+        from another process, so it may be printed after the batch line its last step preceded."""
+        if self._reported is None or steps is None:
+            self._reported, self._chain = 0, None
+        else:
+            self._reported += steps
+        chain = self._chain
+        if seq is not None and not self._records and not self.blind and chain is not None and chain[1] == chain[2]:
+            return chain[1] + self._reported - chain[0]
+        ready = None if seq is not None else ts_ns + _resolution(ts_ns)
+        self._records.append((self._reported, self.steps, running, label, ready))
+        return None
+
+    def placed(self, exact: bool) -> None:
+        """The record just read (its place exact, not pinned) had the steps its time says run before
+        it: they are the least it may report; with ``exact`` (its time left no doubt) the most too,
+        and it is settled now."""
+        reported, _, running, label, ready = self._records.pop()
+        if exact and not self._records:
+            self._settle_one(reported, self.steps, running, label, self.steps)
+        else:
+            self._records.append((reported, self.steps, running, label, ready))
+
+    def ran(self, steps: int) -> None:
+        """``steps`` more steps ran, up to a pinned record's."""
+        self.steps += steps
+
+    def pinned(self, step: int, running: int, label: str = "") -> bool:
+        """The replay ran its steps up to the one a record reports (``step``, from
+        :meth:`reported`; under the overlap scheduler one more where a request still decodes), where
+        the finishes to come let it: the record is held to the count it reached and to its batch at
+        ``step``. Where they did not (False), the record is read again as the first of a new chain:
+        the caller places it by its time (:meth:`placed`)."""
+        assert self._reported is not None
+        reports = self._reports(self.steps)
+        if step in reports:
+            self._judge(self._batch_at(step), running, label)
+            self._chain = (self._reported, step, step)
+            return True
+        self._differs(label, f"the node's step records place it {self._reported - self._chain_at():,} steps after "
+                             f"the last one, at step {step:,} of the replay's count; the replay had launched "
+                             f"{self.steps:,} there and the finishes logged around it let it reach no other")
+        self._chain = None
+        self._records.append((self._reported, self.steps, running, _RESTART, None))
+        return False
+
+    def _chain_at(self) -> int:
+        return self._chain[0] if self._chain is not None else 0
+
+    def settle(self, ts_ns: int | None = None, finish: bool = False, beyond: int = 0) -> None:
+        """At an event at ``ts_ns`` (a ``finish``, or None: the boot's end, after which ``beyond``
+        more steps may have run), after the steps before it: the step records it surely comes after
+        are bounded by the steps run so far. Each reports the result of a step P that the replay
+        launched, as its C-th, between the steps run before the record and those run now
+        (:meth:`_reports`), and P lies as many steps after the last record's as the node reports.
+        Where it cannot, or the replay's batch at every step the record may report had other than
+        ``running`` rows, the replay and the node's own step log disagree (:meth:`_differs`)."""
+        after = self.steps + beyond
+        done = 0
+        for reported, before, running, label, ready in self._records:
+            if ready is not None and ts_ns is not None and (finish or ts_ns < ready):
+                break  # (the records after it wait too: their steps chain)
+            done += 1
+            self._settle_one(reported, before, running, label, after)
+        del self._records[:done]
+
+    def _settle_one(self, reported: int, before: int, running: int, label: str, after: int) -> None:
+        """A record that reports ``reported`` steps since the boot's first, with ``before`` to ``after``
+        steps launched by the replay when it was printed (:meth:`settle`)."""
+        if self.blind:
+            self.step_records_unchecked += 1
+            return
+        counted = label is not _RESTART  # (a record that did not fit, read again: its chain only)
+        wide = after - before > _ROWS_CHECKED
+        batch = self._batches(before - 1, after + 1) if not wide else []
+        reports = [before - 1, after] if wide else sorted(set().union(*(
+            ({c} if not self.overlap else {c - 1} if batch[c + 1 - (before - 1)] else {c - 1, c})
+            for c in range(before, after + 1))))  # (:meth:`_reports` of each)
+        chain = self._chain
+        if chain is None:
+            fits = reports
+        else:
+            lo, hi = chain[1] + reported - chain[0], chain[2] + reported - chain[0]
+            fits = [p for p in reports if lo <= p <= hi] if not wide else \
+                ([max(lo, reports[0]), min(hi, reports[1])] if max(lo, reports[0]) <= min(hi, reports[1]) else [])
+            if not fits:
+                self._differs(label, f"the node's step records place it {reported - chain[0]:,} steps after the "
+                                     f"last one, at step {lo:,} to {hi:,} of the replay's count; the replay's "
+                                     f"steps there were {reports[0]:,} to {reports[-1]:,}")
+                self._chain = (reported, reports[0], reports[-1])
+                return
+        self._chain = (reported, fits[0], fits[-1])
+        steps = fits if not wide else list(range(fits[0], fits[-1] + 1))
+        if not counted:
+            return
+        if len(steps) > _ROWS_CHECKED:
+            self.step_records += 1  # (its count fits; its batch is not checked: too many steps it may report)
+            return
+        rows = sorted({batch[p - (before - 1)] if not wide and before - 1 <= p <= after + 1 else self._batch_at(p)
+                       for p in steps})
+        if running in rows:
+            self.step_records += 1
+        else:
+            self._judge(rows[0], running, label, rows)
+
+    def _judge(self, rows: int, running: int, label: str, every: list[int] | None = None) -> None:
+        """A record's ``running`` against the replay's batch at its step (``every``: at each step it may report)."""
+        if running == rows:
+            self.step_records += 1
+            return
+        shown = " or ".join(str(r) for r in (every or [rows]))
+        self._differs(label, f"the step record says {running:,} requests running; the replay's batch at the step "
+                             f"it reports had {shown}")
+
+    def _differs(self, label: str, detail: str) -> None:
+        """A record the replay's steps do not fit: a disagreement where every step count before it was
+        decided by the evidence; where the times had left some undecided, the replay's pick may be
+        the one the record rules out, and it is counted undecided (the job replays the other
+        schedules the times allow: victims that differ there are possible)."""
+        if self.ambiguous:
+            self.step_records_undecided += 1
+        else:
+            self.step_disagreements.append((label, detail))
+
+    def _reports(self, launched: int) -> set[int]:
+        """The steps a record may report where the replay had launched ``launched``: that one
+        without the overlap scheduler; with it, the one before where a request takes part in the
+        next step (the scheduler launches it before it reports), else either (a batch that empties
+        is reported after its last step, or after the launch of an overlap slot that was the last)."""
+        if not self.overlap:
+            return {launched}
+        going_on = any(f < launched + 1 <= f + a for rows in (self._rows.values(), self._left) for f, a in rows)
+        return {launched - 1} if going_on else {launched - 1, launched}
+
+    def _batches(self, lo: int, hi: int) -> list[int]:
+        """The rows of each step from ``lo`` to ``hi`` (:meth:`_batch_at` of each, in one pass)."""
+        diff = [0] * (hi - lo + 2)
+        for rows in (self._rows.values(), self._left):
+            for f, a in rows:
+                first, last = max(f + 1, lo), min(f + a, hi)
+                if first <= last:
+                    diff[first - lo] += 1
+                    diff[last - lo + 1] -= 1
+        out, running = [], 0
+        for d in diff[:-1]:
+            running += d
+            out.append(running)
+        return out
+
+    def _batch_at(self, step: int) -> int:
+        """The rows of step ``step`` (a request takes part in the steps ``first + 1`` to ``first + allocs``)."""
+        return sum(1 for rows in (self._rows.values(), self._left) for f, a in rows if f < step <= f + a)
+
+
+def _resolution(ts_ns: int) -> int:
+    """The resolution a time was logged to, as far as one time tells: a second, a millisecond or a microsecond."""
+    return 1_000_000_000 if ts_ns % 1_000_000_000 == 0 else 1_000_000 if ts_ns % 1_000_000 == 0 else 1_000

@@ -17,6 +17,7 @@ the same code a replay runs.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import heapq
 import os
 import random
@@ -70,6 +71,9 @@ class Deployment:
     #: its transfer until an allocation evicts them; off, they are freed at its end; None, not said in
     #: the configs (as a v1 log), and the engine runs SGLang's default
     prefix_cache: bool | None = True
+    #: decode: steps between two ``step`` records (SGLang's ``decode_log_interval``, 40 by
+    #: default); None: the decode nodes write none, as a v1 log
+    step_log_interval: int | None = 40
 
     def configs(self) -> list[NodeConfig]:
         """Every node's config: prefill nodes, then decode nodes."""
@@ -82,7 +86,8 @@ class Deployment:
                     page_size=self.page_size, pool_pages=pool_pages(tokens, self.page_size),
                     engine="sglang", engine_version=self.engine_version, model=self.model,
                     overlap_schedule=self.overlap_schedule or role != "decode",
-                    prefix_cache=self.prefix_cache if role == "prefill" else None))
+                    prefix_cache=self.prefix_cache if role == "prefill" else None,
+                    step_log_interval=self.step_log_interval if role == "decode" else None))
         return out
 
 
@@ -232,18 +237,36 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         heapq.heappush(queue, (t, order, fn, args))
         order += 1
 
+    stepping = {c.node: _Stepping(c.step_log_interval, c.overlap_schedule) for c in decode_cfgs}
+
     def catch_up(node: str, t: int) -> None:
         """The decode steps of ``node`` launched before ``t`` (at one time, an event comes before
-        the step, as an iteration of SGLang's decode loop takes landed requests in before it steps)."""
+        the step, as an iteration of SGLang's decode loop takes landed requests in before it steps),
+        with the ``step`` records due before ``t`` among them (:class:`_Stepping`)."""
+        s = stepping.get(node)
         first = next_step.get(node)
-        if first is None or first >= t:
-            return
-        due = -(-(t - first) // DECODE_PER_TOKEN)
-        ran = engines[node].advance(due, lambda k: ts_text(first + k * DECODE_PER_TOKEN))
-        if ran < due:
-            del next_step[node]  # nothing decoding: no step until a request joins
-        else:
-            next_step[node] = first + due * DECODE_PER_TOKEN
+        if first is not None and first < t:
+            engine = engines[node]
+            due = -(-(t - first) // DECODE_PER_TOKEN)
+            launched = 0
+            while launched < due:
+                at_ns = first + launched * DECODE_PER_TOKEN  # (the next step's launch)
+                chunk = due - launched if s is None else s.chunk(engine, at_ns, due - launched)
+                if not chunk:  # a step record is due before the next step
+                    assert s is not None
+                    s.write(engine, at_ns + 1)
+                    continue
+                ran = engine.advance(chunk, functools.partial(_step_time, at_ns))
+                launched += ran
+                if s is not None:
+                    s.ran(ran, at_ns)
+                if ran < chunk:
+                    del next_step[node]  # nothing decoding: no step until a request joins
+                    break
+            else:
+                next_step[node] = first + due * DECODE_PER_TOKEN
+        if s is not None:
+            s.write(engines[node], t)
 
     waiting: dict[str, deque[str]] = {c.node: deque() for c in prefill_cfgs}
     #: decode's preallocation queue: requests waiting for pages, in arrival order
@@ -373,6 +396,8 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
     while queue:
         t, _, fn, args = heapq.heappop(queue)
         fn(t, *args)
+    for node, s in stepping.items():  # (the step records due after the node's last event)
+        s.write(engines[node])
 
     files = []
     for written in log.write(writing):
@@ -388,3 +413,61 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
                   "failed_on_decode": len(requests) - finished["delivered"] - by_router - by_prefill},
         waited=len(waited), starved_steps=sum(e.starved_steps for e in engines.values()),
     )
+
+
+def _step_time(first_ns: int, k: int) -> str:
+    """The time of the k-th of decode steps launched from ``first_ns``."""
+    return ts_text(first_ns + k * DECODE_PER_TOKEN)
+
+
+#: When a decode node's ``step`` record comes after the launch of the step it reports: after that
+#: step's finishes (half a step after its launch) and, under the overlap scheduler, after the next
+#: step's launch and finishes too (SGLang reports step P when it processes P's result, which the
+#: overlap scheduler does after it has launched step P + 1), before the step after that.
+STEP_RECORD_AFTER = DECODE_PER_TOKEN * 4 // 5
+
+
+@dataclass
+class _Stepping:
+    """A decode node's ``step`` records, as SGLang's scheduler prints its ``Decode batch`` line
+    (docs/schema-v1.1.md): after the result of every ``interval``-th decode step is processed, the
+    rows of that step as ``running``. The node's steps are counted from its start (the simulator
+    runs no warmup)."""
+
+    interval: int | None
+    overlap: bool
+    count: int = 0  # steps launched
+    rows: int = 0  # the rows of the step to report, read as it is launched
+    #: the records due, in order: each its time and running batch
+    pending: deque[tuple[int, int]] = field(default_factory=deque)
+
+    def chunk(self, engine: NodeEngine, at_ns: int, due: int) -> int:
+        """How many of ``due`` steps (the first launched at ``at_ns``) run before the next record
+        due or the next step to report (0: a record due comes first)."""
+        if self.interval is None:
+            return due
+        if self.pending:
+            before = -(-(self.pending[0][0] - at_ns) // DECODE_PER_TOKEN)  # steps launched before it
+            if before <= 0:
+                return 0
+            due = min(due, before)
+        to_report = self.interval - self.count % self.interval  # (the step to report is the to_report-th)
+        if to_report == 1:
+            self.rows = len(engine.decoding())
+            return 1
+        return min(due, to_report - 1)
+
+    def ran(self, steps: int, at_ns: int) -> None:
+        """``steps`` steps ran from ``at_ns``: where the last is one to report, its record is due."""
+        if self.interval is None or not steps:
+            return
+        self.count += steps
+        if self.count % self.interval == 0:
+            launched = at_ns + (steps - 1) * DECODE_PER_TOKEN
+            self.pending.append((launched + (DECODE_PER_TOKEN if self.overlap else 0) + STEP_RECORD_AFTER, self.rows))
+
+    def write(self, engine: NodeEngine, before: int | None = None) -> None:
+        """The records due (before ``before``, where given), written."""
+        while self.pending and (before is None or self.pending[0][0] < before):
+            at, rows = self.pending.popleft()
+            engine.step_record(ts_text(at), rows)

@@ -38,7 +38,12 @@ Layouts (how a deployment logs, all valid under the schema), chosen per log set:
   transfer ends), at the end only the partly filled last page is freed, and a prompt whose pages
   the free and released lists lack first has the cache free the prompts least recently touched
   (cached or ended), none of one in flight, until the shortfall is freed (0.5.21, which this
-  deployment runs, evicts only that). Prompts share no prefix here: every hit is zero.
+  deployment runs, evicts only that). Prompts share no prefix here: every hit is zero;
+- ``step_log``: each decode node logs a ``step`` record (schema v1.1, docs/schema-v1.1.md) after it
+  has processed the result of every ``step_log``-th step of its boot, with that step's rows as
+  ``running``: the overlap scheduler processes a step's result once it has launched the next step
+  (if any request still decodes) and logged the finishes that result brings (half a step after that
+  launch); if none does, half a step after the step itself. Its config says ``step_log_interval``.
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ class Layout:
     jitter_ns: int = 0
     ms_times: bool = False
     prefix_cache: bool = False
+    step_log: int = 0
+
 
 
 @dataclass
@@ -138,6 +145,8 @@ class Node:
     stepping: bool = False  # decode: its next step is on the clock
     next_step: int = 0  # decode, while stepping: when
     reserved: int = 0  # decode: pages its admitted requests' outputs may still take
+    steps: int = 0  # decode: steps launched this boot
+    to_log: int | None = None  # decode: the rows of a step whose result the next step's launch processes
 
     def __post_init__(self) -> None:
         self.pool = Pool(self.pool_pages)
@@ -175,7 +184,8 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         emit(node, t, {"kind": "config", "role": node.role, "engine": "sglang", "engine_version": "0.5.21",
                        "model": "glm-5.3", "context_length": context, "page_size": page_size,
                        "pool_pages": node.pool_pages,
-                       **({"prefix_cache": layout.prefix_cache} if node.role == "prefill" else {})})
+                       **({"prefix_cache": layout.prefix_cache} if node.role == "prefill" else {}),
+                       **({"step_log_interval": layout.step_log} if node.role == "decode" and layout.step_log else {})})
 
     # prefill, with the prefix cache: each node's cached prompts, request -> [full pages, last touched, in flight]
     cached: dict[str, dict[str, list[Any]]] = {n.name: {} for n in prefills}
@@ -270,9 +280,19 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
 
     while heap:
         t, _, _, what, rid, data = heapq.heappop(heap)
+        if what == "steplog":  # rid: the decode node; its step record, unless it restarted since
+            if nodes[rid].boot == data["boot"]:
+                emit(nodes[rid], t, {"kind": "step", "running": data["running"]})
+            continue
         if what == "step":  # rid: the decode node
             d = nodes[rid]
             running = [x for x in d.batch if decoding[(d.name, x)][1] > 0]
+            d.steps += 1
+            if d.to_log is not None:  # this launch comes before the result of the step to log is processed
+                at(t + STEP // 2, "steplog", d.name, phase=1, boot=d.boot, running=d.to_log)
+                d.to_log = None
+            if layout.step_log and d.steps % layout.step_log == 0:
+                d.to_log = len(running)
             for x in running:  # a step writes its token's KV into its slot: a first slot on a prompt
                 slots = decoding[(d.name, x)][0]  # page the transfer left unwritten writes that page
                 sent = 1 if info[x]["over"] else info[x]["prompt"]
@@ -294,6 +314,9 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
                 at(d.next_step, "step", d.name, phase=1)
             else:
                 d.stepping = False
+                if d.to_log is not None:  # no step follows: its result is processed after it
+                    at(t + STEP // 2, "steplog", d.name, phase=1, boot=d.boot, running=d.to_log)
+                    d.to_log = None
             continue
         r = info[rid]
         p, d = r["prefill"], r["decode"]
@@ -311,6 +334,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
             d.reserved = 0
             d.boot += 1
             d.seq = 0
+            d.steps, d.to_log = 0, None
             d.pool = Pool(d.pool_pages)
             config(d, t)
             if what == "restart":

@@ -45,6 +45,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,12 @@ def timelines(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> l
     return sorted(out.values(), key=lambda t: (t.arrived, t.rid))
 
 
+def steps(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> list[tuple[float, int]]:
+    """The step records of ``node`` (a decode node's, v1.1: the simulator writes one where SGLang's
+    scheduler prints its ``Decode batch`` line), each its time and running batch."""
+    return [(_seconds(r["ts"], epoch), r["running"]) for r in records if r["node"] == node and r["kind"] == "step"]
+
+
 def print_server(logs: Path, out: Path, wheel: Path, node: str, form: str) -> dict[str, str]:
     """Print ``node``'s log (``out/NODE.log``) through ``wheel``'s code; the line types' sources.
     Changes this process's logging and ``sys.modules``: call it in a process of its own."""
@@ -146,7 +153,7 @@ def print_server(logs: Path, out: Path, wheel: Path, node: str, form: str) -> di
     start_clock(setup)
     server = Server(release, spec, setup, form, None, out=Lines())
     printer = SimulatedServer(server, address)
-    printer.play(timelines(records, node, epoch))
+    printer.play(timelines(records, node, epoch), steps(records, node, epoch))
     (out / f"{node}.log").write_text(server.out.getvalue(), encoding="utf-8")
     return server.sources
 
@@ -160,9 +167,13 @@ class SimulatedServer(Printer):
         self.retires = retires(self.r)
         self.aborts = aborts_after_forward(self.r)
 
-    def play(self, requests: list[Timeline]) -> None:
+    def play(self, requests: list[Timeline], steps: Sequence[tuple[float, int]] = ()) -> None:
+        """Print the requests' lines, and a decode server's batch lines at its ``steps`` (each its
+        time and running batch: the step records of the run)."""
         CLOCK.at(0.0)
         self.startup()
+        for at, running in steps:
+            self._batch(at, running)
         for t in requests:
             obj = self._obj(t.rid, t.prompt, t.max_new, room_of(t.rid), self.address[t.prefill_node])
             if t.router_rejected:
@@ -178,10 +189,10 @@ class SimulatedServer(Printer):
     def _perf(self, seconds: float) -> float:
         return self.s.setup.perf0 + seconds
 
-    def _batch(self, at: float) -> None:
+    def _batch(self, at: float, running: int = 1) -> None:
         CLOCK.at(at)
         self.s.configure(self.s.schedulers()[0])
-        self._batch_line()
+        self._batch_line(running)
 
     def _prefill(self, t: Timeline, obj: Any) -> None:
         e, s = t.events, self.s
@@ -244,7 +255,6 @@ class SimulatedServer(Printer):
         end = e["finished"]
         latency = end - t.arrived
         if t.status == 200 and "decode_started" in e:
-            self._batch(e["decode_started"])
             ts.wait_queue_entry_time = self._perf(e.get("transfer_completed", e["decode_started"]))
             ts.forward_entry_time = self._perf(e["decode_started"])
             ts.completion_time = self._perf(end)

@@ -19,7 +19,7 @@ SELECT count(*) FROM records WHERE kind = 'kv';
 -- name: configs
 -- Every config record, in its node's order (seq first where a record has none).
 SELECT node, boot, seq, ts, role, engine, engine_version, model, context_length, page_size, pool_pages,
-       file_id, line_no, doc
+       step_log_interval, file_id, line_no, doc
 FROM records WHERE kind = 'config'
 ORDER BY node, boot, seq NULLS FIRST, ts, file_id, line_no;
 
@@ -89,12 +89,13 @@ CREATE OR REPLACE TABLE kvf_scratch.main.replay_roles (node VARCHAR, role VARCHA
 INSERT INTO kvf_scratch.main.replay_roles VALUES (?, ?);
 
 -- name: node_events
--- Every node's request and transfer records in its order (_i numbering each node's), each with
+-- Every node's request, transfer and step records in its order (_i numbering each node's, as the
+-- two statements after it number them), each with
 -- its request's plan, whether the logs show it served, whether it is the request's last on the
 -- node, and where it and its request's delivered finish come in the node's order.
 WITH ev AS (
   SELECT {event_values}, row_number() OVER (PARTITION BY node ORDER BY {order}) AS _i FROM records
-  WHERE kind IN ('request', 'transfer')
+  WHERE kind IN ('request', 'transfer', 'step')
 )
 SELECT ev.node AS _node, {event_fields:ev}, s.request_id IS NOT NULL AS _served,
        ev._i = max(ev._i) OVER (PARTITION BY ev.node, ev.request_id) AS _last, {plan_columns:p},
@@ -109,7 +110,7 @@ ORDER BY ev.node, ev._i;
 -- side (replay/carried.py's carried_to), ordered by node and then by the place each may go from.
 WITH node_ev AS (
   SELECT request_id, kind, event, node, row_number() OVER (PARTITION BY node ORDER BY {order}) AS _i
-  FROM records WHERE kind IN ('request', 'transfer')
+  FROM records WHERE kind IN ('request', 'transfer', 'step')
 ), mine AS (
   SELECT ev.node, ev.request_id,
          coalesce(max(ev._i) FILTER (WHERE {before_transfer_end:ev}), 0) AS _lo, n.role
@@ -154,7 +155,7 @@ ORDER BY e._node, m._lo, e.request_id, e.transfer_id, e.event;
 WITH ev AS (
   SELECT kind, event, status, request_id, boot, node,
          row_number() OVER (PARTITION BY node ORDER BY {order}) AS _i
-  FROM records WHERE kind IN ('request', 'transfer')
+  FROM records WHERE kind IN ('request', 'transfer', 'step')
 )
 SELECT ev.node, ev.boot, min(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.event = 'decode_started') AS s,
        max(ev._i) FILTER (WHERE ev.kind = 'request' AND ev.event = 'finished'

@@ -491,6 +491,26 @@ def test_the_replay_of_each_release_run_follows_its_logs_without_disagreement(re
     assert result.mode == "confirm" and result.not_replayed == 0
     assert result.disagreements == (), [d.as_dict() for d in result.disagreements]
     assert result.outcomes_changed == 0
+    # every decode batch line's step record is held to the replay's steps (none disagrees: above)
+    with duckdb.connect(str(case), read_only=True) as con:
+        logged = con.execute("SELECT count(*) FROM step_records").fetchone()
+    assert logged is not None and result.step_records == logged[0] > 0 and result.step_records_unchecked == 0
+
+
+@pytest.mark.parametrize("release", ["0.5.5", "0.5.11", "0.5.23"])
+def test_a_decode_servers_log_alone_leaves_its_step_records_unchecked(release: str, tmp_path: Path) -> None:
+    """A decode server's log alone (0.5.5, 0.5.11 and 0.5.23 with ``--enable-metrics-for-all-schedulers``):
+    no router logged its requests, so the replay passes them through without running their steps;
+    its batch is not the node's, and its step records are counted unchecked, not disagreeing."""
+    from replay.replay import replay
+
+    case = tmp_path / "case.duckdb"
+    forensics.investigate([ROOT / release / "text-all-schedulers"], case)
+    result = replay(case, "sglang-placeholder", tmp_path / "replay")
+    with duckdb.connect(str(case), read_only=True) as con:
+        logged = con.execute("SELECT count(*) FROM step_records").fetchone()
+    assert logged is not None and result.step_records_unchecked == logged[0] > 0
+    assert result.step_records == 0 and result.disagreements == ()
 
 
 def _own_rids(release: str, form: str, out: Path, sides: tuple[str, ...] = ("decode",)) -> dict[str, str]:
