@@ -236,8 +236,12 @@ def replay_node(
             configure(steps[k][0], steps[k][2])
             k += 1
         if event["kind"] == "step":
-            if role == "decode" and node_engine is not None and event["boot"] == node_engine.boot:
+            if role != "decode" or node_engine is None or event["boot"] != node_engine.boot:
+                continue
+            if confirm:
                 step_record(event)
+            else:  # (a what-if's batch is not the logged one: its records are carried, placed by time, not read)
+                feed(_logged(event), event["_ns"], None, event["_i"])
             continue
         record = admit(item)
         if node_engine is None:  # events before any config: no pool to act on

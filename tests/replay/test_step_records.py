@@ -78,6 +78,20 @@ def test_the_simulators_step_records_all_fit_the_replays_steps(overlap: bool, tm
     assert result.disagreements == ()
 
 
+def test_a_what_if_carries_the_step_records_and_reads_none(tmp_path: Path) -> None:
+    """Another engine's replay (a what-if) runs another batch: the logged step count is not its own,
+    so no record is pinned or held to it, and the replayed set carries them as logged."""
+    simulate_to(tmp_path / "full", deployment=SMALL, requests=250, seed=4)
+    bare = strip_pages(tmp_path / "full", tmp_path / "bare")
+    forensics.investigate([bare], tmp_path / "bare.duckdb")
+    result = replay(tmp_path / "bare.duckdb", "sglang-hardened", tmp_path / "what-if")
+    assert result.mode == "what-if" and result.outcomes_changed > 0
+    assert (result.step_records, result.step_records_undecided, result.step_records_unchecked) == (0, 0, 0)
+    carried = sum(json.loads(line)["kind"] == "step" for f in sorted((tmp_path / "what-if" / "logs").iterdir())
+                  for line in f.read_text().splitlines())
+    assert carried == _step_lines(bare) > 0
+
+
 def _tamper(logs: Path, out: Path, change: str, node: str = "decode-0") -> str:
     """A copy of ``logs`` with the 12th step record of ``node`` changed: ``running`` one more, or
     the record gone (the count then jumps by a record's steps); the node changed."""
