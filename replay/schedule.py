@@ -355,20 +355,18 @@ class StepClock:
         ``step``. Where they did not (False), the record is read again as the first of a new chain:
         the caller places it by its time (:meth:`placed`)."""
         assert self._reported is not None
-        reports = self._reports(self.steps)
+        reports = self._reports(self.steps, self._batches(self.steps + 1, self.steps + 1)[0] > 0)
         if step in reports:
-            self._judge(self._batch_at(step), running, label)
+            self._judge(self._batches(step, step)[0], running, label)
             self._chain = (self._reported, step, step)
             return True
-        self._differs(label, f"the node's step records place it {self._reported - self._chain_at():,} steps after "
+        since = self._reported - (self._chain[0] if self._chain is not None else 0)
+        self._differs(label, f"the node's step records place it {since:,} steps after "
                              f"the last one, at step {step:,} of the replay's count; the replay had launched "
                              f"{self.steps:,} there and the finishes logged around it let it reach no other")
         self._chain = None
         self._records.append((self._reported, self.steps, running, _RESTART, None))
         return False
-
-    def _chain_at(self) -> int:
-        return self._chain[0] if self._chain is not None else 0
 
     def settle(self, ts_ns: int | None = None, finish: bool = False, beyond: int = 0) -> None:
         """At an event at ``ts_ns`` (a ``finish``, or None: the boot's end, after which ``beyond``
@@ -395,10 +393,9 @@ class StepClock:
             return
         counted = label is not _RESTART  # (a record that did not fit, read again: its chain only)
         wide = after - before > _ROWS_CHECKED
-        batch = self._batches(before - 1, after + 1) if not wide else []
+        nexts = self._batches(before + 1, after + 1) if not wide else []  # (the rows of each next step)
         reports = [before - 1, after] if wide else sorted(set().union(*(
-            ({c} if not self.overlap else {c - 1} if batch[c + 1 - (before - 1)] else {c - 1, c})
-            for c in range(before, after + 1))))  # (:meth:`_reports` of each)
+            self._reports(c, nexts[c - before] > 0) for c in range(before, after + 1))))
         chain = self._chain
         if chain is None:
             fits = reports
@@ -419,8 +416,8 @@ class StepClock:
         if len(steps) > _ROWS_CHECKED:
             self.step_records += 1  # (its count fits; its batch is not checked: too many steps it may report)
             return
-        rows = sorted({batch[p - (before - 1)] if not wide and before - 1 <= p <= after + 1 else self._batch_at(p)
-                       for p in steps})
+        span = self._batches(steps[0], steps[-1])
+        rows = sorted({span[p - steps[0]] for p in steps})
         if running in rows:
             self.step_records += 1
         else:
@@ -445,18 +442,19 @@ class StepClock:
         else:
             self.step_disagreements.append((label, detail))
 
-    def _reports(self, launched: int) -> set[int]:
+    def _reports(self, launched: int, going_on: bool) -> set[int]:
         """The steps a record may report where the replay had launched ``launched``: that one
         without the overlap scheduler; with it, the one before where a request takes part in the
-        next step (the scheduler launches it before it reports), else either (a batch that empties
-        is reported after its last step, or after the launch of an overlap slot that was the last)."""
+        next step (``going_on``: the scheduler launches it before it reports), else either (a batch
+        that empties is reported after its last step, or after the launch of an overlap slot that
+        was the last)."""
         if not self.overlap:
             return {launched}
-        going_on = any(f < launched + 1 <= f + a for rows in (self._rows.values(), self._left) for f, a in rows)
         return {launched - 1} if going_on else {launched - 1, launched}
 
     def _batches(self, lo: int, hi: int) -> list[int]:
-        """The rows of each step from ``lo`` to ``hi`` (:meth:`_batch_at` of each, in one pass)."""
+        """The rows of each step from ``lo`` to ``hi``, in one pass (a request takes part in the steps
+        ``first + 1`` to ``first + allocs``)."""
         diff = [0] * (hi - lo + 2)
         for rows in (self._rows.values(), self._left):
             for f, a in rows:
@@ -469,10 +467,6 @@ class StepClock:
             running += d
             out.append(running)
         return out
-
-    def _batch_at(self, step: int) -> int:
-        """The rows of step ``step`` (a request takes part in the steps ``first + 1`` to ``first + allocs``)."""
-        return sum(1 for rows in (self._rows.values(), self._left) for f, a in rows if f < step <= f + a)
 
 
 def _resolution(ts_ns: int) -> int:
