@@ -21,9 +21,22 @@ def rss() -> int:
     return 0
 
 
+def tree_rss() -> int:
+    """This process's resident memory and its children's (a replay's workers), in bytes."""
+    me = psutil.Process()
+    total = rss()
+    for child in me.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
 class Peaks:
-    """The peak resident memory of each part, from a daemon thread sampling every ``every`` s;
-    :attr:`part` names the part the work is in."""
+    """The peak resident memory of each part, this process's and its children's (a replay's
+    workers), from a daemon thread sampling every ``every`` s; :attr:`part` names the part the
+    work is in."""
 
     def __init__(self, first: str, every: float = 0.05) -> None:
         self.part = first
@@ -33,7 +46,7 @@ class Peaks:
 
     def _sample(self) -> None:
         while True:
-            self.peak[self.part] = max(self.peak.get(self.part, 0), rss())
+            self.peak[self.part] = max(self.peak.get(self.part, 0), tree_rss())
             time.sleep(self._every)
 
 

@@ -238,6 +238,9 @@ def _options(
     ctx: typer.Context,
     debug: Annotated[bool, typer.Option(
         "--debug", help="Show the traceback of a failure instead of one line (or set KVFORENSICS_DEBUG=1).")] = False,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", min=1, max=1024, help="Processes a replay spreads a case's nodes over (or set KVFORENSICS_JOBS; "
+        "default: one a core). The replayed set is the same, byte for byte, whatever it is.")] = None,
 ) -> None:
     """Find every LLM response that attended to another request's KV-cache pages.
 
@@ -250,9 +253,14 @@ def _options(
     """
     if debug or os.environ.get("KVFORENSICS_DEBUG"):
         ctx.obj = _DEBUG
+    if jobs is not None:
+        os.environ[JOBS_VARIABLE] = str(jobs)  # (every replay of the command, the job's several among them)
 
 
 T = TypeVar("T")
+
+#: replay.nodes.JOBS_VARIABLE (not imported: the command line starts without the engine).
+JOBS_VARIABLE = "KVFORENSICS_JOBS"
 
 #: The largest count or size an option takes: the schema's bound on any count in a log (past it
 #: nothing can be real). Out of range, an option is a usage error.

@@ -10,22 +10,16 @@ from typing import Any
 from replay.carried import carried_to, placed
 from replay.configs import WhatIf
 from replay.engine import Disagreement, NodeConfig, NodeEngine, Plan, Request, decode_steps
-from replay.events import NO_SEQ, NodeQueries, Row, node_events
+from replay.events import NO_SEQ, NodeReader, Row, node_events
 from replay.logset import LogSet, ts_text
 from replay.planning import request_of
 from replay.schedule import LOGGED, Cadence, Horizon, Schedule, StepClock
 from replay.scratch import log_ns
 
 
-def ambiguous_nodes(clocks: list[StepClock]) -> tuple[str, ...]:
-    """The decode nodes where the evidence left some step counts undecided."""
-    return tuple(sorted({c.node for c in clocks if c.ambiguous}))
-
-
-def prefix_guesses(engines: list[NodeEngine]) -> tuple[str, ...]:
+def prefix_guesses(guessed: dict[str, int]) -> tuple[str, ...]:
     """What the replay assumed of prefill's prefix cache that the logs do not say: which cached
-    prompt a hit shared, where more than one was long enough."""
-    guessed = {e.config.node: e.prefix_guesses for e in engines if e.prefix_guesses}
+    prompt a hit shared, where more than one was long enough (``guessed``: how many, by node)."""
     if not guessed:
         return ()
     nodes = sorted(guessed)
@@ -36,7 +30,7 @@ def prefix_guesses(engines: list[NodeEngine]) -> tuple[str, ...]:
 
 
 def replay_node(
-    queries: NodeQueries,
+    queries: NodeReader,
     node: str,
     configs: list[tuple[int, int, str, NodeConfig]],
     role: str | None,

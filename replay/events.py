@@ -4,7 +4,7 @@ each with its request's plan, in one query for every node, handed out a node at 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import duckdb
 
@@ -81,22 +81,30 @@ class ByNode:
             yield row[1:]
 
 
+class NodeReader(Protocol):
+    """What a node's replay reads: each node's rows of the four queries (handed out a node at a
+    time, in node order) and its times' resolution."""
+
+    events: ByNode
+    carried: ByNode
+    horizons: ByNode
+    spans: ByNode
+    resolution: dict[str, int]
+
+
 class NodeQueries:
     """What the replay reads of each node, for every node in a query each (:class:`ByNode`):
     its events in its order, the transfer ends other nodes logged for it, and on decode nodes
     the spans and horizons its step clock is fitted to. ``roles``: the engine nodes' roles."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, roles: dict[str, str]) -> None:
-        con.execute(statement("create_roles"))
-        con.executemany(statement("insert_role"),
-                        sorted((n, r) for n, r in roles.items() if r in ("prefill", "decode")))
+        record_roles(con, roles)
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self.events = self._query(con, node_statement("node_events"))
         self.carried = self._query(con, node_statement("carried_ends"))
         self.horizons = self._query(con, statement("decode_horizons"))
         self.spans = self._query(con, statement("decode_spans"))
-        self.resolution = {node: 1_000_000 if whole_ms else 1_000
-                           for node, whole_ms in con.execute(statement("whole_milliseconds")).fetchall()}
+        self.resolution = resolutions(con)
 
     def _query(self, con: duckdb.DuckDBPyConnection, sql: str) -> ByNode:
         cur = reader(con)
@@ -108,9 +116,22 @@ class NodeQueries:
             cur.close()
 
 
-def nodes_with_events(con: Any) -> set[str]:
-    """The nodes that logged request or transfer records."""
-    return {n for (n,) in con.execute(statement("nodes_with_events")).fetchall()}
+def record_roles(con: duckdb.DuckDBPyConnection, roles: dict[str, str]) -> None:
+    """The scratch table of the engine nodes' roles, which the node queries join."""
+    con.execute(statement("create_roles"))
+    con.executemany(statement("insert_role"), sorted((n, r) for n, r in roles.items() if r in ("prefill", "decode")))
+
+
+def resolutions(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Each node's request times' resolution in ns: whole milliseconds where every one is."""
+    return {node: 1_000_000 if whole_ms else 1_000
+            for node, whole_ms in con.execute(statement("whole_milliseconds")).fetchall()}
+
+
+def node_rows(con: Any) -> dict[str, int]:
+    """The nodes that logged request or transfer records, with how many records each has of the
+    kinds a replay reads (request, transfer, step)."""
+    return dict(con.execute(statement("node_rows")).fetchall())
 
 
 def node_events(rows: Iterator[tuple[Any, ...]]) -> Iterator[Row]:

@@ -57,11 +57,11 @@ PART_RECORDS = 1 << 20
 class LogSet:
     """Records of every node, numbered per node by ``emit``: kept in emission order until written,
     or, with ``into`` (a folder), written to each node's file as they are emitted (a replay holds
-    none of them). ``packed``: the nodes share files (``part-NNNNN.jsonl``), a new one started once
-    a node is flushed into a file of :data:`PART_RECORDS` records or more (the order of a node's
-    records is its seq, never its file)."""
+    none of them). ``packed``: the nodes share files (``PART-NNNNN.jsonl``, ``part`` naming them), a
+    new one started once a node is flushed into a file of :data:`PART_RECORDS` records or more (the
+    order of a node's records is its seq, never its file)."""
 
-    def __init__(self, into: Path | None = None, *, packed: bool = False) -> None:
+    def __init__(self, into: Path | None = None, *, packed: bool = False, part: str = "part") -> None:
         self.lines: dict[str, list[str]] = {}
         self._seq: dict[str, int] = {}
         self._used: set[str] = set()  # file names written
@@ -72,6 +72,7 @@ class LogSet:
         self._part: IO[str] | None = None  # packed: the file being written
         self._part_records = 0
         self._quoted = _Quoted()
+        self._part_name = part  # packed: the files' names, PART-NNNNN.jsonl
 
     def emit(self, record: dict[str, Any], *, numbered: bool = True) -> None:
         """Add a record to its node's file, numbered by the node's next seq unless ``numbered`` is false."""
@@ -162,7 +163,8 @@ class LogSet:
         out.mkdir(parents=True, exist_ok=True)
         if self._packed:
             if self._part is None:
-                self._part = (out / f"part-{len(self._used):05d}.jsonl").open("w", encoding="utf-8", newline="\n")
+                name = f"{self._part_name}-{len(self._used):05d}.jsonl"
+                self._part = (out / name).open("w", encoding="utf-8", newline="\n")
                 self._used.add(self._part.name)
                 self._part_records = 0
             self._open[node] = self._part

@@ -28,12 +28,12 @@ from forensics.errors import CaseError, OutputExists
 from forensics.store import HeldCase, held, one, roll_back
 from replay.agreement import Agreement, agreement, beside, outcomes_changed
 from replay.configs import AS_CONFIGURED, WhatIf, assumptions, logged_engine, logged_engine_of, node_configs
-from replay.drive import ambiguous_nodes, prefix_guesses, replay_node
-from replay.engine import BEHAVIOURS, Disagreement, NodeEngine
-from replay.events import NodeQueries, nodes_with_events
-from replay.logset import LogSet
+from replay.drive import prefix_guesses
+from replay.engine import BEHAVIOURS, Disagreement
+from replay.events import node_rows, resolutions
+from replay.nodes import INPUTS, Common, default_jobs, replay_nodes
 from replay.planning import arrival_events, plan_requests, served_table
-from replay.schedule import LOGGED, Schedule, StepClock
+from replay.schedule import LOGGED, Schedule
 from replay.scratch import scratch
 from replay.statements import statement
 
@@ -42,7 +42,7 @@ __all__ = ["Agreement", "ReplayResult", "WhatIf", "default_out", "logged_engine"
            "replay_on"]
 
 #: What a replay folder holds; only such a folder is replaced by the next replay.
-_REPLAY_FILES = {"logs", "replay.duckdb", "replay.duckdb.wal"}
+_REPLAY_FILES = {"logs", "replay.duckdb", "replay.duckdb.wal", INPUTS}
 
 
 @dataclass(frozen=True)
@@ -106,14 +106,16 @@ class ReplayResult:
 
 
 def replay(db: Path | str | HeldCase, engine: str, out: Path | str, *, what_if: WhatIf = AS_CONFIGURED,
-           schedule: Schedule = LOGGED, only: frozenset[str] | None = None) -> ReplayResult:
+           schedule: Schedule = LOGGED, only: frozenset[str] | None = None, jobs: int | None = None
+           ) -> ReplayResult:
     """:func:`replay_on` the case ``db``: its path, or the case a long job holds open."""
     with held(db, create=False) as case:
-        return replay_on(case, engine, out, what_if=what_if, schedule=schedule, only=only)
+        return replay_on(case, engine, out, what_if=what_if, schedule=schedule, only=only, jobs=jobs)
 
 
 def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf = AS_CONFIGURED,
-              schedule: Schedule = LOGGED, only: frozenset[str] | None = None) -> ReplayResult:
+              schedule: Schedule = LOGGED, only: frozenset[str] | None = None, jobs: int | None = None
+              ) -> ReplayResult:
     """Replay the case ``held`` under ``engine`` into the folder ``out`` (replaced), taking
     ``schedule``'s step count wherever a decode node's evidence admits more than one.
 
@@ -121,6 +123,9 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
     which pass their events through): a replay of part of the case, to compare the exposures
     there under another schedule; it is not measured against the logs nor kept in the case's
     ``replays``, as a whole replay is.
+
+    ``jobs``: the processes that replay the nodes (default :func:`replay.nodes.default_jobs`, one
+    a core); the replayed set is the same files, byte for byte, whatever it is (replay.nodes).
 
     Memory stays flat in the number of requests: the requests' plans and the ones the logs show
     served are tables of a scratch catalog, the case's database under the replay's memory limit
@@ -140,33 +145,27 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
         confirming = what_if == AS_CONFIGURED and engine == (logged_engine(configs) or "sglang-placeholder")
         mode = "confirm" if confirming else "what-if"
         disagreements: list[Disagreement] = []
-        clocks: list[StepClock] = []
-        engines: list[NodeEngine] = []
         unlogged = plan_requests(con, configs, roles, engine, what_if, mode == "confirm", disagreements)
         served_table(con, mode == "confirm")
         extra, not_replayed = arrival_events(unlogged, configs)
         _make_room(out)
         logs = out / "logs"
-        log = LogSet(into=logs, packed=True)
-        queries = NodeQueries(con, roles)
-        for node in sorted(set(configs) | nodes_with_events(con)):
-            if only is not None and node not in only and roles.get(node) in ("prefill", "decode"):
-                continue
-            replay_node(queries, node, configs.get(node, []), roles.get(node), engine, what_if, log,
-                        unlogged, extra.get(node, []), mode == "confirm", disagreements, schedule, clocks, engines)
-            log.flush(node, logs)
-        queries.close()
-        log.close()
+        rows = node_rows(con)
+        nodes = [node for node in sorted(set(configs) | set(rows))
+                 if only is None or node in only or roles.get(node) not in ("prefill", "decode")]
+        common = Common(engine, what_if, unlogged, mode == "confirm", schedule, resolutions(con))
+        tally = replay_nodes(con, nodes, rows, configs, roles, common, extra, logs,
+                             default_jobs() if jobs is None else jobs)
+        disagreements += tally.disagreements
         logs.mkdir(parents=True, exist_ok=True)
-        assumed += prefix_guesses(engines)
+        assumed += prefix_guesses(tally.guesses)
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
+    figures = (schedule, tally.ambiguous, tuple(sorted(tally.ambiguous_nodes)), assumed, tally.step_records,
+               tally.step_records_unchecked, tally.step_records_undecided)
     if only is not None:
-        return ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, None, mode,
-                            tuple(disagreements), 0, schedule, sum(c.ambiguous for c in clocks),
-                            ambiguous_nodes(clocks), assumed, sum(c.step_records for c in clocks),
-                            sum(c.step_records_unchecked for c in clocks),
-                            sum(c.step_records_undecided for c in clocks))
+        return ReplayResult(engine, what_if, out, tally.records, result.exposure, not_replayed, None, mode,
+                            tuple(disagreements), 0, *figures)
     with beside(held.connection, case) as both:
         agreed = agreement(both) if has_pages else None
         changed = outcomes_changed(both)
@@ -175,11 +174,8 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
                                        "delivered in the logs, not in the replay" if delivered
                                        else "delivered in the replay, not in the logs")
                           for rid, delivered in changed]
-    done = ReplayResult(engine, what_if, out, log.records, result.exposure, not_replayed, agreed, mode,
-                        tuple(disagreements), len(changed), schedule, sum(c.ambiguous for c in clocks),
-                        ambiguous_nodes(clocks), assumed, sum(c.step_records for c in clocks),
-                            sum(c.step_records_unchecked for c in clocks),
-                            sum(c.step_records_undecided for c in clocks))
+    done = ReplayResult(engine, what_if, out, tally.records, result.exposure, not_replayed, agreed, mode,
+                        tuple(disagreements), len(changed), *figures)
     _remember(held.connection, done)
     return done
 

@@ -23,8 +23,10 @@ SELECT node, boot, seq, ts, role, engine, engine_version, model, context_length,
 FROM records WHERE kind = 'config'
 ORDER BY node, boot, seq NULLS FIRST, ts, file_id, line_no;
 
--- name: nodes_with_events
-SELECT DISTINCT node FROM records WHERE kind IN ('request', 'transfer');
+-- name: node_rows
+-- The nodes that logged request or transfer records, with their records a replay reads.
+SELECT node, count(*) FROM records WHERE kind IN ('request', 'transfer', 'step') GROUP BY node
+HAVING count(*) FILTER (WHERE kind IN ('request', 'transfer')) > 0;
 
 -- Planning ----------------------------------------------------------------------------------
 

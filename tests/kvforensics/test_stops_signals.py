@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import psutil
 import pytest
 from conftest import said
 from typer.testing import CliRunner
@@ -54,6 +55,18 @@ kvforensics.job.report = marked("report", kvforensics.job.report)
 sys.argv = ["kvforensics", *sys.argv[1:]]
 main()
 """
+#: :data:`MARKED`, with a replay's nodes spread over worker processes however small the case, and a
+#: mark once the workers' inputs are written (the workers start then).
+PARALLEL = MARKED.replace("sys.argv = [", """import replay.nodes
+replay.nodes.PARALLEL_FROM = 0
+replay.nodes.CHUNK_ROWS = 200
+export = replay.nodes._export
+def exported(*args, **kwargs):
+    files = export(*args, **kwargs)
+    print("step: workers", file=sys.stderr, flush=True)
+    return files
+replay.nodes._export = exported
+sys.argv = [""", 1)
 #: Columns that differ between two runs of one command: when, by which version, into which folder.
 RUN_COLUMNS = {"ingested_at", "refused_at", "toolkit_version", "out"}
 
@@ -215,6 +228,29 @@ def test_a_stop_in_the_whole_job_is_said_and_a_rerun_finishes_it(
     code, lines = stop([sys.executable, "-c", MARKED, *args], step_began(step), sig, after=0.05)
     said_one_stop(code, lines, sig, f"the {step}")
     assert "the case is consistent" in said(lines)[0] and not out.exists()
+    subprocess.run([KVF, *args], check=True, capture_output=True)
+    assert tables(db) == tables(reported) and out.is_file()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_stop_while_the_replays_workers_run_ends_them_and_a_rerun_finishes_the_job(
+    logs: Path, reported: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    db, out = tmp_path / "case.duckdb", tmp_path / "r.html"
+    args = ["--jobs", "2", "investigate", str(logs), "--db", str(db), "--out", str(out)]
+    workers: list[psutil.Process] = []
+
+    def working(proc: subprocess.Popen[str], lines: list[str]) -> bool:
+        if "step: workers\n" not in lines:
+            return False
+        workers[:] = psutil.Process(proc.pid).children(recursive=True)  # (the fork server and its workers)
+        return len(workers) >= 3
+
+    code, lines = stop([sys.executable, "-c", PARALLEL, *args], working, sig)
+    said_one_stop(code, lines, sig, "the replay")
+    assert "the case is consistent" in said(lines)[0] and not out.exists()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == []
     subprocess.run([KVF, *args], check=True, capture_output=True)
     assert tables(db) == tables(reported) and out.is_file()
 

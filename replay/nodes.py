@@ -1,0 +1,292 @@
+"""Replaying a case's nodes a chunk at a time: in this process, or, for a large case, spread over
+worker processes (one a core), each replaying whole chunks.
+
+A node's replay reads nothing of another node's (its requests' plans come with its records), so
+nodes replay apart. A chunk is a run of nodes in node order, closed once it holds
+:data:`CHUNK_ROWS` records: it depends on the case alone, never on how many processes replay it,
+and each chunk writes its own files of the replayed log set (``part-CCCCC-NNNNN.jsonl``). So the
+replayed set is the same files, byte for byte, whichever way it was made.
+
+A worker reads its chunks' records from files the replay writes first (Arrow IPC, in the replay's
+folder while it runs: ``.inputs``), not from the case: a DuckDB database is open in one process at
+a time. Each worker starts from a fresh interpreter (``forkserver``), never a copy of this process
+with the case's database open in it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replay.configs import WhatIf
+from replay.drive import replay_node
+from replay.engine import Disagreement, NodeConfig, NodeEngine, Plan, Request
+from replay.events import ByNode, NodeQueries, NodeReader, node_statement, record_roles
+from replay.logset import LogSet
+from replay.schedule import Schedule, StepClock
+from replay.scratch import BATCH, reader
+
+#: A chunk of nodes is closed once it holds this many records (request, transfer and step).
+CHUNK_ROWS = 1 << 14
+#: Below this many records in all, the nodes are replayed in this process: a worker's start (a
+#: fresh interpreter importing the engine) costs about a second.
+PARALLEL_FROM = 1 << 17
+#: The environment variable that sets how many processes replay a case's nodes (default: one a core).
+JOBS_VARIABLE = "KVFORENSICS_JOBS"
+#: Where a parallel replay keeps its workers' inputs while it runs, in its folder.
+INPUTS = ".inputs"
+#: What a row of each role costs, roughly, relative to a router's: a decode node's records drive
+#: its steps (measured at 25,000 requests: 160, 68 and 26 us a record). Only the order chunks are
+#: handed out in depends on it, never what they give.
+_WEIGHT = {"decode": 6, "prefill": 3}
+
+
+def default_jobs() -> int:
+    """The processes a replay uses unless told: :data:`JOBS_VARIABLE`, or one a core it may run on."""
+    told = os.environ.get(JOBS_VARIABLE, "").strip()
+    if told:
+        try:
+            jobs = int(told)
+        except ValueError:
+            raise ValueError(f"{JOBS_VARIABLE}={told!r}: not a whole number of processes") from None
+        if jobs < 1:
+            raise ValueError(f"{JOBS_VARIABLE}={told!r}: at least 1 process")
+        return jobs
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass
+class Tally:
+    """What the replay of some nodes found, added up over chunks in node order."""
+
+    records: int = 0
+    disagreements: list[Disagreement] = field(default_factory=list)
+    ambiguous: int = 0  # events whose step count the evidence left undecided
+    ambiguous_nodes: set[str] = field(default_factory=set)
+    step_records: int = 0
+    step_records_unchecked: int = 0
+    step_records_undecided: int = 0
+    guesses: dict[str, int] = field(default_factory=dict)  # prefill: cached prompts guessed, by node
+
+    def add(self, other: Tally) -> None:
+        self.records += other.records
+        self.disagreements += other.disagreements
+        self.ambiguous += other.ambiguous
+        self.ambiguous_nodes |= other.ambiguous_nodes
+        self.step_records += other.step_records
+        self.step_records_unchecked += other.step_records_unchecked
+        self.step_records_undecided += other.step_records_undecided
+        for node, n in other.guesses.items():
+            self.guesses[node] = self.guesses.get(node, 0) + n
+
+    @classmethod
+    def of(cls, records: int, disagreements: list[Disagreement], clocks: list[StepClock],
+           engines: list[NodeEngine]) -> Tally:
+        guesses: dict[str, int] = {}
+        for e in engines:
+            if e.prefix_guesses:
+                guesses[e.config.node] = guesses.get(e.config.node, 0) + e.prefix_guesses
+        return cls(records, disagreements, sum(c.ambiguous for c in clocks), {c.node for c in clocks if c.ambiguous},
+                   sum(c.step_records for c in clocks), sum(c.step_records_unchecked for c in clocks),
+                   sum(c.step_records_undecided for c in clocks), guesses)
+
+
+@dataclass(frozen=True)
+class Common:
+    """What every chunk's replay is given alike."""
+
+    engine: str
+    what_if: WhatIf
+    unlogged: dict[str, tuple[Request, Plan, str]]
+    confirm: bool
+    schedule: Schedule
+    resolution: dict[str, int]  # each node's times' resolution in ns (NodeQueries.resolution)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A run of nodes in node order, with what their replay is given of its own."""
+
+    index: int
+    nodes: tuple[str, ...]
+    configs: dict[str, list[tuple[int, int, str, NodeConfig]]]
+    roles: dict[str, str | None]
+    extra: dict[str, list[dict[str, Any]]]
+    weight: int  # records, weighted by role (_WEIGHT): the order chunks are handed out in
+
+
+def chunked(nodes: list[str], rows: dict[str, int]) -> list[list[str]]:
+    """``nodes`` (in order) as runs, each closed once it holds :data:`CHUNK_ROWS` of ``rows``."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    held = 0
+    for node in nodes:
+        current.append(node)
+        held += rows.get(node, 0)
+        if held >= CHUNK_ROWS:
+            chunks.append(current)
+            current, held = [], 0
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def replay_nodes(con: duckdb.DuckDBPyConnection, nodes: list[str], rows: dict[str, int],
+                 configs: dict[str, list[tuple[int, int, str, NodeConfig]]], roles: dict[str, str],
+                 common: Common, extra: dict[str, list[dict[str, Any]]], logs: Path, jobs: int) -> Tally:
+    """Replay ``nodes`` (in order; ``rows``: each one's records) of the case open on ``con`` into
+    the folder ``logs``: in this process where ``jobs`` is 1 or the case is small, else over
+    ``jobs`` worker processes."""
+    chunks = [Chunk(i, tuple(run), {n: configs.get(n, []) for n in run}, {n: roles.get(n) for n in run},
+                    {n: extra.get(n, []) for n in run},
+                    sum(rows.get(n, 0) * _WEIGHT.get(roles.get(n, ""), 1) for n in run))
+              for i, run in enumerate(chunked(nodes, rows))]
+    workers = min(jobs, len(chunks))
+    tally = Tally()
+    if workers <= 1 or sum(rows.get(n, 0) for n in nodes) < PARALLEL_FROM:
+        queries = NodeQueries(con, roles)
+        try:
+            for chunk in chunks:
+                tally.add(replay_chunk(queries, chunk, common, logs))
+        finally:
+            queries.close()
+        return tally
+    inputs = logs.parent / INPUTS
+    try:
+        files = _export(con, roles, chunks, inputs)
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start, initargs=(common,))
+        try:
+            handed = sorted(chunks, key=lambda c: (-c.weight, c.index))  # the largest first: the runs even out
+            futures = {c.index: pool.submit(_replay_from_files, c, files[c.index], logs) for c in handed}
+            for chunk in chunks:
+                tally.add(futures[chunk.index].result())
+        except BaseException:  # (stopped, or a chunk failed: the others are not waited for)
+            _stop(pool)
+            raise
+        pool.shutdown()
+    finally:
+        shutil.rmtree(inputs, ignore_errors=True)
+    return tally
+
+
+def replay_chunk(queries: NodeReader, chunk: Chunk, common: Common, logs: Path) -> Tally:
+    """Replay ``chunk``'s nodes in order, reading their records from ``queries`` (each of its
+    ``events``, ``carried``, ``horizons`` and ``spans`` handing out a node's rows, as
+    :class:`replay.events.NodeQueries` does), writing the chunk's files in ``logs``."""
+    log = LogSet(into=logs, packed=True, part=f"part-{chunk.index:05d}")
+    disagreements: list[Disagreement] = []
+    clocks: list[StepClock] = []
+    engines: list[NodeEngine] = []
+    try:
+        for node in chunk.nodes:
+            replay_node(queries, node, chunk.configs[node], chunk.roles[node], common.engine, common.what_if, log,
+                        common.unlogged, chunk.extra[node], common.confirm, disagreements, common.schedule,
+                        clocks, engines)
+            log.flush(node, logs)
+    finally:
+        log.close()
+    return Tally.of(log.records, disagreements, clocks, engines)
+
+
+_QUERIES = (("events", "node_events"), ("carried", "carried_ends"), ("horizons", "decode_horizons"),
+            ("spans", "decode_spans"))
+
+
+def _export(con: duckdb.DuckDBPyConnection, roles: dict[str, str], chunks: list[Chunk], into: Path
+            ) -> list[dict[str, Path]]:
+    """Each chunk's rows of the four queries a node's replay reads, in a file each (Arrow IPC),
+    in order; the files by chunk and query (a query with no rows for a chunk has none)."""
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    record_roles(con, roles)
+    files: list[dict[str, Path]] = [{} for _ in chunks]
+    last = [chunk.nodes[-1] for chunk in chunks]
+    for name, sql_name in _QUERIES:
+        cur = reader(con)
+        try:
+            j, writer = 0, None
+            for batch in cur.sql(node_statement(sql_name)).to_arrow_reader(BATCH):
+                while batch.num_rows and j < len(chunks):
+                    # (the rows are in node order: those of chunk j come first, up to its last node)
+                    n = pc.sum(pc.cast(pc.less_equal(batch.column(0), last[j]), pa.int64())).as_py() or 0
+                    if n:
+                        if writer is None:
+                            files[j][name] = into / f"{j:05d}.{name}.arrows"
+                            writer = pa.ipc.new_stream(files[j][name], batch.schema)
+                        writer.write_batch(batch.slice(0, n))
+                    if n == batch.num_rows:
+                        break
+                    batch = batch.slice(n)
+                    if writer is not None:
+                        writer.close()
+                        writer = None
+                    j += 1
+            if writer is not None:
+                writer.close()
+        finally:
+            cur.close()
+    return files
+
+
+class _FileQueries:
+    """A chunk's rows of each query, read back from its files, handed out a node at a time."""
+
+    def __init__(self, files: dict[str, Path], resolution: dict[str, int]) -> None:
+        self.resolution = resolution
+        self.events = ByNode(_rows(files.get("events")))
+        self.carried = ByNode(_rows(files.get("carried")))
+        self.horizons = ByNode(_rows(files.get("horizons")))
+        self.spans = ByNode(_rows(files.get("spans")))
+
+
+def _rows(path: Path | None) -> Iterator[tuple[Any, ...]]:
+    """The rows of an Arrow IPC file, as :func:`replay.scratch.batches` reads a query's."""
+    if path is None:
+        return
+    with pa.ipc.open_stream(pa.memory_map(str(path))) as stream:
+        for batch in stream:
+            yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End ``pool`` now: its queued chunks cancelled, its workers terminated (what they wrote is in
+    the replay's folder, which the next replay replaces)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    kill = getattr(pool, "kill_workers", None)  # (Python 3.14)
+    if kill is not None:
+        kill()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()  # (a worker ignores the stop signals: _start)
+        process.join()
+
+
+_COMMON: Common | None = None
+
+
+def _start(common: Common) -> None:
+    """A worker's start: what every chunk is given alike, once. A worker ignores the stop signals
+    (SIGINT, SIGTERM): a Ctrl-C reaches the whole process group, and the replay's own process, which
+    says what was stopped, ends its workers (``_stop``)."""
+    global _COMMON
+    _COMMON = common
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_IGN)
+
+
+def _replay_from_files(chunk: Chunk, files: dict[str, Path], logs: Path) -> Tally:
+    """A worker's task: :func:`replay_chunk` of ``chunk``, its rows read from ``files``."""
+    assert _COMMON is not None
+    return replay_chunk(_FileQueries(files, _COMMON.resolution), chunk, _COMMON, logs)

@@ -1,0 +1,154 @@
+"""A case's nodes replayed in worker processes give what they give in one process: the same
+replayed log set, file for file and byte for byte, and the same figures, disagreements and doubts
+in the same order. The chunks of nodes depend on the case alone, never on the number of workers.
+
+Each case is replayed twice, in this process (``jobs=1``) and over two workers (``jobs=2``), with
+the chunks made small and the size below which a replay stays in one process set to nothing, so
+that a small case runs in several chunks, some of several nodes, over both workers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from independent_logs import Layout, generate, strip_pages
+
+import forensics
+import replay.nodes as nodes
+from replay.replay import ReplayResult, WhatIf, replay
+from replay.simulate import Deployment, simulate_to
+
+#: Three decode and two prefill nodes, a step record every 10 decode steps, small pools.
+DEPLOYMENT = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=262_144,
+                        page_size=64, prefill_nodes=2, decode_nodes=3, step_log_interval=10)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nodes, "CHUNK_ROWS", 600)
+    monkeypatch.setattr(nodes, "PARALLEL_FROM", 0)
+
+
+def _files(result: ReplayResult) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted((result.out / "logs").iterdir())}
+
+
+def _figures(result: ReplayResult) -> dict:
+    return {k: v for k, v in result.as_dict().items() if k != "out"}
+
+
+def _both(db: Path, tmp: Path, engine: str = "sglang-placeholder", **options) -> ReplayResult:
+    """``db`` replayed in this process and over two workers; the two held equal; the first."""
+    one = replay(db, engine, tmp / f"{engine}-one", jobs=1, **options)
+    two = replay(db, engine, tmp / f"{engine}-two", jobs=2, **options)
+    assert _files(one) == _files(two)
+    assert _figures(one) == _figures(two)
+    return one
+
+
+def _chunks(result: ReplayResult) -> int:
+    """The chunks that wrote the replayed set (its files are named for them)."""
+    return len({name.split("-")[1] for name in _files(result)})
+
+
+def test_a_simulated_case_replays_the_same_over_workers(small_chunks: None, tmp_path: Path) -> None:
+    simulate_to(tmp_path / "full", deployment=DEPLOYMENT, requests=300, seed=5)
+    forensics.investigate([strip_pages(tmp_path / "full", tmp_path / "bare")], tmp_path / "bare.duckdb")
+    confirmed = _both(tmp_path / "bare.duckdb", tmp_path)
+    assert confirmed.mode == "confirm" and confirmed.exposure["exposed_responses"] > 0
+    assert confirmed.step_records > 50
+    assert 3 <= _chunks(confirmed) < 6  # (six engine nodes and the router: some chunks hold several)
+    # what-ifs: the fixed engine, and a prefill pool that holds the whole context window
+    hardened = _both(tmp_path / "bare.duckdb", tmp_path, "sglang-hardened")
+    assert hardened.mode == "what-if" and hardened.exposure["exposed_responses"] == 0
+    _both(tmp_path / "bare.duckdb", tmp_path / "pool", what_if=WhatIf(prefill_pool_tokens=65_536))
+    # and the replayed set is the simulated one, as a replay in one process gives it
+    simulated = b"".join(f.read_bytes() for f in sorted((tmp_path / "full").iterdir()))
+    assert b"".join(_files(confirmed).values()) == simulated
+
+
+def test_doubts_and_disagreements_come_out_the_same_over_workers(small_chunks: None, tmp_path: Path) -> None:
+    """The independent generator's drifting steps leave counts undecided; one step record changed
+    gives a disagreement: both are counted and listed alike, in the same order."""
+    layout = Layout(step_log=8, jitter_ns=300_000, ms_times=True)
+    full = generate(tmp_path / "full", seed=3, requests=160, layout=layout)
+    bare = strip_pages(full, tmp_path / "bare")
+    decode = bare / "decode-1.jsonl"
+    records = [json.loads(line) for line in decode.read_text().splitlines()]
+    step = [r for r in records if r["kind"] == "step"][3]
+    step["running"] += 1
+    decode.write_text("".join(json.dumps(r) + "\n" for r in records))
+    forensics.investigate([bare], tmp_path / "bare.duckdb")
+    result = _both(tmp_path / "bare.duckdb", tmp_path)
+    assert result.ambiguous_steps > 0 and result.ambiguous_nodes
+    assert result.step_records_undecided + len([d for d in result.disagreements
+                                                if d.kind == "step_record_differs"]) > 0
+    assert _chunks(result) >= 2
+
+
+def test_a_replay_killed_with_its_workers_inputs_left_is_replaced_by_the_next(
+        small_chunks: None, tmp_path: Path) -> None:
+    simulate_to(tmp_path / "full", deployment=DEPLOYMENT, requests=120, seed=6)
+    forensics.investigate([strip_pages(tmp_path / "full", tmp_path / "bare")], tmp_path / "bare.duckdb")
+    out = tmp_path / "replayed"
+    (out / nodes.INPUTS).mkdir(parents=True)  # as a kill mid-way leaves it
+    (out / nodes.INPUTS / "00000.events.arrows").write_bytes(b"half a file")
+    (out / "logs").mkdir()
+    (out / "logs" / "part-00003-00000.jsonl").write_text('{"kind":"kv"')
+    done = replay(tmp_path / "bare.duckdb", "sglang-placeholder", out, jobs=2)
+    assert not (out / nodes.INPUTS).exists()
+    again = replay(tmp_path / "bare.duckdb", "sglang-placeholder", tmp_path / "again", jobs=1)
+    assert _files(done) == _files(again) and _figures(done) == _figures(again)
+
+
+@given(st.lists(st.integers(0, 400), max_size=40))
+def test_chunks_are_runs_of_nodes_closed_at_their_size(sizes: list[int]) -> None:
+    names = [f"node-{i:03d}" for i in range(len(sizes))]
+    rows = dict(zip(names, sizes, strict=True))
+    chunks = nodes.chunked(names, rows)
+    assert [n for chunk in chunks for n in chunk] == names  # every node once, in order
+    for chunk in chunks[:-1]:  # each closed by its last node, not before
+        assert sum(rows[n] for n in chunk) >= nodes.CHUNK_ROWS
+        assert sum(rows[n] for n in chunk[:-1]) < nodes.CHUNK_ROWS
+    assert not chunks or sum(rows[n] for n in chunks[-1][:-1]) < nodes.CHUNK_ROWS
+
+
+@pytest.mark.parametrize(("told", "jobs"), [("3", 3), (" 1 ", 1), ("", None)])
+def test_the_number_of_workers_is_told_or_one_a_core(told: str, jobs: int | None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(nodes.JOBS_VARIABLE, told)
+    assert nodes.default_jobs() == (jobs if jobs is not None else len(os.sched_getaffinity(0)))
+
+
+@pytest.mark.parametrize("told", ["two", "0", "-1"])
+def test_a_number_of_workers_that_is_none_is_refused(told: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(nodes.JOBS_VARIABLE, told)
+    with pytest.raises(ValueError, match=nodes.JOBS_VARIABLE):
+        nodes.default_jobs()
+
+
+
+def test_the_command_lines_jobs_reach_every_replay(small_chunks: None, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from kvforensics import cli
+
+    assert cli.JOBS_VARIABLE == nodes.JOBS_VARIABLE
+    monkeypatch.setenv(nodes.JOBS_VARIABLE, "")  # (restored after: the option sets it for the process)
+    simulate_to(tmp_path / "full", deployment=DEPLOYMENT, requests=120, seed=6)
+    forensics.investigate([strip_pages(tmp_path / "full", tmp_path / "bare")], tmp_path / "bare.duckdb")
+    runner = CliRunner()
+    told = runner.invoke(cli.app, ["--jobs", "2", "replay", "--db", str(tmp_path / "bare.duckdb"),
+                                   "--out", str(tmp_path / "two"), "--json"])
+    assert told.exit_code == 0, told.output
+    assert os.environ[nodes.JOBS_VARIABLE] == "2"
+    one = replay(tmp_path / "bare.duckdb", "sglang-placeholder", tmp_path / "one", jobs=1)
+    assert json.loads(told.stdout)["exposure"] == one.exposure
+    assert {f.name: f.read_bytes() for f in sorted((tmp_path / "two" / "logs").iterdir())} == _files(one)
+    refused = runner.invoke(cli.app, ["--jobs", "0", "replay", "--db", str(tmp_path / "bare.duckdb")])
+    assert refused.exit_code == 2
