@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import forensics
+from replay.nodes import default_jobs
 from replay.replay import replay
 from replay.simulate import Deployment, shape, simulate
 from replay.workload import synthetic
@@ -59,7 +60,7 @@ def main() -> None:
     print(f"{2 * args.nodes:,} nodes, {sim.requests:,} requests, {sim.records:,} records; simulate {sim_s:.1f} s")
     print(f"investigate of the case without page records: {base_s:.1f} s ({base.ingest.records.read:,} records)")
     print(f"replay: {replay_s:.1f} s, {replay_s / base_s:.2f}x the investigation; {len(result.disagreements)} "
-          "disagreements")
+          f"disagreements; {result.step_records:,} step records read, {default_jobs()} process(es)")
     same = result.exposure == logged
     print(f"replayed figures equal the full logs': {'yes' if same else 'no'} "
           f"({result.exposure['exposed_responses']:,} exposed responses, logs {logged['exposed_responses']:,})")

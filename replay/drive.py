@@ -160,10 +160,9 @@ def replay_node(
         pinned = False
         if step is not None:  # (where the steps cannot reach it, none runs: the record is not followed)
             room = clock.room([x.allocs_left for _, x in e.decoding()], event["_i"])
-            run = e.advance(step - clock.steps, when) if 0 <= step - clock.steps <= room else 0
-            clock.ran(run)
-            if e.config.overlap_schedule and clock.steps == step and run < room and e.decoding():
-                clock.ran(e.advance(1, lambda k: when(run + k)))  # (the next step was launched before it)
+            gap = step - clock.steps
+            if 0 <= gap <= room:  # (under overlap the next step too, where a request still decodes: launched before it)
+                clock.ran(e.advance(gap + 1 if e.config.overlap_schedule and gap < room else gap, when))
             pinned = clock.pinned(step, event["running"], label)
         if not pinned and event["seq"] is not None:  # its place exact: the steps its time says ran before it
             doubts = clock.ambiguous

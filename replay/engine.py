@@ -13,6 +13,7 @@ transfer carries (one, for an over-long prompt swapped for the placeholder).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -70,10 +71,11 @@ EXCEEDS_POOL = (400, "prompt_exceeds_kv_pool")
 #: ``beyond_replay_bound`` disagreement (the time and memory a replay takes stay bounded whatever
 #: counts a log states, up to the 2^40 the ingest accepts).
 MAX_REQUEST_PAGES = 2**22
-#: Runs of decode steps a node's engine takes through the kernel's interpreted twin before the
-#: compiled kernel (replay/steps.py): a small replay (the sample's) compiles nothing; both give
-#: the same pages.
+#: Runs of decode steps a process takes through the kernel's interpreted twin before the compiled
+#: kernel (replay/steps.py): a small replay (the sample's) compiles nothing; both give the same
+#: pages. Counted over the process, not a node: a case of thousands of small nodes runs compiled.
 KERNEL_FROM = 2_000
+_RUNS = itertools.count(1)
 COVERAGE_MISMATCH = (500, "kv_coverage_mismatch")
 TAG_MISMATCH = (500, "kv_tag_mismatch")
 DECODE_TIMEOUT = (504, "transfer_timeout")
@@ -273,7 +275,6 @@ class NodeEngine:
             raise ValueError(f"unknown engine {self.behaviour!r}; one of {', '.join(BEHAVIOURS)}")
         self.tag_ids = {}
         self._next_tag = 0
-        self._runs = 0  # runs of the decode steps (:meth:`_run`): the compiled kernel's from KERNEL_FROM
         self._texts: dict[int, tuple[Pages, str]] = {}
         self._guessed = 0
         self.cache = None
@@ -757,13 +758,13 @@ class NodeEngine:
         the first of them the ``first``-th of the :meth:`advance` call; how many ran, and whether it
         stopped at a step the pool must do more for than hand out pages from its free list."""
         page_size = self.config.page_size
-        tokens = np.fromiter((h.tokens for _, h in rows), np.int64, len(rows))
-        left = np.fromiter((h.allocs_left for _, h in rows), np.int64, len(rows))
-        room = int((np.minimum(left, steps) // page_size + 1).sum())
+        lefts = [h.allocs_left for _, h in rows]
+        room = sum(min(n, steps) // page_size + 1 for n in lefts)  # (in Python: numpy costs more on a few rows)
+        tokens = np.array([h.tokens for _, h in rows], np.int64)
+        left = np.array(lefts, np.int64)
         step_of = np.empty(room, np.int64)
         row_of = np.empty(room, np.int64)
-        self._runs += 1
-        run = kernel.run if self._runs > KERNEL_FROM else compiled.interpreted(kernel.__name__).run
+        run = kernel.run if next(_RUNS) > KERNEL_FROM else compiled.interpreted(kernel.__name__).run
         ran, taken, status = (int(x) for x in run(tokens, left, page_size, steps, self.pool.free_count,
                                                   self.pool.takeable, self.pool.released_count, step_of, row_of))
         if taken:
