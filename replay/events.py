@@ -35,6 +35,11 @@ def _kinds(events: set[tuple[str, str]], prefix: str) -> str:
     return "(" + " OR ".join(f"({prefix}kind = '{k}' AND {prefix}event = '{e}')" for k, e in sorted(events)) + ")"
 
 
+#: Where a record is in its file (the last of a node's order's keys).
+_PLACE = ("file_id", "line_no", "part")
+#: A decode start's fields as the transfer end it implies.
+_IMPLIED = {"kind": "'transfer' AS kind", "event": "'completed' AS event", "dst_node": "node AS dst_node"}
+
 #: The lists of sql/replay.sql the records' statements name.
 _LISTS = {
     "event_fields": SqlList.columns(EVENT_FIELDS),
@@ -42,6 +47,9 @@ _LISTS = {
     "event_values": SqlList(lambda t: ", ".join(f"epoch_us({t}ts) AS ts" if f == "ts" else t + f
                                                 for f in EVENT_FIELDS)),
     "before_transfer_end": SqlList(lambda t: _kinds(BEFORE_TRANSFER_END, t)),
+    # a decode start as the transfer end it implies: the event's fields and its place, nothing
+    # else of the record (its text among them: a window over every decode start holds each row)
+    "implied_end": SqlList(lambda t: ", ".join(_IMPLIED.get(f, t + f) for f in (*EVENT_FIELDS, *_PLACE))),
     "plan_columns": PLAN_SQL,
 }
 
@@ -98,7 +106,7 @@ class NodeQueries:
     the spans and horizons its step clock is fitted to. ``roles``: the engine nodes' roles."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, roles: dict[str, str]) -> None:
-        record_roles(con, roles)
+        prepare(con, roles)
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self.events = self._query(con, node_statement("node_events"))
         self.carried = self._query(con, node_statement("carried_ends"))
@@ -116,10 +124,12 @@ class NodeQueries:
             cur.close()
 
 
-def record_roles(con: duckdb.DuckDBPyConnection, roles: dict[str, str]) -> None:
-    """The scratch table of the engine nodes' roles, which the node queries join."""
+def prepare(con: duckdb.DuckDBPyConnection, roles: dict[str, str]) -> None:
+    """The scratch tables the node queries read: the engine nodes' roles, and the transfer ends
+    each is carried (``carried_rows``)."""
     con.execute(statement("create_roles"))
     con.executemany(statement("insert_role"), sorted((n, r) for n, r in roles.items() if r in ("prefill", "decode")))
+    con.execute(node_statement("carried_rows"))
 
 
 def resolutions(con: duckdb.DuckDBPyConnection) -> dict[str, int]:

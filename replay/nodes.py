@@ -28,10 +28,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from forensics.errors import BadOption
 from replay.configs import WhatIf
 from replay.drive import replay_node
 from replay.engine import Disagreement, NodeConfig, NodeEngine, Plan, Request
-from replay.events import ByNode, NodeQueries, NodeReader, node_statement, record_roles
+from replay.events import ByNode, NodeQueries, NodeReader, node_statement, prepare
 from replay.logset import LogSet
 from replay.schedule import Schedule, StepClock
 from replay.scratch import BATCH, reader
@@ -58,9 +59,9 @@ def default_jobs() -> int:
         try:
             jobs = int(told)
         except ValueError:
-            raise ValueError(f"{JOBS_VARIABLE}={told!r}: not a whole number of processes") from None
+            raise BadOption(f"{JOBS_VARIABLE}={told!r}: not a whole number of processes") from None
         if jobs < 1:
-            raise ValueError(f"{JOBS_VARIABLE}={told!r}: at least 1 process")
+            raise BadOption(f"{JOBS_VARIABLE}={told!r}: at least 1 process")
         return jobs
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -210,7 +211,7 @@ def _export(con: duckdb.DuckDBPyConnection, roles: dict[str, str], chunks: list[
     in order; the files by chunk and query (a query with no rows for a chunk has none)."""
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True)
-    record_roles(con, roles)
+    prepare(con, roles)
     files: list[dict[str, Path]] = [{} for _ in chunks]
     last = [chunk.nodes[-1] for chunk in chunks]
     for name, sql_name in _QUERIES:

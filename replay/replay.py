@@ -134,6 +134,7 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
     replayed records go to their files as they are made."""
     if engine not in BEHAVIOURS:
         raise CaseError(f"unknown engine {engine!r}; one of: {', '.join(BEHAVIOURS)}")
+    jobs = default_jobs() if jobs is None else jobs  # (told wrong, refused before any work)
     out = Path(out)
     with scratch(held.connection) as con:  # (its cursor closed, its catalog detached, at the block's end)
         configs = node_configs(con)
@@ -154,8 +155,7 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
         nodes = [node for node in sorted(set(configs) | set(rows))
                  if only is None or node in only or roles.get(node) not in ("prefill", "decode")]
         common = Common(engine, what_if, unlogged, mode == "confirm", schedule, resolutions(con))
-        tally = replay_nodes(con, nodes, rows, configs, roles, common, extra, logs,
-                             default_jobs() if jobs is None else jobs)
+        tally = replay_nodes(con, nodes, rows, configs, roles, common, extra, logs, jobs)
         disagreements += tally.disagreements
         logs.mkdir(parents=True, exist_ok=True)
         assumed += prefix_guesses(tally.guesses)

@@ -107,9 +107,12 @@ FROM ev LEFT JOIN kvf_scratch.main.replay_plans p USING (request_id)
 LEFT JOIN kvf_scratch.main.replay_served s USING (request_id)
 ORDER BY ev.node, ev._i;
 
--- name: carried_ends
+-- name: carried_rows
 -- For every engine node, the transfer ends it did not log itself but another node did, for its
--- side (replay/carried.py's carried_to), ordered by node and then by the place each may go from.
+-- side (replay/carried.py's carried_to), with the place each may go from in the node's order:
+-- kept in a scratch table, read with their plans by carried_ends. (In one statement with the
+-- plans' join, DuckDB held it all in memory: at 625,000 implied ends, past the replay's 512 MiB.)
+CREATE OR REPLACE TABLE kvf_scratch.main.replay_carried AS
 WITH node_ev AS (
   SELECT request_id, kind, event, node, row_number() OVER (PARTITION BY node ORDER BY {order}) AS _i
   FROM records WHERE kind IN ('request', 'transfer', 'step')
@@ -129,7 +132,7 @@ WITH node_ev AS (
 ), implied AS (
   SELECT *, row_number() OVER (PARTITION BY request_id ORDER BY node, {order}) AS k_any,
          row_number() OVER (PARTITION BY request_id, node ORDER BY {order}) AS k_here
-  FROM (SELECT * REPLACE ('transfer' AS kind, 'completed' AS event, node AS dst_node)
+  FROM (SELECT {implied_end}
         FROM records r WHERE kind = 'request' AND event = 'decode_started' AND request_id IS NOT NULL
           AND NOT EXISTS (
             SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.event IN ('completed', 'failed')
@@ -141,15 +144,20 @@ WITH node_ev AS (
          i.file_id, i.line_no, i.part, TRUE AS _implied,
          CASE WHEN m.role = 'prefill' THEN i.k_any ELSE i.k_here END AS k
   FROM implied i JOIN mine m ON m.request_id = i.request_id AND (m.role = 'prefill' OR m.node = i.node))
-SELECT e._node, {event_fields:e}, s.request_id IS NOT NULL AS _served, m._lo,
-       e._implied, {plan_columns:p}
+SELECT e._node, {event_fields:e}, s.request_id IS NOT NULL AS _served, m._lo, e._implied
 FROM ends e JOIN mine m ON m.node = e._node AND m.request_id = e.request_id
-LEFT JOIN kvf_scratch.main.replay_plans p ON p.request_id = e.request_id
 LEFT JOIN kvf_scratch.main.replay_served s ON s.request_id = e.request_id
 WHERE e.k = 1 AND NOT EXISTS (
   SELECT 1 FROM records x WHERE x.kind = 'transfer' AND x.node = e._node AND x.event = e.event
-    AND x.request_id = e.request_id AND x.transfer_id IS NOT DISTINCT FROM e.transfer_id)
-ORDER BY e._node, m._lo, e.request_id, e.transfer_id, e.event;
+    AND x.request_id = e.request_id AND x.transfer_id IS NOT DISTINCT FROM e.transfer_id);
+
+-- name: carried_ends
+-- The carried transfer ends (carried_rows) with their requests' plans, ordered by node and then
+-- by the place each may go from.
+SELECT c._node, {event_fields:c}, c._served, c._lo, c._implied, {plan_columns:p}
+FROM kvf_scratch.main.replay_carried c
+LEFT JOIN kvf_scratch.main.replay_plans p ON p.request_id = c.request_id
+ORDER BY c._node, c._lo, c.request_id, c.transfer_id, c.event;
 
 -- name: decode_horizons
 -- On decode nodes, each request's first decode start and last delivered finish where the start

@@ -19,6 +19,7 @@ from independent_logs import Layout, generate, strip_pages
 
 import forensics
 import replay.nodes as nodes
+from forensics.errors import BadOption
 from replay.replay import ReplayResult, WhatIf, replay
 from replay.simulate import Deployment, simulate_to
 
@@ -127,7 +128,7 @@ def test_the_number_of_workers_is_told_or_one_a_core(told: str, jobs: int | None
 @pytest.mark.parametrize("told", ["two", "0", "-1"])
 def test_a_number_of_workers_that_is_none_is_refused(told: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(nodes.JOBS_VARIABLE, told)
-    with pytest.raises(ValueError, match=nodes.JOBS_VARIABLE):
+    with pytest.raises(BadOption, match=nodes.JOBS_VARIABLE):
         nodes.default_jobs()
 
 
@@ -152,3 +153,6 @@ def test_the_command_lines_jobs_reach_every_replay(small_chunks: None, tmp_path:
     assert {f.name: f.read_bytes() for f in sorted((tmp_path / "two" / "logs").iterdir())} == _files(one)
     refused = runner.invoke(cli.app, ["--jobs", "0", "replay", "--db", str(tmp_path / "bare.duckdb")])
     assert refused.exit_code == 2
+    told_badly = runner.invoke(cli.app, ["replay", "--db", str(tmp_path / "bare.duckdb")],
+                               env={nodes.JOBS_VARIABLE: "two"})
+    assert told_badly.exit_code == 1 and "KVFORENSICS_JOBS='two': not a whole number" in told_badly.output
