@@ -103,16 +103,17 @@ class NodeReader(Protocol):
 class NodeQueries:
     """What the replay reads of each node, for every node in a query each (:class:`ByNode`):
     its events in its order, the transfer ends other nodes logged for it, and on decode nodes
-    the spans and horizons its step clock is fitted to. ``roles``: the engine nodes' roles."""
+    the spans and horizons its step clock is fitted to. ``roles``: the engine nodes' roles;
+    ``resolution``: each node's times' resolution (:func:`resolutions`)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, roles: dict[str, str]) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, roles: dict[str, str], resolution: dict[str, int]) -> None:
         prepare(con, roles)
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self.events = self._query(con, node_statement("node_events"))
         self.carried = self._query(con, node_statement("carried_ends"))
         self.horizons = self._query(con, statement("decode_horizons"))
         self.spans = self._query(con, statement("decode_spans"))
-        self.resolution = resolutions(con)
+        self.resolution = resolution  # (resolutions(con), read once by the replay)
 
     def _query(self, con: duckdb.DuckDBPyConnection, sql: str) -> ByNode:
         cur = reader(con)

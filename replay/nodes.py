@@ -155,7 +155,7 @@ def replay_nodes(con: duckdb.DuckDBPyConnection, nodes: list[str], rows: dict[st
     workers = min(jobs, len(chunks))
     tally = Tally()
     if workers <= 1 or sum(rows.get(n, 0) for n in nodes) < PARALLEL_FROM:
-        queries = NodeQueries(con, roles)
+        queries = NodeQueries(con, roles, common.resolution)
         try:
             for chunk in chunks:
                 tally.add(replay_chunk(queries, chunk, common, logs))
