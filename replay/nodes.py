@@ -14,14 +14,17 @@ with the case's database open in it."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import duckdb
@@ -167,19 +170,51 @@ def replay_nodes(con: duckdb.DuckDBPyConnection, nodes: list[str], rows: dict[st
         files = _export(con, roles, chunks, inputs)
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])
-        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start, initargs=(common,))
+        pool: ProcessPoolExecutor | None = None
         try:
-            handed = sorted(chunks, key=lambda c: (-c.weight, c.index))  # the largest first: the runs even out
-            futures = {c.index: pool.submit(_replay_from_files, c, files[c.index], logs) for c in handed}
+            with _stops_held():  # (every worker is started, and known to the pool, before a stop is taken)
+                pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start, initargs=(common,))
+                handed = sorted(chunks, key=lambda c: (-c.weight, c.index))  # the largest first: the runs even out
+                futures = {c.index: pool.submit(_replay_from_files, c, files[c.index], logs) for c in handed}
             for chunk in chunks:
                 tally.add(futures[chunk.index].result())
         except BaseException:  # (stopped, or a chunk failed: the others are not waited for)
-            _stop(pool)
+            if pool is not None:
+                _stop(pool)
             raise
         pool.shutdown()
     finally:
         shutil.rmtree(inputs, ignore_errors=True)
     return tally
+
+
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """A stop (SIGINT, SIGTERM) that comes while the pool starts its workers, held back until they
+    have all started, then taken as it came.
+
+    The pool starts a worker as a chunk is submitted, and knows it once the fork server has said
+    its process id. A stop taken between the two left a worker the pool did not know, so
+    :func:`_stop` never ended it: it waited on its queue for good, holding the caller's stderr
+    open. (Blocking the signals would not do: another thread of this process takes them, and
+    Python runs the handler in the main thread all the same.) Only the main thread sets handlers:
+    called from another, the stops are left as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        came.append(signum)
+
+    before = {stop: signal.signal(stop, hold) for stop in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for stop, handler in before.items():
+            signal.signal(stop, handler)
+        if came:  # (its handler, given back, runs here: a stop raises now, inside the caller's try)
+            signal.raise_signal(came[0])
 
 
 def replay_chunk(queries: NodeReader, chunk: Chunk, common: Common, logs: Path) -> Tally:
@@ -262,15 +297,19 @@ def _rows(path: Path | None) -> Iterator[tuple[Any, ...]]:
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
-    """End ``pool`` now: its queued chunks cancelled, its workers terminated (what they wrote is in
+    """End ``pool`` now: its queued chunks cancelled, its workers killed (what they wrote is in
     the replay's folder, which the next replay replaces)."""
-    pool.shutdown(wait=False, cancel_futures=True)
     kill = getattr(pool, "kill_workers", None)  # (Python 3.14)
     if kill is not None:
         kill()
         return
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
+    # Below 3.14, what ``kill_workers`` does: the workers are taken before ``shutdown``, which
+    # forgets them (``_processes`` set to None), and killed after it.
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
         process.kill()  # (a worker ignores the stop signals: _start)
+    for process in processes:
         process.join()
 
 

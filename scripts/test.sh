@@ -28,4 +28,4 @@ echo "test.sh: ruff, mypy, then the tests (pytest)" >&2
 .venv/bin/ruff check forensics replay reports kvforensics tests bench
 .venv/bin/mypy
 # two workers (pytest-xdist): CI has 2 cores; each worker has its own session fixtures (Spark, the sample)
-.venv/bin/python -m pytest -q -n 2
+.venv/bin/python -m pytest -q -n 2 --durations=10

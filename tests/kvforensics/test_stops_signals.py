@@ -5,6 +5,8 @@ uninterrupted run makes. The signals are real, sent to a running ``kvforensics``
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -55,9 +57,10 @@ kvforensics.job.report = marked("report", kvforensics.job.report)
 sys.argv = ["kvforensics", *sys.argv[1:]]
 main()
 """
-#: :data:`MARKED`, with a replay's nodes spread over worker processes however small the case, and a
-#: mark once the workers' inputs are written (the workers start then).
-PARALLEL = MARKED.replace("sys.argv = [", """import replay.nodes
+#: :data:`MARKED`, with a replay's nodes spread over worker processes however small the case, a mark
+#: once the workers' inputs are written (the workers start then), and workers that sleep an hour
+#: before each chunk (tests/kvforensics/sleeping_workers.py): only a stop that kills them ends it.
+PARALLEL = MARKED.replace("sys.argv = [", f"""import replay.nodes
 replay.nodes.PARALLEL_FROM = 0
 replay.nodes.CHUNK_ROWS = 200
 export = replay.nodes._export
@@ -66,6 +69,9 @@ def exported(*args, **kwargs):
     print("step: workers", file=sys.stderr, flush=True)
     return files
 replay.nodes._export = exported
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import sleeping_workers
+replay.nodes._replay_from_files = sleeping_workers.replay_from_files
 sys.argv = [""", 1)
 #: Columns that differ between two runs of one command: when, by which version, into which folder.
 RUN_COLUMNS = {"ingested_at", "refused_at", "toolkit_version", "out"}
@@ -118,24 +124,34 @@ def stop(args: list[str], until: Callable[[subprocess.Popen[str], list[str]], bo
     """Run ``args``, send ``sig`` once ``until(process, its stderr lines so far)`` holds (and
     ``after`` seconds more); its exit code and the lines it said on stderr (step marks left out)."""
     lines: list[str] = []
-    with subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+    # (its own session: whatever is left of it afterwards, a worker that outlived it included, is
+    # ended by its group, so that a failure here is a failure, never a hang)
+    with subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
 
         def read() -> None:
             assert proc.stderr is not None
             for line in proc.stderr:
                 lines.append(line)
 
-        reader = threading.Thread(target=read)
+        reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        deadline = time.monotonic() + 60
-        while not until(proc, lines):
-            assert proc.poll() is None, f"ended before the signal: {lines}"
-            assert time.monotonic() < deadline, "the step never began"
-            time.sleep(0.005)
-        time.sleep(after)
-        proc.send_signal(sig)
-        code = proc.wait(timeout=60)
+        try:
+            deadline = time.monotonic() + 60
+            while not until(proc, lines):
+                assert proc.poll() is None, f"ended before the signal: {lines}"
+                assert time.monotonic() < deadline, "the step never began"
+                time.sleep(0.005)
+            time.sleep(after)
+            proc.send_signal(sig)
+            code = proc.wait(timeout=60)
+            reader.join(timeout=30)
+            outlived = reader.is_alive()  # (its stderr still open: a process it started is still running)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         reader.join()
+    assert not outlived, f"a process the command started outlived it: {lines}"
     return code, [line.rstrip("\n") for line in lines if not line.startswith("step: ")]
 
 
@@ -233,9 +249,15 @@ def test_a_stop_in_the_whole_job_is_said_and_a_rerun_finishes_it(
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
-def test_a_stop_while_the_replays_workers_run_ends_them_and_a_rerun_finishes_the_job(
-    logs: Path, reported: Path, tmp_path: Path, sig: signal.Signals
+@pytest.mark.parametrize("when", ["starting", "running"])
+def test_a_stop_while_the_replays_workers_start_or_run_kills_them_and_a_rerun_finishes_the_job(
+    logs: Path, reported: Path, tmp_path: Path, sig: signal.Signals, when: str
 ) -> None:
+    """The workers sleep an hour before their chunks, so the command ends in time only if the stop
+    kills them; and none may be left behind (:func:`stop` fails where one still holds its stderr).
+    ``starting``: the stop is sent as the pool begins to start them (a stop taken while the pool
+    started a worker once left that worker running, unknown to the pool); ``running``: once the
+    fork server and both workers are up."""
     db, out = tmp_path / "case.duckdb", tmp_path / "r.html"
     args = ["--jobs", "2", "investigate", str(logs), "--db", str(db), "--out", str(out)]
     workers: list[psutil.Process] = []
@@ -244,7 +266,7 @@ def test_a_stop_while_the_replays_workers_run_ends_them_and_a_rerun_finishes_the
         if "step: workers\n" not in lines:
             return False
         workers[:] = psutil.Process(proc.pid).children(recursive=True)  # (the fork server and its workers)
-        return len(workers) >= 3
+        return when == "starting" or len(workers) >= 3
 
     code, lines = stop([sys.executable, "-c", PARALLEL, *args], working, sig)
     said_one_stop(code, lines, sig, "the replay")
