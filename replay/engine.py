@@ -289,6 +289,9 @@ class NodeEngine:
         self.pool = PagePool(config.pool_pages)
         self.bounded = False
         self.held = {}
+        #: the requests given their prompt's pages and not yet found released or ended: what
+        #: :meth:`preallocation` counts (``held``, in a simulation, keeps every request it saw)
+        self._prompted: dict[str, _Held] = {}
         self.batch = []
         self.tags = np.full(0, -1, dtype=np.int64)
         self._guessed = self.prefix_guesses  # (the boots before: the new one starts a cache of its own)
@@ -304,6 +307,7 @@ class NodeEngine:
         replay keeps state only for the requests in flight. (Its pages stay where they are: the
         pool and the page tags are the node's, not the request's.)"""
         h = self.held.pop(rid, None)
+        self._prompted.pop(rid, None)
         if h is not None:
             for p in h.pages():
                 self._texts.pop(id(p), None)
@@ -491,8 +495,10 @@ class NodeEngine:
             return "refuse"
         running = [self.held[x] for x in self.batch]
         retractable = sum(h.tokens for h in running)
-        active = sum(1 for h in self.held.values()
-                     if h.prompt is not None and not h.released and not h.ended)
+        done = [x for x, h in self._prompted.items() if h.released or h.ended]
+        for x in done:  # (neither is ever undone: the set keeps only requests still active)
+            del self._prompted[x]
+        active = len(self._prompted)
         single = max((min(self.requests[x].max_new_tokens, CLIP_MAX_NEW_TOKENS) + self.requests[x].prompt_tokens
                       - retractable for x in self.batch), default=0)
         allocatable = self.pool.available * self.config.page_size - max(RESERVED_DECODE_TOKENS * active, single)
@@ -538,6 +544,7 @@ class NodeEngine:
             return self._beyond(record, h, str(e))
         self._emit(record)
         h.prompt = prompt
+        self._prompted[rid] = h
         self._kv(ts, rid, "alloc", h.prompt)
         return True
 
