@@ -211,8 +211,8 @@ def _stops_held() -> Iterator[None]:
     try:
         yield
     finally:
-        for stop, handler in before.items():
-            signal.signal(stop, handler)
+        for stop, handler in before.items():  # (None: a handler set outside Python, which it cannot give back)
+            signal.signal(stop, signal.SIG_DFL if handler is None else handler)
         if came:  # (its handler, given back, runs here: a stop raises now, inside the caller's try)
             signal.raise_signal(came[0])
 

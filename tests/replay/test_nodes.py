@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,36 @@ def test_the_command_lines_jobs_reach_every_replay(small_chunks: None, tmp_path:
     told_badly = runner.invoke(cli.app, ["replay", "--db", str(tmp_path / "bare.duckdb")],
                                env={nodes.JOBS_VARIABLE: "two"})
     assert told_badly.exit_code == 1 and "KVFORENSICS_JOBS='two': not a whole number" in told_badly.output
+
+
+class _Came(Exception):
+    """What the test's own stop handler raises."""
+
+
+def test_a_stop_while_the_workers_start_is_held_then_taken_with_the_handler_it_had() -> None:
+    """``_stops_held``: a signal that comes inside it runs no handler there (the code after it runs
+    on); on leaving, the handler the signal had is back and is run once."""
+    assert threading.current_thread() is threading.main_thread()  # (handlers are the main thread's)
+    came: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        came.append(signum)
+        raise _Came()
+
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        ran_on = False
+        with pytest.raises(_Came):
+            with nodes._stops_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):  # (time for a handler to run, were it not held)
+                    pass
+                assert came == []
+                ran_on = True
+        assert ran_on and came == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is handler
+        with nodes._stops_held():  # no stop: nothing is raised, and nothing run
+            pass
+        assert came == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)
