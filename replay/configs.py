@@ -16,7 +16,7 @@ from forensics.adapters.sglang.eras import releases_of
 from forensics.ingestion import source
 from forensics.schema import V1_1_CONFIG
 from forensics.store import connect
-from replay.engine import NodeConfig
+from replay.engine import EVICTS_SHORTFALL_FROM, NodeConfig
 from replay.scratch import log_ts
 from replay.simulate import pool_pages
 from replay.statements import statement
@@ -66,7 +66,9 @@ def assumptions(configs: NodeConfigs) -> tuple[str, ...]:
     """What the replay assumed that the logs do not say (v1.1's scheduling fields), each taken as
     SGLang's default: the overlap scheduler on where a decode config does not state
     ``overlap_schedule``, the prefix cache on where an SGLang prefill config does not state
-    ``prefix_cache``."""
+    ``prefix_cache``. And where a caching prefill node's ``engine_version`` is a range of releases
+    on both sides of the change in how much its cache evicts (:func:`eviction_undecided`), that it
+    evicts as the range's last release does (:func:`replay.engine.evicts_whole`)."""
     out = []
     for role, name, what in (("decode", "overlap_schedule", "overlap scheduler on"),
                              ("prefill", "prefix_cache", "prefix cache on")):
@@ -77,7 +79,24 @@ def assumptions(configs: NodeConfigs) -> tuple[str, ...]:
             shown = ", ".join(unsaid[:5]) + (f" and {len(unsaid) - 5:,} more" if len(unsaid) > 5 else "")
             out.append(f"{what} (SGLang's default) on {len(unsaid):,} {role} node(s) whose config does not say: "
                        f"{shown}")
+    spanning = sorted(node for node, per in configs.items()
+                      if any(c.role == "prefill" and c.caches_prefixes
+                             and eviction_undecided(c.engine, c.engine_version) for _, _, _, c in per))
+    if spanning:
+        shown = ", ".join(spanning[:5]) + (f" and {len(spanning) - 5:,} more" if len(spanning) > 5 else "")
+        out.append(f"the prefix cache evicting as its release range's last release does on {len(spanning):,} prefill "
+                   f"node(s) whose logs give releases on both sides of the change (before "
+                   f"{'.'.join(map(str, EVICTS_SHORTFALL_FROM))}, the whole amount an allocation asks; from it, "
+                   f"what it lacks): {shown}")
     return tuple(out)
+
+
+def eviction_undecided(engine: str, version: str) -> bool:
+    """Whether an SGLang ``engine_version`` names releases on both sides of
+    :data:`~replay.engine.EVICTS_SHORTFALL_FROM` (``0.5.12-0.5.21``, say): how much the prefill's
+    prefix cache evicts is then not known from the logs."""
+    releases = releases_of(version) if engine == "sglang" else None
+    return releases is not None and len({_numbers(r) < EVICTS_SHORTFALL_FROM for r in releases}) == 2
 
 
 def logged_engine_of(db: Path | str) -> str | None:

@@ -29,14 +29,17 @@ from replay.pool import BeyondBound, PagePool, Pages, pages_for
 from replay.radix import Node, PrefixCache, evict_tokens
 
 #: The release from which SGLang's prefix cache evicts only what an allocation lacks; before it,
-#: the whole amount asked (read in the wheels: 0.5.11 and 0.5.12 the whole amount,
-#: mem_cache/common.py:352; 0.5.18 on the shortfall, :138 in 0.5.18; 0.5.13 to 0.5.17 not read).
-EVICTS_SHORTFALL_FROM = (0, 5, 18)
+#: the whole amount asked. Read in the wheels, ``evict_from_tree_cache`` of
+#: ``mem_cache/common.py``: the whole amount in 0.5.11 to 0.5.16 (0.5.12 :353, 0.5.16 :128); the
+#: shortfall from 0.5.17 (:129, "evict only the shortfall"; 0.5.18 :138).
+EVICTS_SHORTFALL_FROM = (0, 5, 17)
 
 
 def evicts_whole(version: str) -> bool:
-    """Whether the release ``version`` (``X.Y.Z``, or a range ``A-B`` of them) evicts the whole
-    amount an allocation asks for; a version it cannot read is taken as a recent one."""
+    """Whether the release ``version`` (``X.Y.Z``, or a range ``A-B`` of them, read by its last)
+    evicts the whole amount an allocation asks for; a version it cannot read is taken as a recent
+    one. (A range across :data:`EVICTS_SHORTFALL_FROM` leaves it undecided: the replay says that
+    it took the last release's way, replay.configs.assumptions.)"""
     parts = version.split("-")[-1].split(".")[:3]
     if len(parts) < 3 or not all(x.isdigit() for x in parts):
         return False

@@ -15,7 +15,8 @@ import pytest
 
 from forensics.exposure.reference import expand
 from kvforensics.job import run
-from replay.engine import NodeConfig, NodeEngine, Request, plan
+from replay.configs import assumptions, eviction_undecided
+from replay.engine import NodeConfig, NodeEngine, Request, evicts_whole, plan
 from replay.logset import LogSet
 from replay.radix import PrefixCache
 from replay.replay import replay
@@ -233,3 +234,29 @@ def test_the_cache_keeps_what_it_holds_not_every_prompt_it_has_seen() -> None:
         cache.touch(leaves[0])
     assert len(cache._leaves) <= 4 * len(cache._nodes) + 64
     assert [n.owner for n in cache.evict(100 * PS)] == ["b1", "b0"]
+
+
+def test_how_much_the_cache_evicts_is_read_from_the_release_and_a_range_across_the_change_is_said() -> None:
+    """The whole amount asked to 0.5.16, the shortfall from 0.5.17 (read in each wheel's
+    ``evict_from_tree_cache``). A range of releases is read by its last; one across the change is
+    undecided by the logs, and the replay's ``assumed`` says so for a caching prefill node."""
+    assert evicts_whole("0.5.11") and evicts_whole("0.5.16") and evicts_whole("0.5.12-0.5.15")
+    assert not evicts_whole("0.5.17") and not evicts_whole("0.5.21") and not evicts_whole("0.5.16-0.5.18")
+    assert eviction_undecided("sglang", "0.5.16-0.5.18") and eviction_undecided("sglang", "0.5.5-0.5.7,0.5.12-0.5.23")
+    assert not eviction_undecided("sglang", "0.5.17-0.5.23") and not eviction_undecided("sglang", "0.5.12-0.5.16")
+    assert not eviction_undecided("sglang", "0.5.17") and not eviction_undecided("other", "0.5.16-0.5.18")
+
+    def configs(version: str, prefix_cache: bool) -> dict[str, list[tuple[int, int, str, NodeConfig]]]:
+        said = ("overlap_schedule", "prefix_cache")
+        return {
+            "prefill-0": [(0, 0, "t", NodeConfig("prefill-0", "prefill", 4096, 64, 100, engine_version=version,
+                                                 prefix_cache=prefix_cache, said=said))],
+            "decode-0": [(0, 0, "t", NodeConfig("decode-0", "decode", 4096, 64, 100, engine_version=version,
+                                                said=said))],
+        }
+
+    assert assumptions(configs("0.5.17-0.5.23", True)) == ()
+    assert assumptions(configs("0.5.16-0.5.18", False)) == ()  # (no cache, nothing evicted)
+    said = assumptions(configs("0.5.16-0.5.18", True))
+    assert len(said) == 1 and said[0].endswith("before 0.5.17, the whole amount an allocation asks; "
+                                               "from it, what it lacks): prefill-0")
