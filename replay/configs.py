@@ -95,8 +95,8 @@ def eviction_undecided(engine: str, version: str) -> bool:
     """Whether an SGLang ``engine_version`` names releases on both sides of
     :data:`~replay.engine.EVICTS_SHORTFALL_FROM` (``0.5.12-0.5.21``, say): how much the prefill's
     prefix cache evicts is then not known from the logs."""
-    releases = releases_of(version) if engine == "sglang" else None
-    return releases is not None and len({_numbers(r) < EVICTS_SHORTFALL_FROM for r in releases}) == 2
+    sides = _sides(version, EVICTS_SHORTFALL_FROM) if engine == "sglang" else None
+    return sides is not None and len(sides) == 2
 
 
 def logged_engine_of(db: Path | str) -> str | None:
@@ -121,14 +121,21 @@ def logged_engine(configs: NodeConfigs) -> str | None:
     (name, version), = versions
     if name != "sglang":
         return None
+    sides = _sides(version, HARDENED_FROM)
+    return None if sides is None or len(sides) != 1 else ("sglang-hardened" if sides.pop() else "sglang-placeholder")
+
+
+def _sides(version: str, change: tuple[int, ...]) -> set[bool] | None:
+    """For each release an ``engine_version`` names (one, or a range or list of them:
+    ``releases_of``), whether it is at or past the release ``change``; None where it names none
+    that can be read. Two sides: the logs do not say which side the node ran."""
     releases = releases_of(version)
     if releases is not None:
-        sides = {_numbers(r) >= HARDENED_FROM for r in releases}
-        return None if len(sides) != 1 else ("sglang-hardened" if sides.pop() else "sglang-placeholder")
+        return {_numbers(r) >= change for r in releases}
     parts = version.split(".")
     if len(parts) < 3 or not all(p.isdigit() for p in parts[:3]):
         return None
-    return "sglang-hardened" if _numbers(version) >= HARDENED_FROM else "sglang-placeholder"
+    return {_numbers(version) >= change}
 
 
 def _numbers(version: str) -> tuple[int, ...]:
