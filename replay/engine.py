@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from forensics import compiled
-from forensics.emit import page_string
 from replay import steps as kernel
 from replay.logset import LogSet
+from replay.pagetext import page_text
 from replay.pool import BeyondBound, PagePool, Pages, pages_for
 from replay.radix import Node, PrefixCache, evict_tokens
 
@@ -356,7 +356,7 @@ class NodeEngine:
         hit = self._texts.get(id(pages))
         if hit is not None and hit[0] is pages:
             return hit[1]
-        text = page_string(pages)
+        text = page_text(pages)
         self._texts[id(pages)] = (pages, text)
         return text
 
@@ -390,7 +390,7 @@ class NodeEngine:
             self._texts.pop(id(p), None)
         if pages:
             every = pages[0] if len(pages) == 1 else np.concatenate(pages)
-            self._kv(ts, rid, "free", every, text=page_string(every) if len(pages) > 1 else None)
+            self._kv(ts, rid, "free", every, text=page_text(every) if len(pages) > 1 else None)
             self.pool.release(every)
 
     # -- events ----------------------------------------------------------------------------
@@ -465,7 +465,7 @@ class NodeEngine:
         record = dict(record, tokens=p.kv_tokens)
         if h.prompt is not None:
             record["src_pages"] = (self._text(h.prompt) if h.shared is None or not len(h.shared)
-                                   else page_string(np.concatenate([h.shared, h.prompt])))
+                                   else page_text(np.concatenate([h.shared, h.prompt])))
         record.pop("dst_pages", None)
         self._emit(record)
         if event in ("completed", "failed"):
@@ -578,7 +578,7 @@ class NodeEngine:
             return done
         h.tokens = tokens
         if len(shared):
-            self._kv(record["ts"], rid, "share", shared, text=page_string(shared))
+            self._kv(record["ts"], rid, "share", shared, text=page_text(shared))
         return done
 
     def _evict(self, ts: str, tokens: int) -> None:
@@ -589,7 +589,7 @@ class NodeEngine:
         asked = evict_tokens(tokens, self.pool.available * self.config.page_size,
                              evicts_whole(self.config.engine_version))
         for node in self.cache.evict(asked) if asked else ():
-            self._kv(ts, node.owner, "free", node.pages, text=page_string(node.pages))
+            self._kv(ts, node.owner, "free", node.pages, text=page_text(node.pages))
             self.pool.release(node.pages)
 
     def _full(self, h: _Held) -> int:
@@ -611,10 +611,10 @@ class NodeEngine:
         h.released = True
         keep = self._full(h) if h.inserted and h.prompt is not None else 0
         if h.shared is not None and len(h.shared):  # (its hold on the shared prefix; the cache keeps the pages)
-            self._kv(ts, rid, "free", h.shared, text=page_string(h.shared))
+            self._kv(ts, rid, "free", h.shared, text=page_text(h.shared))
         if h.prompt is not None and len(h.prompt) > keep:
             rest = h.prompt[keep:]
-            self._kv(ts, rid, "free", rest, text=page_string(rest) if keep else None)
+            self._kv(ts, rid, "free", rest, text=page_text(rest) if keep else None)
             self.pool.release(rest)
         self.cache.touch(h.node)
         self.cache.unlock(h.node)
@@ -657,7 +657,7 @@ class NodeEngine:
                 return not h.ended
             n = pages_for(p.kv_tokens, page_size)
             landed = h.prompt if n >= len(h.prompt) else h.prompt[:n]
-            text = self._text(landed) if landed is h.prompt else page_string(landed)
+            text = self._text(landed) if landed is h.prompt else page_text(landed)
             record = dict(record, tokens=p.kv_tokens, dst_pages=text)
             record.pop("src_pages", None)
             self._emit(record)
