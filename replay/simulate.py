@@ -276,6 +276,12 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
     busy: dict[str, bool] = {c.node: False for c in prefill_cfgs}
     finished = {"delivered": 0}
 
+    def done(rid: str, node: str) -> None:
+        """No event of ``rid`` is left to come on ``node``: the engine lets go of what it kept of it
+        (its pages stay where they are), so that the simulator's memory follows the requests in
+        flight, not all it has seen."""
+        engines[node].forget(rid)
+
     def event(rid: str, node: str, t: int, name: str, **extra: Any) -> bool:
         catch_up(node, t)
         return engines[node].handle({"kind": "request", "ts": ts_text(t), "node": node,
@@ -298,6 +304,7 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
             return
         if plans[rid].prefill_rejects:
             event(rid, r.prefill_node, t, "rejected")
+            done(rid, r.prefill_node)
             return
         queue = preallocating[r.decode_node]
         catch_up(r.decode_node, t)
@@ -315,6 +322,7 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         assert r.prefill_node is not None and r.decode_node is not None
         admitted_at[rid] = t
         if not event(rid, r.decode_node, t, "admitted"):
+            done(rid, r.decode_node)
             return
         if rid in late:
             at(t + DECODE_TIMEOUT, time_out, rid)
@@ -350,6 +358,7 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         node = requests[rid].prefill_node
         assert node is not None
         transfer(rid, node, t, "completed")
+        done(rid, node)
         if waiting[node]:
             at(t, prefill_start, node)
         else:
@@ -367,6 +376,8 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         assert r.decode_node is not None
         if transfer(rid, r.decode_node, t, "completed"):
             at(t0 + -(-(t - t0) // DECODE_PER_TOKEN) * DECODE_PER_TOKEN, decode_start, rid)  # the next step
+        else:  # (ended: timed out before it landed, or failed)
+            done(rid, r.decode_node)
         preallocate(r.decode_node, t)  # (page tags may have failed readers of what landed)
 
     def decode_start(t: int, rid: str) -> None:
@@ -378,6 +389,7 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
                 next_step[node] = t  # its first step is launched now
             at(t + DECODE_PER_TOKEN * max(steps - 1, 0) + DECODE_PER_TOKEN // 2, finish, rid)
         else:  # an integrity check failed it: its pages are free
+            done(rid, node)
             preallocate(node, t)
 
     def finish(t: int, rid: str) -> None:
@@ -385,9 +397,11 @@ def _simulate(out: Path, writing: Path, arrivals: list[Arrival], *, deployment: 
         assert node is not None
         held = engines[node].held.get(rid)
         if held is not None and held.ended:  # the engine failed it already (page tags)
+            done(rid, node)
             return
         event(rid, node, t, "finished", status=200, finish_reason="stop",
               output_tokens=requests[rid].max_new_tokens)
+        done(rid, node)
         finished["delivered"] += 1
         preallocate(node, t)
 
