@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import forensics
+from forensics.schema import FIELDS
 from replay.engine import BEHAVIOURS
 from replay.replay import WhatIf, replay
 from replay.simulate import Deployment, shape, simulate, simulate_to
@@ -482,6 +483,22 @@ def test_the_shipped_sample_is_what_its_readme_command_makes_byte_for_byte(tmp_p
     assert sorted(f.name for f in made.files) == sorted(f.name for f in sample.glob("*.jsonl"))
     for f in made.files:
         assert f.read_bytes() == (sample / f.name).read_bytes(), f.name
+
+
+_VALUES = st.one_of(st.none(), st.text(), st.integers(-(2**70), 2**70), st.booleans(),
+                    st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([0, 1, "0", "\u2028", 'a"b\\']))
+
+
+@given(st.dictionaries(st.sampled_from(sorted(FIELDS)), _VALUES, min_size=1))
+def test_a_record_line_is_json_dumps_of_its_fields_in_schema_order(record: dict) -> None:
+    """record_line writes texts and whole numbers itself: the bytes json.dumps writes of the
+    record's fields in schema order, nulls left out, boot 0 left out (and nothing else)."""
+    from replay.logset import _RANK, record_line
+
+    ordered = {k: record[k] for k in sorted(record, key=_RANK.__getitem__) if record[k] is not None}
+    if ordered.get("boot") == 0:
+        del ordered["boot"]
+    assert record_line(dict(record)) == json.dumps(ordered, separators=(",", ":"), ensure_ascii=False)
 
 
 @given(st.text(), st.text(min_size=1), st.integers(0, 3), st.sampled_from([None, "decode", 'q"\\\x01']))
