@@ -485,6 +485,43 @@ def test_the_shipped_sample_is_what_its_readme_command_makes_byte_for_byte(tmp_p
         assert f.read_bytes() == (sample / f.name).read_bytes(), f.name
 
 
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 4)), max_size=30), st.integers(1, 6))
+def test_a_packed_log_set_starts_a_file_once_one_holds_part_records(emits: list[tuple[str, int]], part: int) -> None:
+    """Packed, a file ends once it holds PART_RECORDS records, within a node's records or between two
+    nodes' (a decode step's records at once may take it past); no file is left empty; each node's
+    records, read across the files in order, are the ones an unpacked log set writes."""
+    import tempfile
+    from unittest import mock
+
+    from replay import logset
+    from replay.logset import LogSet
+
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(logset, "PART_RECORDS", part):
+        folder = Path(tmp) / "packed"
+        packed, plain = LogSet(into=folder, packed=True), LogSet()
+        for node in sorted({n for n, _ in emits}):
+            for n, k in emits:
+                if n != node:
+                    continue
+                for log in (packed, plain):  # (k records at once, as a decode step's; one alone as emit)
+                    if k == 1:
+                        log.emit({"kind": "step", "ts": "2026-09-14T08:00:00.000000Z", "node": n, "running": 1})
+                    else:
+                        log.emit_kvs(n, 0, [("2026-09-14T08:00:00.000000Z", "r", "read", str(i), None)
+                                            for i in range(k)])
+            packed.flush(node, folder)
+        packed.close()
+        files = sorted(folder.glob("*.jsonl")) if folder.exists() else []
+        lines = [f.read_text().splitlines() for f in files]
+        assert all(0 < len(x) < part + 4 for x in lines)
+        assert all(len(x) >= part for x in lines[:-1])
+        by_node: dict[str, list[str]] = {}
+        for text in lines:
+            for line in text:
+                by_node.setdefault(json.loads(line)["node"], []).append(line)
+        assert by_node == plain.lines
+
+
 _VALUES = st.one_of(st.none(), st.text(), st.integers(-(2**70), 2**70), st.booleans(),
                     st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([0, 1, "0", "\u2028", 'a"b\\']))
 
