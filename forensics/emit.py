@@ -56,6 +56,12 @@ def page_string(pages: str | Iterable[int]) -> str:
         raise ValueError("a page list is never empty")
     if starts[0] < 0:
         raise ValueError(f"page ids are >= 0, not {starts[0]}")
+    return ranges_text(starts, ends)
+
+
+def ranges_text(starts: Iterable[int], ends: Iterable[int]) -> str:
+    """The page string of runs of page ids, each from ``starts[i]`` to ``ends[i]`` (sorted, apart):
+    ``"1-3,7"``."""
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in zip(starts, ends, strict=True))
 
 

@@ -18,7 +18,7 @@ import itertools
 import numpy as np
 
 from forensics.compiled import jit_for
-from forensics.emit import page_string
+from forensics.emit import page_string, ranges_text
 
 njit = jit_for(__name__)  # numba's, or nothing in the interpreted twin (forensics.compiled)
 
@@ -73,4 +73,4 @@ def page_text(pages: np.ndarray) -> str:
     if k <= 0:
         return page_string(p)  # (its error: no pages, or a negative id)
     ends = out[:2 * k].tolist()
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in zip(ends[::2], ends[1::2], strict=True))
+    return ranges_text(ends[::2], ends[1::2])
