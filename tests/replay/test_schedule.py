@@ -61,6 +61,35 @@ def test_an_event_far_from_any_launch_is_certain_under_every_schedule() -> None:
         assert clock.ambiguous == 0
 
 
+def test_a_steady_pace_has_no_drift_and_a_wandering_one_its_spread_a_step() -> None:
+    steady = Cadence.fit([(a, (a - 1) * 10_000_000 + 5_000_000) for a in (2, 7, 30, 120)], 1_000)
+    assert steady is not None and steady.drift_ns == pytest.approx(0, abs=1e-3)
+    # each step 10 ms give or take up to 3 ms (uniformly): a step's spread is 3 / sqrt(3) ms
+    rng = random.Random(5)
+    spans = []
+    for _ in range(3_000):
+        a = rng.randint(2, 200)
+        spans.append((a, sum(10_000_000 + rng.randint(-3_000_000, 3_000_000) for _ in range(a - 1)) + 5_000_000))
+    wandering = Cadence.fit(spans, 1_000)
+    assert wandering is not None
+    assert wandering.drift_ns == pytest.approx(3_000_000 / 3 ** 0.5, rel=0.1)
+
+
+@pytest.mark.parametrize(("drift_ns", "counts"), [(0, {101}), (1_000_000, {98, 101, 104})])
+def test_the_further_an_event_is_from_its_anchor_the_wider_the_steps_a_drifting_pace_allows(
+        drift_ns: int, counts: set[int]) -> None:
+    # 10 ms a step, times to 1 ms, 1 ms of drift a step: 100.3 steps on, the time leaves 98 to 104
+    # (3 drifts of sqrt(100.3) steps' wandering each side); on a steady pace only 101
+    got = set()
+    for schedule in (LOGGED, Schedule("early"), Schedule("late")):
+        clock = StepClock(Cadence(10_000_000, 5_000_000, 1_000_000, drift_ns), schedule, "decode-0")
+        clock.started("a", 0)
+        run, fits = clock.before(1_003_000_000, [10_000], None)
+        assert fits and clock.ambiguous == (len(counts) > 1)
+        got.add(run)
+    assert got == counts
+
+
 def test_a_mixed_schedule_chooses_the_same_on_every_run_and_within_the_bounds() -> None:
     def counts(seed: int) -> list[int]:
         clock = _clock(Schedule("mixed", seed))
