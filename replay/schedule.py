@@ -15,7 +15,10 @@ each, how many steps ran before it:
   disagreement, listed);
 - before any other event: the steps its time says, from the last event whose step is known
   (a request's start, or a finish: its last step ran :attr:`Cadence.finish_ns` before it), at
-  :attr:`Cadence.step_ns` a step, bounded by what every running request still has to take.
+  :attr:`Cadence.step_ns` a step, bounded by what every running request still has to take and,
+  where the time leaves the count open, by what the starts still to come allow
+  (:meth:`Horizon.ceiling`: a greedy walk that did not look ahead could reach a finish with no
+  schedule left, and list a disagreement on logs that fit).
 
 The cadence of a (node, boot) is fitted by least squares to its requests' decode spans: a request
 that takes part in A steps spans ``(A - 1) * step_ns + finish_ns`` from its start to its finish.
@@ -51,6 +54,8 @@ _ROWS_CHECKED = 64
 #: pairs in 3 of 32 runs were named certain and were wrong; with 3, none (certain ones 96.6% of the
 #: true pairs against 97.2%).
 DRIFT_SIGMAS = 3
+#: A value no path has reached (:meth:`Horizon.ceiling`): above any step count.
+_UNREACHED = 1 << 62
 #: The name a record read again after it did not fit carries (:meth:`StepClock.pinned`).
 _RESTART = "(read again)"
 #: A step count from a time is taken this close to a whole number as that number (times are whole
@@ -150,6 +155,50 @@ class Horizon:
             best[k] = max(best[k + 1], a + best[bisect.bisect_right(at, f, lo=k)])
         return at, best
 
+    def ceiling(self, at: int, fixed: list[tuple[int, int]]) -> int | None:
+        """The most steps that may have run by the event at ``at`` in the node's order, given the
+        finishes already fixed (``fixed``: each running request's ``(where its finish comes, the
+        step count there)``), by every constraint of order and lockstep among the starts still to
+        come: the shortest path, in the system of difference constraints, from a fixed finish to
+        ``at`` (back along the order for nothing, forward over a request from its start to its
+        finish for its steps, back from its finish to its start for minus them). None where no
+        finish is fixed, or the constraints admit no schedule.
+
+        :meth:`chains` is the part of it where the requests to come nest inside one running
+        request; this adds chains that cross, such as a start whose own finish comes after a
+        longer request's, both before a fixed finish. Only the starts before the last fixed finish
+        are taken (a bound from fewer constraints is looser, never wrong)."""
+        if not fixed:
+            return None
+        last = max(f for f, _ in fixed)
+        lo, hi = bisect.bisect_left(self._at, at), bisect.bisect_left(self._at, last)
+        future = self._starts[lo:hi]
+        # every position a path may stop at (each at or after ``at``), highest first, and the least
+        # value a path has reached there
+        places = sorted({f for f, _ in fixed}.union(*((s, f) for s, f, _ in future)), reverse=True)
+        rank = {p: k for k, p in enumerate(places)}
+        best = [_UNREACHED] * len(places)
+        for f, value in fixed:
+            best[rank[f]] = min(best[rank[f]], value)
+        jumps = [(rank[s], rank[f], a) for s, f, a in future]
+        suffix = [_UNREACHED] * len(places)  # the least value at a position or after it
+        for _ in range(len(future) + 2):
+            least = _UNREACHED
+            for k, v in enumerate(best):
+                least = min(least, v)
+                suffix[k] = least
+            changed = False
+            for ks, kf, a in jumps:
+                if suffix[ks] < _UNREACHED and suffix[ks] + a < best[kf]:  # from any position at or after
+                    best[kf] = suffix[ks] + a  # the start, on to its finish
+                    changed = True
+                if suffix[kf] < _UNREACHED and suffix[kf] - a < best[ks]:  # from any position at or after
+                    best[ks] = suffix[kf] - a  # the finish, back to its start
+                    changed = True
+            if not changed:
+                return min(best)
+        return None  # (still falling: a negative cycle, the logs fit no lockstep schedule)
+
 
 @dataclass
 class StepClock:
@@ -234,6 +283,12 @@ class StepClock:
                  ) / self.cadence.step_ns
         counts = [self._count(p, starting) for p in (position - slack, position, position + slack)]
         counts = [min(max(index + c - self.steps, least), room) for c in counts]
+        if counts[0] != counts[2] and self.horizon is not None and at is not None:
+            # a count the times leave open: none past what the starts to come allow (Horizon.ceiling)
+            ceiling = self.horizon.ceiling(at, [(f, self._first[rid] + steps_i)
+                                                for rid, (steps_i, f) in self._ends.items()])
+            if ceiling is not None and ceiling - self.steps >= least:
+                counts = [min(c, ceiling - self.steps) for c in counts]
         run = counts[1]
         if counts[0] != counts[2]:
             self.ambiguous += 1

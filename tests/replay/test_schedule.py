@@ -39,6 +39,59 @@ def test_the_longest_chain_of_starts_to_come_is_every_chains_longest(seed: int) 
         assert got == _longest_chain(starts, after, finish_at, at), (starts, after, finish_at, at)
 
 
+def _most_steps(n: int, at: int, fixed: list[tuple[int, int]], starts: list[tuple[int, int, int]]) -> int | None:
+    """The most steps by position ``at`` of ``n`` positions: Bellman-Ford over the difference
+    constraints written out one by one (x never falls along the order; a request's finish is its
+    start plus its steps; a fixed finish is its value, against a zero node), every start from
+    ``at`` on taken. None where they admit no schedule."""
+    zero = n
+    edges = [(p + 1, p, 0) for p in range(at, n - 1)]  # x[p] <= x[p + 1]
+    for s, f, a in starts:
+        if s >= at:
+            edges += [(s, f, a), (f, s, -a)]
+    for f, value in fixed:
+        edges += [(zero, f, value), (f, zero, -value)]
+    inf = float("inf")
+    dist = [inf] * (n + 1)
+    dist[zero] = 0
+    for _ in range(n + 1):
+        for u, v, w in edges:
+            if dist[u] + w < dist[v]:
+                dist[v] = dist[u] + w
+    if any(dist[u] + w < dist[v] for u, v, w in edges):
+        return None
+    return int(dist[at])
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_ceiling_the_starts_to_come_set_is_the_constraints_shortest_path(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(4, 14)
+    at = rng.randint(0, n - 3)
+    places = list(range(at + 1, n))
+    rng.shuffle(places)
+    fixed = [(places.pop(), rng.randint(0, 30)) for _ in range(min(rng.randint(1, 3), len(places) - 1))]
+    if rng.random() < 0.7:  # (finishes fixed by a past that fits the order, as a clock's are)
+        fixed = list(zip(sorted(f for f, _ in fixed), sorted(v for _, v in fixed), strict=True))
+    starts = []
+    if rng.random() < 0.4:  # the event itself a start (one being placed)
+        starts.append((at, places.pop(), rng.randint(0, 12)))
+    while len(places) >= 2 and rng.random() < 0.8:
+        s, f = sorted((places.pop(), places.pop()))
+        starts.append((s, f, rng.randint(0, 12)))
+    last = max(f for f, _ in fixed)
+    got = Horizon(starts).ceiling(at, fixed)
+    want = _most_steps(n, at, fixed, starts)
+    if got is None:  # (a negative cycle among the constraints it takes is one among all of them)
+        assert want is None, (n, at, fixed, starts)
+    if want is not None:  # the logs fit a schedule: the most steps by ``at`` of every schedule
+        assert got is not None
+        if all(s < last for s, _, _ in starts):
+            assert got == want, (n, at, fixed, starts)
+        else:  # (starts after the last fixed finish left out: looser, never below)
+            assert got >= want, (n, at, fixed, starts)
+
+
 def _clock(schedule: Schedule) -> StepClock:
     # 10 ms a step; times known to 1 ms, the fit exact: an event within 1 ms of a launch is ambiguous
     clock = StepClock(Cadence(10_000_000, 5_000_000, 1_000_000), schedule, "decode-0")
