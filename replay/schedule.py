@@ -182,8 +182,8 @@ class Horizon:
             best[rank[f]] = min(best[rank[f]], value)
         jumps = [(rank[s], rank[f], a) for s, f, a in future]
         suffix = [_UNREACHED] * len(places)  # the least value at a position or after it
-        for _ in range(len(future) + 2):
-            least = _UNREACHED
+        for _ in range(2 * len(future) + 2):  # (a sweep takes each path one jump further; a shortest
+            least = _UNREACHED                # path makes each request's two jumps at most once)
             for k, v in enumerate(best):
                 least = min(least, v)
                 suffix[k] = least
