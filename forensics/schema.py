@@ -127,13 +127,15 @@ FIELDS: Final[dict[str, Field]] = {
         # step (v1.1)
         Field("running", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
         Field("steps", FieldType.INT, min_value=1, max_value=PLAUSIBLE_COUNT),
+        # the node's caches were emptied here (SGLang's flush_cache): its pool starts afresh, its step count from 0
+        Field("cache", FieldType.STR, ("flushed",)),
     )
 }
 
 #: Schema v1.1's config flags (docs/schema-v1.1.md): how a node schedules. Booleans, which no
 #: declared field is: the ingest keeps them in the record's text, not as columns, and the replay
 #: reads them from there. (v1.1's other additions are declared fields above: ``step_log_interval``,
-#: ``cached_tokens``, and the ``step`` kind's ``running`` and ``steps``.)
+#: ``cached_tokens``, and the ``step`` kind's ``running``, ``steps`` and ``cache``.)
 V1_1_CONFIG: Final = ("overlap_schedule", "prefix_cache")
 
 COMMON_REQUIRED: Final = ("kind", "ts", "node")
@@ -165,8 +167,9 @@ KIND_FIELDS: Final[dict[str, Variant]] = {
         required=("transfer_id", "request_id", "event", "src_node", "dst_node"),
         optional=("src_pages", "dst_pages", "tokens", "bytes"),
     ),
-    # a decode loop's progress (v1.1): the running batch, and the steps since the node's last one
-    "step": Variant(required=("running",), optional=("steps",)),
+    # a decode loop's progress (v1.1): the running batch, and the steps since the node's last one; or,
+    # with ``cache: "flushed"``, the node's caches emptied while it was idle (its pool afresh, its count from 0)
+    "step": Variant(required=("running",), optional=("steps", "cache")),
 }
 
 #: Per kind, the variants by event or op, with the fields each adds.

@@ -997,7 +997,7 @@ def replay(
     Prints the replay's exposure figures and, where the case has page records, the agreement.
     """
     from kvforensics.job import check_what_if
-    from kvforensics.story import step_records_said
+    from kvforensics.story import flushes_said, step_records_said
     from replay.replay import WhatIf, default_out
     from replay.replay import replay as run_replay
 
@@ -1016,6 +1016,8 @@ def replay(
         typer.echo(f"  assumed, the logs do not say: {assumption}")
     if result.mode == "confirm" and (steps := step_records_said(result)):
         typer.echo(f"  {steps}")
+    if flushes := flushes_said(result):
+        typer.echo(f"  {flushes}")
     typer.echo("")
     _print_figures(result.exposure)
     _print_disagreements(result)

@@ -123,6 +123,8 @@ def _notes(found: Any) -> list[str]:
                      f"({checked})")
         if r.mode == "confirm" and (steps := step_records_said(r)):
             notes.append(steps)
+        if flushes := flushes_said(r):
+            notes.append(flushes)
     if found.unseen_late_writes:
         notes.append(f"{found.unseen_late_writes:,} transfer(s) sent by prefill and given up by a decode node without "
                      "page records: a late write there is in no log, and no replay figure includes what it "
@@ -134,6 +136,15 @@ def _notes(found: Any) -> list[str]:
     if found.replay_skipped:
         notes.append(f"replay skipped: {found.replay_skipped}")
     return notes
+
+
+def flushes_said(r: Any) -> str | None:
+    """The cache flushes a replay applied (schema v1.1, SGLang's ``flush_cache``), None where none."""
+    if not getattr(r, "cache_flushes", 0):
+        return None
+    flushes = render.plural(r.cache_flushes, "cache flush", "cache flushes")
+    return (f"{flushes} read (SGLang's flush_cache, on an idle node): the node's pool started afresh there, its "
+            "decode step count from 0")
 
 
 def step_records_said(r: Any) -> str | None:

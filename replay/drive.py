@@ -200,6 +200,44 @@ def replay_node(
             forget(rid, now=True)
         deferred.clear()
 
+    def flush(event: dict[str, Any]) -> None:
+        """The node's caches flushed (SGLang's ``flush_cache``, which only an idle node does): the
+        steps its running requests still take run before it; then, where the replay holds no
+        request's pages, the pool and the prefix cache start afresh. Confirming, the logs are
+        followed: a request the replay still holds is listed (``flush_not_idle``) and lets its pages
+        go. In a what-if a node still busy there would not flush (SGLang logs "Cache not flushed"):
+        nothing happens, and the record is not written."""
+        assert node_engine is not None
+        e = node_engine
+        clock = clock_of(e.boot) if role == "decode" else None
+        if clock is not None:
+            def at_step(step: int) -> str:
+                at = clock.time_of(step)
+                return event["ts"] if at is None or at > event["_ns"] else ts_text(at)
+
+            first = clock.steps
+            run, _ = clock.before(event["_ns"], [x.allocs_left for _, x in e.decoding()], None, at=event["_i"])
+            e.advance(run, lambda k: at_step(first + k))
+            rest = max((x.allocs_left for _, x in e.decoding()), default=0)
+            if confirm and rest:  # (idle: whatever still decodes ran its steps before it)
+                then = clock.steps
+                clock.ran(e.advance(rest, lambda k: at_step(then + k)))
+        holding = e.holding()
+        if holding and not confirm:
+            return
+        disagreements.extend(Disagreement(rid, node, "flush_not_idle", f"the node's caches were flushed at "
+                                          f"{event['ts']} (SGLang flushes only an idle node); the replay still held "
+                                          "its pages there: it lets them go") for rid in holding)
+        e.flush(event["ts"])
+        if clock is not None:
+            for rid in holding:
+                clock.forget(rid)
+            clock.flushed()
+        for rid in deferred:
+            forget(rid, now=True)
+        deferred.clear()
+        e.handle(_logged(event))
+
     def configure(boot: int, i: int) -> None:
         nonlocal node_engine
         config = what_if.apply(configs[i][3])
@@ -229,6 +267,9 @@ def replay_node(
             configure(steps[k][0], steps[k][2])
             k += 1
         if event["kind"] == "step":
+            if event.get("cache") == "flushed" and node_engine is not None and event["boot"] == node_engine.boot:
+                flush(event)
+                continue
             if role != "decode" or node_engine is None or event["boot"] != node_engine.boot:
                 continue
             if confirm:

@@ -214,6 +214,8 @@ DISAGREEMENTS = {
                          "in the replay: it computes every page",
     "step_record_differs": "a decode node's step record (its own count of decode steps and its running batch) "
                            "does not fit the steps the replay ran there",
+    "flush_not_idle": "a node's caches were flushed (SGLang's flush_cache, which only an idle node does) while the "
+                      "replay still held the request's pages there: it lets them go at the flush",
     "beyond_replay_bound": "the request's pages are beyond the replay's bounds (2^22 pages a request, 2^25 distinct "
                            "pages a node's pool hands out): it is not replayed page by page there",
 }
@@ -264,6 +266,8 @@ class NodeEngine:
     starved_steps: int = 0
     #: a decode step of this boot went past the replay's bound on pages handed out (listed once)
     bounded: bool = False
+    #: the node's caches flushed (SGLang's flush_cache): its pool started afresh this many times
+    flushes: int = 0
     pool: PagePool = field(init=False)
     held: dict[str, _Held] = field(init=False)
     #: decode: the running batch, in the order its requests joined
@@ -299,6 +303,33 @@ class NodeEngine:
         self.tags = np.full(0, -1, dtype=np.int64)
         self._guessed = self.prefix_guesses  # (the boots before: the new one starts a cache of its own)
         self.cache = PrefixCache(config.page_size) if config.role == "prefill" and config.caches_prefixes else None
+
+    def holding(self) -> list[str]:
+        """The requests that hold pages of the pool now, or still decode: what keeps SGLang from
+        flushing the node's caches (``is_fully_idle``)."""
+        return [rid for rid, h in self.held.items()
+                if not h.released and not h.ended and (h.prompt is not None or h.steps or h.allocs_left > 0)]
+
+    def flush(self, ts: str) -> None:
+        """SGLang's ``flush_cache`` (docs/schema-v1.1.md, "A cache flush"): the prefix cache's
+        prompts let go (their pages freed by the requests that wrote them), then the pool as at the
+        boot's start (the allocator's ``clear``: the free list ``1..n-1`` sorted, nothing released),
+        the pages' contents left as they are (never zeroed). SGLang flushes only an idle node; a
+        request the replay still holds pages for (:meth:`holding`: the caller lists it) frees them
+        here and holds none from here on."""
+        for rid in self.holding():
+            h = self.held[rid]
+            h.allocs_left = 0
+            self._free(ts, rid)
+        if self.cache is not None:
+            for node in self.cache.evict(1 << 62):
+                self._kv(ts, node.owner, "free", node.pages, text=page_text(node.pages))
+            self._guessed += self.cache.guessed
+            self.cache = PrefixCache(self.config.page_size)
+        self.batch = []
+        self._prompted = {}
+        self.pool = PagePool(self.config.pool_pages)
+        self.flushes += 1
 
     @property
     def prefix_guesses(self) -> int:

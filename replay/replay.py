@@ -77,6 +77,8 @@ class ReplayResult:
     step_records_unchecked: int = 0
     #: step records that may fit: off the replay's steps by no more than its ambiguous events allow
     step_records_undecided: int = 0
+    #: cache flushes (schema v1.1, SGLang's flush_cache) the replay applied: a node's pool started afresh there
+    cache_flushes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The replay as JSON-ready data."""
@@ -100,6 +102,7 @@ class ReplayResult:
             "step_records": self.step_records,
             "step_records_unchecked": self.step_records_unchecked,
             "step_records_undecided": self.step_records_undecided,
+            "cache_flushes": self.cache_flushes,
             "disagreements": {"count": len(self.disagreements), "by_kind": dict(sorted(kinds.items())),
                               "list": [d.as_dict() for d in self.disagreements]},
         }
@@ -162,7 +165,7 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
     figures = (schedule, tally.ambiguous, tuple(sorted(tally.ambiguous_nodes)), assumed, tally.step_records,
-               tally.step_records_unchecked, tally.step_records_undecided)
+               tally.step_records_unchecked, tally.step_records_undecided, tally.cache_flushes)
     if only is not None:
         return ReplayResult(engine, what_if, out, tally.records, result.exposure, not_replayed, None, mode,
                             tuple(disagreements), 0, *figures)

@@ -416,6 +416,15 @@ class StepClock:
         else:
             self._records.append((reported, self.steps, running, label, ready))
 
+    def flushed(self) -> None:
+        """The node's caches were flushed after the steps run so far: SGLang flushes only an idle
+        node (every step it launched processed), so the records before it are settled, and its
+        count of decode steps starts again from 0 there (``reset_metrics``): the next record
+        reports the steps after the flush, the flush's place in the replay's count exact."""
+        self.settle()
+        self._reported = 0
+        self._chain = None if self.blind else (0, self.steps, self.steps)
+
     def ran(self, steps: int) -> None:
         """``steps`` more steps ran, up to a pinned record's."""
         self.steps += steps

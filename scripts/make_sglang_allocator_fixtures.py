@@ -12,12 +12,14 @@ a namespace whose other names are the stand-ins listed in ``stand_ins``. The all
 disaggregated decode node builds them: ``need_sort=True``, ``kvcache=None`` (never touched by alloc/free),
 ``device="cpu"``, ``dtype=torch.int64``.
 
-Per release, page size (1: the token allocator, 64: the paged one) and seed, four scenarios are run and every call
+Per release, page size (1: the token allocator, 64: the paged one) and seed, five scenarios are run and every call
 is recorded with its arguments, the indices it returned, the free list after it and the staged (released, not yet
 merged) pages after it: ``calls`` (free-form traffic through every call), ``prefill`` (batches with cached
 prefixes), and ``decode-overlap`` / ``decode-no-overlap`` (a scripted decode node, ``DecodeNode``: the loop whose
-order replay's engine is held to). Output: ``<out>/<release>/ps<page_size>-<scenario>-s<seed>.json`` and
-``<out>/README.md``; the same wheels give byte-identical output.
+order replay's engine is held to); and ``flush`` (seed 1 only: the free-form traffic, the allocator's ``clear``, which
+SGLang's ``flush_cache`` runs on an idle node, and traffic again). Output:
+``<out>/<release>/ps<page_size>-<scenario>-s<seed>.json`` and ``<out>/README.md``; the same wheels give
+byte-identical output.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ PAGED_DEFS = CUT_ORDER[:3] + CUT_ORDER[4:]
 # Pool sizes: small, so that the free list runs short often and the three merge rules all fire.
 POOL_PAGES = {1: 600, 64: 48}
 SEEDS = (1, 2, 3)
-SCENARIOS = ("calls", "prefill", "decode-overlap", "decode-no-overlap")
+SCENARIOS = ("calls", "prefill", "decode-overlap", "decode-no-overlap", "flush")
 MERGE_RULES = ("alloc", "alloc_extend", "alloc_decode")
 
 
@@ -334,6 +336,11 @@ class Recorder:
         self.calls.append(call)
         return None if out is None else [int(i) for i in out.tolist()]
 
+    def clear(self, **tags: Any) -> None:
+        """The allocator's ``clear``: what ``Scheduler.flush_cache`` does to an idle node's pool."""
+        self.allocator.clear()
+        self._record({"op": "clear"}, tags)
+
     def alloc(self, need_size: int, **tags: Any) -> list[int] | None:
         before = len(self.staged_pages())
         out = self.allocator.alloc(need_size)
@@ -431,6 +438,30 @@ def run_calls(rec: Recorder, rng: random.Random) -> Json:
         op = min(rules, key=lambda r: rec.merges[r]) if steer else choose_op(rec, rng, held)
         calls_op(rec, rng, held, op, steer)
     return {"driver": CALLS_DRIVER.format(ops=ops)}
+
+
+FLUSH_DRIVER = (
+    "The free-form traffic of the calls scenario ({ops} operations), then clear() (what Scheduler.flush_cache does to "
+    "an idle node's pool; the rows held before are let go with it, unfreed), then {ops} more operations on new rows."
+)
+
+
+def run_flush(rec: Recorder, rng: random.Random) -> Json:
+    """Traffic, the allocator's ``clear`` where its lists are far from fresh (pages staged, the free list out of
+    order), and traffic again: the pages after it as a fresh allocator hands them out."""
+    ops = 150
+    rules = MERGE_RULES if rec.page_size > 1 else ("alloc",)
+    for half in (0, 1):
+        held: list[Held] = []
+        for _ in range(ops):
+            steer = len(rec.allocator.free_pages) <= 6 and bool(rec.staged_pages())
+            op = min(rules, key=lambda r: rec.merges[r]) if steer else choose_op(rec, rng, held)
+            calls_op(rec, rng, held, op, steer)
+        if half == 0:
+            free = rec.free_pages()
+            assert rec.staged_pages() or free != sorted(free) or len(free) < rec.pool_pages, "a clear of a fresh pool"
+            rec.clear()
+    return {"driver": FLUSH_DRIVER.format(ops=ops)}
 
 
 def choose_op(rec: Recorder, rng: random.Random, held: list[Held]) -> str:
@@ -808,6 +839,8 @@ def run_scenario(wheel: Wheel, ns: dict[str, Any], page_size: int, scenario: str
     rng = random.Random(seed)
     if scenario == "calls":
         doc = run_calls(rec, rng)
+    elif scenario == "flush":
+        doc = run_flush(rec, rng)
     elif scenario == "prefill":
         doc = run_prefill(rec, rng)
     else:
@@ -873,7 +906,7 @@ Regenerate (byte-identical for the same wheels):
 
 One JSON file per release, page size, scenario and seed: `<release>/ps<page_size>-<scenario>-s<seed>.json`.
 `calls` holds one call a line: `op` (`alloc`, `alloc_extend`, `alloc_decode`, `free`, `free_group_begin`,
-`free_group_end`), its arguments, `out` (the returned indices as RUNS, or null for None), `merged` (allocations
+`free_group_end`, `clear`), its arguments, `out` (the returned indices as RUNS, or null for None), `merged` (allocations
 only: the staged pages were merged into the free list by this call), `free` (the free list after the call, in its
 order, as PAGERUNS) and `staged` (the staged pages after the call, sorted, as PAGERUNS). RUNS are `[first, count]`
 runs of consecutive ascending values covering the list in its order; page ids at page size 1 are token ids.
@@ -895,6 +928,8 @@ what was borrowed. Allocators are built with `need_sort=True` (disaggregated mod
   the contract replay's engine is held to: (a) arrivals, (b) FIFO preallocation with head-of-line blocking,
   (c) landing, (d) one allocation for the running batch, (e) frees in one free group. With overlap a request
   holds P+N slots when freed, without P+N-1.
+- `flush` (seed 1): the free-form traffic, then `clear` (what `Scheduler.flush_cache` runs on an idle node: the
+  free list sorted afresh, nothing staged), then the traffic again on new rows.
 """
 
 
@@ -952,6 +987,8 @@ def check(doc: Json) -> None:
     """The sanity conditions every fixture must meet; a failure is a bug in the driver, not in SGLang."""
     name = f"{doc['release']} ps{doc['page_size']} {doc['scenario']} s{doc['seed']}"
     rules: tuple[str, ...] = MERGE_RULES if doc["page_size"] > 1 else ("alloc",)
+    if doc["scenario"] == "flush":
+        assert [c["op"] for c in doc["calls"]].count("clear") == 1, f"{name}: not one clear"
     if doc["scenario"] == "calls":
         assert all(doc["merges"][r] > 0 for r in rules), f"{name}: a merge rule never fired: {doc['merges']}"
         assert any(c.get("out", 0) is None for c in doc["calls"]), f"{name}: no call returned None"
@@ -977,7 +1014,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         for page_size in sorted(POOL_PAGES):
             for scenario in SCENARIOS:
-                for seed in SEEDS:
+                for seed in SEEDS if scenario != "flush" else SEEDS[:1]:  # (one run: the clear is one call)
                     doc = run_scenario(wheel, ns, page_size, scenario, seed)
                     check(doc)
                     path = folder / f"ps{page_size}-{scenario}-s{seed}.json"

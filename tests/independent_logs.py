@@ -43,7 +43,13 @@ Layouts (how a deployment logs, all valid under the schema), chosen per log set:
   has processed the result of every ``step_log``-th step of its boot, with that step's rows as
   ``running``: the overlap scheduler processes a step's result once it has launched the next step
   (if any request still decodes) and logged the finishes that result brings (half a step after that
-  launch); if none does, half a step after the step itself. Its config says ``step_log_interval``.
+  launch); if none does, half a step after the step itself. Its config says ``step_log_interval``;
+- ``flush``: every node's caches are flushed once (SGLang's ``flush_cache``, which only an idle
+  node does), halfway through the requests, after a pause of two seconds in the arrivals that
+  leaves every node idle: a node frees the prompts its prefix cache holds, its pool starts as at
+  its start (the free list ``1..n-1`` ascending, nothing released; the pages' contents as they
+  are), a decode node counts its steps from 0 again, and each logs a ``step`` record with
+  ``running`` 0 and ``cache: "flushed"`` (schema v1.1).
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ class Layout:
     ms_times: bool = False
     prefix_cache: bool = False
     step_log: int = 0
+    flush: bool = False
 
 
 
@@ -236,6 +243,9 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
     restart_at = requests // 2 if layout.restart else -1
     for i in range(requests):
         t += rng.randint(2, 40) * 1_000_000
+        if layout.flush and i == requests // 2:
+            t += 2_000_000_000
+            at(t - 1_000_000, "flush", "")
         over = rng.random() < 0.08
         prompt = rng.randint(limit + 1, context - 1) if over else rng.randint(20, 3000)
         rid = f"req-{seed}-{i:05d}"
@@ -280,6 +290,15 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
 
     while heap:
         t, _, _, what, rid, data = heapq.heappop(heap)
+        if what == "flush":  # every node idle (the pause before it): its caches emptied, its pool afresh
+            for n in (*prefills, *decodes):
+                assert not n.stepping and not any(node == n.name for node, _ in held), "a flush needs an idle node"
+                for x in sorted(cached.get(n.name, {}), key=lambda x: cached[n.name][x][1]):
+                    kv(n, t, x, "free", cached[n.name].pop(x)[0])
+                n.pool = Pool(n.pool_pages)
+                n.steps, n.to_log = 0, None
+                emit(n, t, {"kind": "step", "running": 0, "cache": "flushed"})
+            continue
         if what == "steplog":  # rid: the decode node; its step record, unless it restarted since
             if nodes[rid].boot == data["boot"]:
                 emit(nodes[rid], t, {"kind": "step", "running": data["running"]})

@@ -136,7 +136,8 @@ CREATE TABLE IF NOT EXISTS transfer_records (
 
 -- A decode loop's progress (schema v1.1, docs/schema-v1.1.md): the running batch at a step, and
 -- the steps run since the node's previous step record (NULL: its config's step_log_interval;
--- decode_steps gives it resolved). It says nothing about pages.
+-- decode_steps gives it resolved). It says nothing about pages. With cache 'flushed' it marks the
+-- node's caches emptied while it was idle (SGLang's flush_cache): its step count starts from 0 there.
 CREATE TABLE IF NOT EXISTS step_records (
   file_id INTEGER NOT NULL,
   line_no BIGINT NOT NULL,
@@ -147,6 +148,7 @@ CREATE TABLE IF NOT EXISTS step_records (
   seq BIGINT,
   running BIGINT,
   steps BIGINT,
+  cache VARCHAR,  -- 'flushed': the node's caches emptied here (SGLang's flush_cache), else NULL
   rec_hash UHUGEINT NOT NULL,
   doc VARCHAR
 );
@@ -158,7 +160,7 @@ SELECT file_id, line_no, part, kind, ts, node, boot, seq, request_id, event, op,
        max_page, source, tenant_id, prompt_tokens, max_new_tokens, prefill_node, decode_node, reason,
        limit_tokens, status, finish_reason, output_tokens, cached_tokens, transfer_id, src_node, dst_node,
        src_pages, dst_pages, tokens, bytes, role, engine, engine_version, model, context_length, page_size,
-       pool_pages, kv_bytes_per_token, step_log_interval, running, steps, rec_hash, doc
+       pool_pages, kv_bytes_per_token, step_log_interval, running, steps, cache, rec_hash, doc
 FROM (
   SELECT 'config' AS kind, * FROM config_records
   UNION ALL BY NAME SELECT 'request' AS kind, * FROM request_records
@@ -264,7 +266,7 @@ FROM request_records;
 -- NULL where none says).
 CREATE OR REPLACE VIEW decode_steps AS
 SELECT s.node, s.boot, s.seq, s.ts, s.running, coalesce(s.steps, c.step_log_interval) AS steps,
-       s.steps IS NULL AS steps_from_config, s.file_id, s.line_no
+       s.steps IS NULL AS steps_from_config, s.cache, s.file_id, s.line_no
 FROM step_records s
 ASOF LEFT JOIN (SELECT node, boot, ts, step_log_interval FROM config_records) c
   ON s.node = c.node AND s.boot = c.boot AND s.ts >= c.ts;

@@ -4,7 +4,8 @@ The fixtures in tests/replay/allocator/ were recorded by scripts/make_sglang_all
 which cuts the allocator classes and their pure-torch kernels out of the 0.5.11, 0.5.21 and 0.5.23
 wheels and runs them on CPU torch (see that folder's README): every call, its arguments, the
 indices it returned and the free and release lists after it, at page sizes 1 (the token
-allocator) and 64 (the paged one). 0.5.11 and 0.5.21 have no pure-torch ``alloc_decode_naive``
+allocator) and 64 (the paged one), the ``flush`` runs with the allocator's ``clear`` among them
+(what ``flush_cache`` does to an idle node's pool). 0.5.11 and 0.5.21 have no pure-torch ``alloc_decode_naive``
 (only the Triton kernel, whose source is the same in all three wheels): they ran 0.5.23's. The
 three releases did the same thing call for call. Nothing here needs torch.
 """
@@ -45,7 +46,7 @@ def test_every_release_and_page_size_has_fixtures() -> None:
     seen = {(f.parent.name, load(f)["page_size"], load(f)["scenario"]) for f in FILES}
     for release in RELEASES:
         for page_size in (1, 64):
-            for scenario in ("calls", "decode-overlap", "decode-no-overlap", "prefill"):
+            for scenario in ("calls", "decode-overlap", "decode-no-overlap", "prefill", "flush"):
                 assert (release, page_size, scenario) in seen
 
 
@@ -110,6 +111,9 @@ class Replayer:
                 self._release(group)
         elif op == "free":
             self.free(call)
+        elif op == "clear":  # (flush_cache on an idle node: the engine's NodeEngine.flush takes a fresh pool so)
+            self.pool = PagePool(self.pool.pool_pages)
+            self.group = None
         else:
             out: list[int] | None = getattr(self, op)(call)
             return out

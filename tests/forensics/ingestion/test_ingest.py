@@ -27,7 +27,7 @@ from forensics.errors import CaseError, CaseLocked, InputNotFound, UnrecognisedF
 from forensics.ingestion.pipeline import record_columns
 from forensics.ingestion.readers import logfile
 from forensics.schema import FIELDS, KIND_FIELDS, KINDS, VARIANTS
-from forensics.store import connect
+from forensics.store import SCHEMA_VERSION, connect
 
 TS = "2026-08-27T10:00:00.000000Z"
 CONFIG = {
@@ -562,16 +562,16 @@ def test_numpys_huge_pages_are_off_while_ingesting_and_back_after(tmp_path: Path
 
 
 def test_a_case_of_another_schema_is_refused_not_extended(tmp_path: Path) -> None:
-    """A case of another layout (schema 4: a verbatim line per record; 3: one records table) or whose
-    records were hashed another way (schema 2: MD5) is not extended: it would be read wrong, or
-    miss repeats."""
+    """A case of another layout (schema 6: no ``cache`` of step records; 4: a verbatim line per
+    record; 3: one records table) or whose records were hashed another way (schema 2: MD5) is not
+    extended: it would be read wrong, or miss repeats."""
     db = tmp_path / "old.duckdb"
     forensics.ingest([write_jsonl(tmp_path / "a.jsonl", [kv(1)])], db)
     con = duckdb.connect(str(db))
     con.execute("UPDATE case_meta SET value = '4' WHERE key = 'schema_version'")
     con.execute("DROP VIEW kv_ops")  # what applying this version's schema would put back
     con.close()
-    with pytest.raises(CaseError, match="case schema 4, this kvforensics reads schema 6"):
+    with pytest.raises(CaseError, match=f"case schema 4, this kvforensics reads schema {SCHEMA_VERSION}"):
         forensics.ingest([write_jsonl(tmp_path / "b.jsonl", [kv(2)])], db)
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM records").fetchone() == (1,)

@@ -43,6 +43,8 @@ V1_1_QUARANTINE_CASES = [
     ("negative_seq", json.dumps(step(-1))),
     ("bad_ts", json.dumps(step(5, ts="yesterday"))),
     ("unknown_kind", json.dumps({**step(5), "kind": "steps"})),
+    ("bad_value", json.dumps(step(5, running=0, cache="emptied"))),  # (a flush is the one value)
+    ("wrong_type", json.dumps(step(5, running=0, cache=True))),
 ]
 
 
@@ -60,6 +62,7 @@ def test_each_malformed_v1_1_value_is_quarantined_with_its_reason(reason: str, l
 def test_the_fast_path_reads_v1_1_lines_as_the_sql_validator_does() -> None:
     """The new kind and fields, well formed and not, written plainly and not: the same stage rows."""
     good = [DECODE_CONFIG, PREFILL_STARTED, step(7), step(8, running=0, steps=1), step(None, steps=2**40),
+            step(10, running=0, cache="flushed"),
             {**PREFILL_STARTED, "cached_tokens": 0}, {**step(9), "boot": 2}]
     lines = [json.dumps(r) for r in good] + [line for _, line in V1_1_QUARANTINE_CASES]
     lines += [json.dumps(r, separators=(",", ":")) for r in good] + [json.dumps({**step(3), "note": "x"})]
@@ -74,23 +77,25 @@ def test_v1_1_records_are_kept_where_the_replay_reads_them(fast: bool, tmp_path:
     ``step`` a row of step_records with its node, boot and seq; ``decode_steps`` gives each its steps."""
     log = write_jsonl(tmp_path / "a.jsonl", [
         DECODE_CONFIG, kv(1), step(2), step(3, running=5, steps=7), kv(4, op="free"), PREFILL_STARTED,
-        {**step(1), "boot": 1}])
+        {**step(1), "boot": 1}, step(5, running=0, cache="flushed")])
     db = tmp_path / "case.duckdb"
     result = forensics.ingest([log], db, fast=fast)
-    assert result.records.as_dict() == {"read": 7, "ingested": 7, "duplicates": 0, "quarantined": 0}
+    assert result.records.as_dict() == {"read": 8, "ingested": 8, "duplicates": 0, "quarantined": 0}
     con = duckdb.connect(str(db), read_only=True)
     try:
         assert con.execute("SELECT step_log_interval FROM config_records").fetchall() == [(40,)]
         assert con.execute("SELECT cached_tokens FROM request_records").fetchall() == [(128,)]
-        assert con.execute("SELECT node, boot, seq, running, steps, line_no FROM step_records ORDER BY boot, seq"
-                           ).fetchall() == [("decode-0", 0, 2, 3, None, 3), ("decode-0", 0, 3, 5, 7, 4),
-                                            ("decode-0", 1, 1, 3, None, 7)]
+        assert con.execute("SELECT node, boot, seq, running, steps, cache, line_no FROM step_records "
+                           "ORDER BY boot, seq").fetchall() == [
+            ("decode-0", 0, 2, 3, None, None, 3), ("decode-0", 0, 3, 5, 7, None, 4),
+            ("decode-0", 0, 5, 0, None, "flushed", 8), ("decode-0", 1, 1, 3, None, None, 7)]
         # the boot's config in force gives a step its steps; boot 1 has none
-        assert con.execute("SELECT boot, seq, steps, steps_from_config FROM decode_steps ORDER BY boot, seq"
-                           ).fetchall() == [(0, 2, 40, True), (0, 3, 7, False), (1, 1, None, True)]
+        assert con.execute("SELECT boot, seq, steps, steps_from_config, cache FROM decode_steps ORDER BY boot, seq"
+                           ).fetchall() == [(0, 2, 40, True, None), (0, 3, 7, False, None),
+                                            (0, 5, 40, True, "flushed"), (1, 1, None, True, None)]
         # in node order with the others, as every record is
         assert con.execute("SELECT kind FROM records WHERE node = 'decode-0' AND boot = 0 ORDER BY seq"
-                           ).fetchall() == [("config",), ("kv",), ("step",), ("step",), ("kv",)]
+                           ).fetchall() == [("config",), ("kv",), ("step",), ("step",), ("kv",), ("step",)]
     finally:
         con.close()
 
