@@ -68,6 +68,7 @@ import datetime as dt
 import json
 import logging
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -177,6 +178,7 @@ def run(release: Release, out: Path) -> None:
             sources.update(server.sources)
     lines = capacity_lines(release, folder / "lines", sources)
     flags = flag_lines(release, folder / "lines", sources)
+    flushes = flush_lines(release, folder / "lines", sources)
     rotation = rotated_run(release, folder / "json-rotated", sources) if release.version in ROTATED else None
     hostile = hostile_runs(release, folder, sources)
     reuse = reuse_run(release, folder / REUSE_FOLDER, sources) if release.version in REUSE_RELEASES else None
@@ -205,6 +207,8 @@ def run(release: Release, out: Path) -> None:
         "sources": dict(sorted(sources.items())),
         "lines": lines,
         "flag_lines": flags,
+        # each server's cache flush: its warning while busy, then its flush, on the schedulers that print it
+        "flush_lines": flushes,
         # the scenario again, its target files rotated by SGLang's handler and gzipped (0.5.8 on)
         **({"rotated": rotation} if rotation else {}),
         # the hostile run: server-assigned rids, user text like log lines at levels 2 and 3
@@ -284,6 +288,54 @@ def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dic
         (out / name).write_text(server.out.getvalue(), encoding="utf-8")
         sources.update(server.sources)
         described.append({"file": f"lines/{name}", "role": role, "args": args, "expected": expected})
+    return described
+
+
+#: The scheduler's module, which flushes the caches (``flush_cache``) and says so
+SCHEDULER = "sglang.srt.managers.scheduler"
+FLUSHED = "Cache flushed successfully!"
+
+
+def flush_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dict[str, Any]]:
+    """``Scheduler.flush_cache``'s lines on each server (``out/<node>-flush.log``, after its
+    start-up): asked while busy, the release's warning that it did not flush (its f-string, through
+    the root logger as the release calls it, on every scheduler); then, idle, its
+    ``Cache flushed successfully!`` on the schedulers that print it: every one, where the release
+    prints it unguarded (to 0.5.12), else each DP rank's stats-logging rank (attention-TP rank 0:
+    ``if self.metrics_reporter.is_stats_logging_rank``, 0.5.18 on). Outside the scripted run: a
+    flush there would change every page after it. Each is described in SOURCE.json's
+    ``flush_lines``: the nodes whose pools it flushed (a DP rank's pool is a node of its own)."""
+    src = release.source(SCHEDULER)
+    assert f'logger.info("{FLUSHED}")' in src, release.version
+    guarded = re.search(r"if self\.(?:metrics_reporter\.)?is_stats_logging_rank:\s*\n\s*logger\.info\(\"Cache flushed",
+                        src) is not None
+    busy = release.message(SCHEDULER, "Cache not flushed because")
+    described = []
+    for role in ("prefill", "decode"):
+        spec = SPECS[role]
+        server = Server(release, spec, SETUP, "text", None)
+        CLOCK.at(0.0)
+        Printer(server).startup()
+        server.note("cache_flushed", SCHEDULER, FLUSHED)
+        server.note("cache_not_flushed", SCHEDULER, "Cache not flushed because")
+        ranks: list[int | None] = list(range(spec.dp_size)) if spec.dp_size > 1 else [None]
+        CLOCK.at(1.0)
+        for dp in ranks:
+            for prefix in server.schedulers(dp):
+                server.configure(prefix)
+                logging.warning(busy(waiting_queue=range(2), reqs=range(3)))
+        CLOCK.at(2.0)
+        for dp in ranks:
+            printers = server.schedulers(dp)
+            for prefix in printers[:1] if guarded else printers:
+                server.configure(prefix)
+                logging.getLogger(SCHEDULER).info(FLUSHED)
+        name = f"{spec.node}-flush.log"
+        (out / name).write_text(server.out.getvalue(), encoding="utf-8")
+        sources.update(server.sources)
+        described.append({"file": f"lines/{name}", "role": role, "printed_by": "each DP rank's first scheduler"
+                          if guarded else "every scheduler",
+                          "flushed": [spec.node if dp is None else f"{spec.node}.dp{dp}" for dp in ranks]})
     return described
 
 

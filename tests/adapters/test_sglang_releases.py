@@ -741,3 +741,32 @@ def test_the_scheduling_flags_each_release_prints_are_stated_on_its_configs(rele
         said = assumptions(configs)
         assert len(said) == spanning
         assert all(a.startswith("the prefix cache evicting as its release range's last release does") for a in said)
+
+
+@pytest.mark.parametrize("release", sorted({r for r, _ in SETS}, key=RELEASES.index))
+def test_a_cache_flush_each_release_prints_is_a_flush_record_on_each_pool(release: str, tmp_path: Path) -> None:
+    """``flush_cache``'s lines as the release prints them (lines/, after each server's start-up):
+    its "Cache flushed successfully!" from every scheduler to 0.5.12 and from each DP rank's
+    stats-logging rank from 0.5.18, and first, asked while busy, its warning that it did not flush.
+    Each pool the flush emptied (a DP rank's is a node of its own) gets one ``step`` record with
+    ``running`` 0 and ``cache: "flushed"`` at the line's time; the warning gives none, nor does a
+    second scheduler's repeat."""
+    flushed = _source(release)["flush_lines"]
+    assert {d["role"] for d in flushed} == {"prefill", "decode"}
+    assert {d["printed_by"] for d in flushed} == {
+        "every scheduler" if RELEASES.index(release) <= RELEASES.index("0.5.12") else "each DP rank's first scheduler"}
+    for d in flushed:
+        path = ROOT / release / d["file"]
+        text = path.read_text()
+        printed = text.count("] Cache flushed successfully!")
+        assert printed >= len(d["flushed"]) and "] Cache not flushed because there are pending requests." in text
+        case = tmp_path / f"{d['role']}.duckdb"
+        result = forensics.ingest([path], case)
+        assert result.records.quarantined == 0
+        con = duckdb.connect(str(case), read_only=True)
+        steps = con.execute("SELECT node, ts, running, steps, cache FROM step_records ORDER BY node").fetchall()
+        con.close()
+        file_node = path.name.removesuffix(".log")  # (a node is named after its file)
+        assert [(node.replace(file_node, d["flushed"][0].split(".")[0]), running, n, cache)
+                for node, _, running, n, cache in steps] == [(node, 0, None, "flushed") for node in d["flushed"]]
+        assert {ts.strftime("%H:%M:%S") for _, ts, *_ in steps} == {"08:00:02"}

@@ -9,6 +9,7 @@ from forensics.adapters.base import LineFormat, Options
 from forensics.adapters.sglang.batches import BatchFormat
 from forensics.adapters.sglang.config import ConfigFormat
 from forensics.adapters.sglang.errors import ErrorFormat
+from forensics.adapters.sglang.flush import FlushFormat
 from forensics.adapters.sglang.log import Facts, LogLine, split
 from forensics.adapters.sglang.mooncake import FailureFormat
 from forensics.adapters.sglang.requests import RequestFormat
@@ -16,7 +17,7 @@ from forensics.adapters.sglang.timestats import TimeStatsFormat
 
 #: The line formats, in the order a line is offered to them (a line's format is its index here).
 FORMATS: tuple[LineFormat[LogLine, Facts, Any], ...] = (
-    RequestFormat(), TimeStatsFormat(), FailureFormat(), ErrorFormat(), ConfigFormat(), BatchFormat())
+    RequestFormat(), TimeStatsFormat(), FailureFormat(), ErrorFormat(), ConfigFormat(), BatchFormat(), FlushFormat())
 REQUESTS = 0
 CONFIG = 4
 assert isinstance(FORMATS[REQUESTS], RequestFormat) and isinstance(FORMATS[CONFIG], ConfigFormat)
