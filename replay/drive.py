@@ -238,6 +238,8 @@ def replay_node(
         deferred.clear()
         e.handle(_logged(event))
 
+    unmodelled: set[int] = set()  # decode boots whose prefix cache the replay does not model (listed)
+
     def configure(boot: int, i: int) -> None:
         nonlocal node_engine
         config = what_if.apply(configs[i][3])
@@ -255,6 +257,12 @@ def replay_node(
                 node_engine.start_boot(boot, config)
         else:
             node_engine.config = config
+        if config.role == "decode" and config.caches_prefixes and boot not in unmodelled:
+            unmodelled.add(boot)  # (once a boot: its configs all say so, as the server's flags do)
+            disagreements.append(Disagreement("", node, "decode_prefix_cache", f"boot {boot}: the config says decode "
+                                              "keeps prompts in a prefix cache (SGLang's --disaggregation-decode-"
+                                              "enable-radix-cache), which the replay does not model: its pages here "
+                                              "are one layout of several"))
         log.emit(config.record(configs[i][2], boot))
 
     for item in stream:

@@ -214,6 +214,9 @@ DISAGREEMENTS = {
                          "in the replay: it computes every page",
     "step_record_differs": "a decode node's step record (its own count of decode steps and its running batch) "
                            "does not fit the steps the replay ran there",
+    "decode_prefix_cache": "a decode node's config says it keeps prompts in a prefix (radix) cache (SGLang's "
+                           "--disaggregation-decode-enable-radix-cache), which the replay does not model: its pages "
+                           "there are one layout of several, and the victims named on that node are possible",
     "flush_not_idle": "a node's caches were flushed (SGLang's flush_cache, which only an idle node does) while the "
                       "replay still held the request's pages there: it lets them go at the flush",
     "beyond_replay_bound": "the request's pages are beyond the replay's bounds (2^22 pages a request, 2^25 distinct "
