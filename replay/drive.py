@@ -238,7 +238,7 @@ def replay_node(
         deferred.clear()
         e.handle(_logged(event))
 
-    unmodelled: set[int] = set()  # decode boots whose prefix cache the replay does not model (listed)
+    unmodelled: set[tuple[int, str]] = set()  # (boot, what the replay does not model there), listed
 
     def configure(boot: int, i: int) -> None:
         nonlocal node_engine
@@ -257,12 +257,11 @@ def replay_node(
                 node_engine.start_boot(boot, config)
         else:
             node_engine.config = config
-        if config.role == "decode" and config.caches_prefixes and boot not in unmodelled:
-            unmodelled.add(boot)  # (once a boot: its configs all say so, as the server's flags do)
-            disagreements.append(Disagreement("", node, "decode_prefix_cache", f"boot {boot}: the config says decode "
-                                              "keeps prompts in a prefix cache (SGLang's --disaggregation-decode-"
-                                              "enable-radix-cache), which the replay does not model: its pages here "
-                                              "are one layout of several"))
+        for kind, what in _unmodelled(config):
+            if (boot, kind) not in unmodelled:  # (once a boot: its configs all say so, as the server's flags do)
+                unmodelled.add((boot, kind))
+                disagreements.append(Disagreement("", node, kind, f"boot {boot}: the config says {what}, which the "
+                                                  "replay does not model: its pages here are one layout of several"))
         log.emit(config.record(configs[i][2], boot))
 
     for item in stream:
@@ -325,6 +324,21 @@ def _horizons(rows: Iterator[tuple[Any, ...]], configs: dict[int, NodeConfig]) -
         overlap = config.overlap_schedule if config is not None else True
         starts[boot].append((start, finish, decode_steps(outputs, overlap)))
     return {boot: Horizon(s) for boot, s in starts.items()}
+
+
+def _unmodelled(config: NodeConfig) -> list[tuple[str, str]]:
+    """What a node's config says it runs that the replay does not model (each a disagreement kind,
+    and what it is): on decode, a prefix cache and speculative decoding."""
+    if config.role != "decode":
+        return []
+    out = []
+    if config.caches_prefixes:
+        out.append(("decode_prefix_cache", "decode keeps prompts in a prefix cache (SGLang's "
+                                           "--disaggregation-decode-enable-radix-cache)"))
+    if config.speculative_decoding:
+        out.append(("speculative_decoding", "decode runs speculative decoding (SGLang's --speculative-algorithm: "
+                                            "several KV slots a request a step, the rejected drafts freed)"))
+    return out
 
 
 def _ok(status: Any) -> bool:

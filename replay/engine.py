@@ -105,6 +105,9 @@ class NodeConfig:
     prefix_cache: bool | None = None
     #: which of those (v1.1's fields) the node's config record stated; the others are assumed
     said: tuple[str, ...] = ()
+    #: decode: speculative decoding (v1.1; SGLang's ``speculative_algorithm`` set): each step takes
+    #: several KV slots a request and frees the drafts rejected, which the replay does not model
+    speculative_decoding: bool | None = None
     #: decode: steps between two of the node's ``step`` records (v1.1; SGLang's
     #: ``decode_log_interval``); None: the config does not say (a step record without ``steps``
     #: then counts nothing the replay can use)
@@ -138,6 +141,7 @@ class NodeConfig:
             # (v1.1, docs/schema-v1.1.md: written where they are not the engine's default or were said)
             **({"overlap_schedule": False} if not self.overlap_schedule else {}),
             **({"prefix_cache": self.prefix_cache} if self.prefix_cache is not None else {}),
+            **({"speculative_decoding": self.speculative_decoding} if self.speculative_decoding is not None else {}),
             **({"step_log_interval": self.step_log_interval} if self.step_log_interval is not None else {}),
         }
 
@@ -217,6 +221,9 @@ DISAGREEMENTS = {
     "decode_prefix_cache": "a decode node's config says it keeps prompts in a prefix (radix) cache (SGLang's "
                            "--disaggregation-decode-enable-radix-cache), which the replay does not model: its pages "
                            "there are one layout of several, and the victims named on that node are possible",
+    "speculative_decoding": "a decode node's config says it runs speculative decoding (SGLang's "
+                            "--speculative-algorithm: several KV slots a request a step, the rejected drafts freed), "
+                            "which the replay does not model: the victims named on that node are possible",
     "flush_not_idle": "a node's caches were flushed (SGLang's flush_cache, which only an idle node does) while the "
                       "replay still held the request's pages there: it lets them go at the flush",
     "beyond_replay_bound": "the request's pages are beyond the replay's bounds (2^22 pages a request, 2^25 distinct "

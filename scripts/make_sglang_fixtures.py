@@ -262,8 +262,9 @@ def capacity_lines(release: Release, out: Path, sources: dict[str, str]) -> list
 #: arguments given, and schema v1.1's fields their config should state (docs/schema-v1.1.md)
 FLAGS = {
     "prefill": ({"disable_radix_cache": True}, {"prefix_cache": False}),
-    "decode": ({"disable_overlap_schedule": True, "disaggregation_decode_enable_radix_cache": True},
-               {"overlap_schedule": False, "prefix_cache": True}),
+    "decode": ({"disable_overlap_schedule": True, "disaggregation_decode_enable_radix_cache": True,
+                "speculative_algorithm": "EAGLE"},
+               {"overlap_schedule": False, "prefix_cache": True, "speculative_decoding": True}),
 }
 
 
@@ -280,6 +281,8 @@ def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dic
         decode_cache = "disaggregation_decode_enable_radix_cache"
         if decode_cache in given and decode_cache not in args:
             expected = {k: v for k, v in expected.items() if k != "prefix_cache"} | {"prefix_cache": False}
+        if "speculative_algorithm" in given and "speculative_algorithm" not in args:
+            expected = {k: v for k, v in expected.items() if k != "speculative_decoding"}
         spec = dataclasses.replace(SPECS[role], args=tuple(sorted(args.items())))
         server = Server(release, spec, SETUP, "text", None)
         CLOCK.at(0.0)

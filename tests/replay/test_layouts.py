@@ -181,11 +181,15 @@ def test_full_page_records_say_so_beside_their_figures(tmp_path: Path) -> None:
     assert "replay under" not in cli.stdout  # nothing to fill: no replay
 
 
-def test_a_decode_prefix_cache_the_replay_does_not_model_makes_its_victims_possible(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("field", "kind"), [("prefix_cache", "decode_prefix_cache"),
+                                             ("speculative_decoding", "speculative_decoding")])
+def test_what_decode_runs_that_the_replay_does_not_model_makes_its_victims_possible(
+        field: str, kind: str, tmp_path: Path) -> None:
     """A decode node whose config says it keeps prompts in a prefix cache (SGLang's
-    --disaggregation-decode-enable-radix-cache): its finished requests' pages stay cached, which
-    the replay does not model. It says so, a ``decode_prefix_cache`` disagreement a decode node,
-    and the job names every victim there possible, none certain."""
+    --disaggregation-decode-enable-radix-cache: its finished requests' pages stay cached), or runs
+    speculative decoding (several slots a request a step, the rejected drafts freed): neither is
+    modelled. The replay says so, a disagreement a decode node, and the job names every victim
+    there possible, none certain."""
     from forensics.case import Case
     from kvforensics.job import run
 
@@ -195,13 +199,12 @@ def test_a_decode_prefix_cache_the_replay_does_not_model_makes_its_victims_possi
         records = [json.loads(line) for line in f.read_text().splitlines()]
         for r in records:
             if r["kind"] == "config":
-                r["prefix_cache"] = True
+                r[field] = True
         f.write_text("".join(json.dumps(r) + "\n" for r in records))
     db = tmp_path / "case.duckdb"
     forensics.investigate([stripped], db)
     result = replay(db, "sglang-placeholder", tmp_path / "replay")
-    assert sorted((d.kind, d.node) for d in result.disagreements) == [
-        ("decode_prefix_cache", "decode-0"), ("decode_prefix_cache", "decode-1")]
+    assert sorted((d.kind, d.node) for d in result.disagreements) == [(kind, "decode-0"), (kind, "decode-1")]
     run([stripped], tmp_path / "job.duckdb", None)
     with Case(tmp_path / "job.duckdb") as case:
         rows = case.exposures(delivered_only=True).to_dicts()
