@@ -92,6 +92,7 @@ from replay.sglang_print.servers import (
     drawn_uuids,
     every_scheduler_logs_decode_batches,
     has_targets,
+    marks_bootstrap_done,
     retires,
     server_args_fields,
     start_clock,
@@ -616,6 +617,8 @@ class Scenario(Printer):
         # decode
         ts.decode_prealloc_queue_entry_time = PERF0 + t
         ts.decode_transfer_queue_entry_time = PERF0 + t + 0.003
+        if marks_bootstrap_done(r):  # (the handshake done 1 ms in, the pages taken 2 ms after it)
+            ts.bootstrap_done_time = PERF0 + t + 0.001
         if outcome == "over_pool" and retires(r):
             CLOCK.at(t + 0.3)
             self._transfer_failed(req, room, schedulers, "decode", reason="Prefill bootstrap failed")

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay.sglang_print.servers import CLOCK, Printer, aborts_after_forward, retires
+from replay.sglang_print.servers import CLOCK, Printer, aborts_after_forward, marks_bootstrap_done, retires
 
 #: How a simulated node is served: TP size of every server (each TP rank logs its time stats).
 TP_SIZE = 2
@@ -250,6 +250,8 @@ class SimulatedServer(Printer):
         admitted = e.get("admitted", t.arrived)
         ts.decode_prealloc_queue_entry_time = self._perf(admitted)
         ts.decode_transfer_queue_entry_time = self._perf(admitted)
+        if marks_bootstrap_done(self.s.r):  # (its handshake seen done as it took its pages, as a real run marks it)
+            ts.bootstrap_done_time = self._perf(admitted)
         if "finished" not in e:
             return  # (the run ended first)
         end = e["finished"]

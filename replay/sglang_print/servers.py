@@ -624,6 +624,14 @@ def retires(r: Release) -> bool:
     return "retire_unadmitted_request" in r.source("sglang.srt.disaggregation.prefill")
 
 
+def marks_bootstrap_done(r: Release) -> bool:
+    """Whether the release's decode marks a request's handshake done as it polls it
+    (``set_bootstrap_done_time`` in ``disaggregation/decode.py``, 0.5.11 on): its time stats then
+    print the preallocation as ``bootstrap`` and ``alloc_wait`` (with the whole in 0.5.11, alone
+    from 0.5.12), as every served request's do in a real run."""
+    return "set_bootstrap_done_time" in r.source("sglang.srt.disaggregation.decode")
+
+
 def aborts_after_forward(r: Release) -> bool:
     """Whether the release runs a request rejected at intake as its one-token forward and then
     aborts it before the send (``_retire_aborted_prefill_result``: the sender aborted, nothing

@@ -770,3 +770,40 @@ def test_a_cache_flush_each_release_prints_is_a_flush_record_on_each_pool(releas
         assert [(node.replace(file_node, d["flushed"][0].split(".")[0]), running, n, cache)
                 for node, _, running, n, cache in steps] == [(node, 0, None, "flushed") for node in d["flushed"]]
         assert {ts.strftime("%H:%M:%S") for _, ts, *_ in steps} == {"08:00:02"}
+
+
+_DECODE_STATS = re.compile(r"rid=(?P<rid>[\w-]+),.*type=decode\): (?:prealloc_queue_duration=(?P<whole>[\d.]+)ms|"
+                           r"bootstrap_duration=(?P<bootstrap>[\d.]+)ms, alloc_wait_duration=(?P<wait>[\d.]+)ms), "
+                           r"transfer_duration=(?P<transfer>[\d.]+)ms, .*entry_time=(?P<entry>[\d.]+)")
+
+
+#: The releases whose time stats carry ``entry_time`` (the wall clock), with a text set
+ENTRY_TIME = [r for r, f in SETS if f == "text" and RELEASES.index(r) >= RELEASES.index("0.5.12")]
+
+
+@pytest.mark.parametrize("release", ENTRY_TIME)
+def test_decode_takes_a_prompts_pages_when_its_preallocation_ends(release: str, tmp_path: Path) -> None:
+    """A decode request's pages are taken at the end of its preallocation (``_pre_alloc`` in
+    ``pop_preallocated``; ``decode_transfer_queue_entry_time`` right after), not at its arrival in
+    the queue (``entry_time``): its ``admitted`` is ``entry_time`` plus the preallocation, which a
+    real run prints as ``bootstrap_duration`` and ``alloc_wait_duration`` (the handshake seen
+    done: ``set_bootstrap_done_time``), and its transfer lands ``transfer_duration`` later. Every
+    release with ``entry_time`` (0.5.12 on), lines printed by its own code."""
+    text = (ROOT / release / "text" / "decode-0.log").read_text()
+    stats = {m["rid"]: m for m in map(_DECODE_STATS.search, text.splitlines()) if m is not None}
+    assert stats and all(m["bootstrap"] is not None for m in stats.values())  # (as a real run prints them)
+    con, _, _ = _ingest(release, "text", tmp_path)
+    rows = _rows(con, "SELECT request_id, kind, event, ts FROM records WHERE node LIKE 'decode-0%' "
+                      "AND ((kind = 'request' AND event = 'admitted') OR (kind = 'transfer' AND event = 'completed'))")
+    con.close()
+    at = {(r["request_id"], r["event"]): r["ts"].timestamp() for r in rows}
+    checked = 0
+    for rid, m in stats.items():
+        if (rid, "admitted") not in at or (rid, "completed") not in at:
+            continue
+        prealloc = float(m["bootstrap"]) + float(m["wait"])
+        assert at[(rid, "admitted")] == pytest.approx(float(m["entry"]) + prealloc / 1000, abs=2e-6), rid
+        assert at[(rid, "completed")] - at[(rid, "admitted")] == pytest.approx(float(m["transfer"]) / 1000,
+                                                                                abs=2e-6), rid
+        checked += 1
+    assert checked >= 3

@@ -92,11 +92,22 @@ class TimeStats(NamedTuple):
 
     @property
     def steps(self) -> tuple[float, float, float, float] | None:
-        """Decode's (prealloc, transfer, queue, forward), if the line has them all."""
+        """Decode's (prealloc, transfer, queue, forward), if the line has them all. From 0.5.12 a
+        decode server that saw its handshake done (``set_bootstrap_done_time`` in
+        ``disaggregation/decode.py``: every served request in a real run) prints the preallocation
+        only in its two parts, ``bootstrap_duration`` and ``alloc_wait_duration``
+        (``observability/req_time_stats.py``, 0.5.23 :1183-1199): their sum. (0.5.11 prints the
+        whole and its parts.)"""
         d = self.durations
-        if not {"prealloc", "transfer", "queue", "forward"} <= d.keys():
+        if "prealloc" in d:
+            prealloc = d["prealloc"]
+        elif "bootstrap" in d and "alloc_wait" in d:
+            prealloc = d["bootstrap"] + d["alloc_wait"]
+        else:
             return None
-        return d["prealloc"], d["transfer"], d["queue"], d["forward"]
+        if not {"transfer", "queue", "forward"} <= d.keys():
+            return None
+        return prealloc, d["transfer"], d["queue"], d["forward"]
 
 
 def read(line: LogLine, options: Options) -> TimeStats | None:
@@ -188,9 +199,11 @@ def learn(t: TimeStats, line: LogLine, facts: Facts, options: Options) -> TimeSt
         facts.seen.learn_prompt(t.rid, t.input_len, 2)
         steps = t.steps
         if steps is not None and t.entry is not None:
+            # (entry_time is the request's arrival in the preallocation queue; its pages are taken at
+            # the queue's end, _pre_alloc in pop_preallocated, as step_times has it from start)
             prealloc, transfer, queue, forward = steps
-            admitted = _epoch(t.entry)
-            landed = admitted + _s(prealloc + transfer)
+            admitted = _epoch(t.entry) + _s(prealloc)
+            landed = admitted + _s(transfer)
             started = landed + _s(queue)
             facts.clock.entry_times[t.rid] = (admitted, landed, started, started + _s(forward))
         elif steps is not None and t.start is not None and line.ts is not None and not line.precise:
