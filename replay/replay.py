@@ -213,7 +213,8 @@ def _remember(con: duckdb.DuckDBPyConnection, result: ReplayResult) -> None:
             [result.engine, what_if, str(result.out), result.records,
              result.not_replayed, json.dumps(result.exposure),
              None if result.agreement is None else json.dumps(result.agreement.as_dict()), result.mode,
-             result.outcomes_changed, len(result.disagreements), result.ambiguous_steps, json.dumps(d["assumed"])],
+             result.outcomes_changed, len(result.disagreements), result.ambiguous_steps, json.dumps(d["assumed"]),
+             result.cache_flushes],
         )
         con.execute(statement("forget_disagreements"), [result.engine, what_if])
         if result.disagreements:

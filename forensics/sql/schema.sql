@@ -314,6 +314,7 @@ ALTER TABLE replays ADD COLUMN IF NOT EXISTS outcomes_changed BIGINT;  -- delive
 ALTER TABLE replays ADD COLUMN IF NOT EXISTS disagreements BIGINT;  -- confirm: where the logs were followed
 ALTER TABLE replays ADD COLUMN IF NOT EXISTS ambiguous_steps BIGINT;  -- decode events the evidence places at more than one step
 ALTER TABLE replays ADD COLUMN IF NOT EXISTS assumed VARCHAR;  -- JSON list: what the replay took for granted that the logs do not say
+ALTER TABLE replays ADD COLUMN IF NOT EXISTS cache_flushes BIGINT;  -- cache flushes (schema v1.1) the replay applied
 
 -- Confirmation: each place the model could not do what the logs say (the logs were followed there).
 CREATE TABLE IF NOT EXISTS replay_disagreements (

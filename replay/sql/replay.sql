@@ -235,8 +235,8 @@ SELECT reader_request, victim_request, 'replay' FROM exposures WHERE reader_deli
 
 -- name: remember_replay
 INSERT OR REPLACE INTO replays (engine, what_if, out, records, not_replayed, exposure, agreement, mode,
-                                outcomes_changed, disagreements, ambiguous_steps, assumed)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+                                outcomes_changed, disagreements, ambiguous_steps, assumed, cache_flushes)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: forget_disagreements
 DELETE FROM replay_disagreements WHERE engine = ? AND what_if = ?;

@@ -145,3 +145,19 @@ def test_a_flushed_pool_is_a_fresh_one() -> None:
     fresh = PagePool(50)
     assert engine.pool.free_list().tolist() == fresh.free_list().tolist() == list(range(1, 50))
     assert engine.pool.released_pages().tolist() == [] and engine.pool.available == 49
+
+
+def test_the_job_and_its_report_say_how_many_flushes_the_replay_read(tmp_path: Path) -> None:
+    """The whole job (investigate with a report) on the flushed logs: the confirming replay's
+    flushes are kept in the case's ``replays`` and the report says so beside the replay's figures."""
+    full = generate(tmp_path / "full", seed=3, requests=120, layout=Layout(flush=True))
+    stripped = strip_pages(full, tmp_path / "stripped")
+    report = tmp_path / "report.html"
+    cli = CliRunner().invoke(app, ["investigate", str(stripped), "--db", str(tmp_path / "case.duckdb"),
+                                   "--out", str(report)])
+    assert cli.exit_code == 0, cli.output
+    assert "4 cache flushes read (SGLang's flush_cache, on an idle node)" in cli.stdout
+    with forensics.Case(tmp_path / "case.duckdb", read_only=True) as case:
+        kept = dict(case.sql("SELECT engine, cache_flushes FROM replays").iter_rows())
+    assert kept["sglang-placeholder"] == 4
+    assert "The sglang-placeholder replay read 4 cache flushes (SGLang's flush_cache" in report.read_text()
