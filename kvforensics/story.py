@@ -140,7 +140,7 @@ def _notes(found: Any) -> list[str]:
 
 def flushes_said(r: Any) -> str | None:
     """The cache flushes a replay applied (schema v1.1, SGLang's ``flush_cache``), None where none."""
-    if not getattr(r, "cache_flushes", 0):
+    if not r.cache_flushes:
         return None
     flushes = render.plural(r.cache_flushes, "cache flush", "cache flushes")
     return (f"{flushes} read (SGLang's flush_cache, on an idle node): the node's pool started afresh there, its "

@@ -4,7 +4,7 @@ to a node engine, with a decode node's steps placed by a step clock fitted to it
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from replay.carried import carried_to, placed
@@ -122,12 +122,7 @@ def replay_node(
         if not fits and finishing is not None and served is not None and rid in served:
             disagreements.append(Disagreement(rid, node, "steps_differ", f"its {finishing[1]} decode steps fit no "
                                               "lockstep schedule of the node's logged order"))
-
-        def when(k: int) -> str:
-            at = clock.time_of(first + k)
-            return record["ts"] if at is None or at > ts else ts_text(at)
-
-        e.advance(run, when)
+        e.advance(run, _stamps(clock, first, ts, record["ts"]))
         clock.settle(ts, record["kind"] == "request" and record["event"] == "finished")
         e.handle(record)
         if rid is None:
@@ -148,12 +143,7 @@ def replay_node(
         assert node_engine is not None
         e = node_engine
         clock = clock_of(e.boot)
-        first = clock.steps
-
-        def when(k: int) -> str:
-            at = clock.time_of(first + k)
-            return event["ts"] if at is None or at > event["_ns"] else ts_text(at)
-
+        when = _stamps(clock, clock.steps, event["_ns"], event["ts"])
         label = f"seq {event['seq']}" if event["seq"] is not None else f"at {event['ts']}"
         step = clock.reported(event["steps"] or e.config.step_log_interval, event["running"], event["seq"],
                               event["_ns"], label)
@@ -189,12 +179,7 @@ def replay_node(
         e, clock = node_engine, clocks[node_engine.boot]
         first = clock.steps
         run, _ = clock.before(ts, [x.allocs_left for _, x in e.decoding()], None)
-
-        def when(k: int) -> str:
-            at = clock.time_of(first + k)
-            return ts_text(ts if at is None or at > ts else at)
-
-        e.advance(run, when)
+        e.advance(run, _stamps(clock, first, ts, ts_text(ts)))
         clock.settle()
         for rid in deferred:
             forget(rid, now=True)
@@ -211,17 +196,12 @@ def replay_node(
         e = node_engine
         clock = clock_of(e.boot) if role == "decode" else None
         if clock is not None:
-            def at_step(step: int) -> str:
-                at = clock.time_of(step)
-                return event["ts"] if at is None or at > event["_ns"] else ts_text(at)
-
             first = clock.steps
             run, _ = clock.before(event["_ns"], [x.allocs_left for _, x in e.decoding()], None, at=event["_i"])
-            e.advance(run, lambda k: at_step(first + k))
+            e.advance(run, _stamps(clock, first, event["_ns"], event["ts"]))
             rest = max((x.allocs_left for _, x in e.decoding()), default=0)
             if confirm and rest:  # (idle: whatever still decodes ran its steps before it)
-                then = clock.steps
-                clock.ran(e.advance(rest, lambda k: at_step(then + k)))
+                clock.ran(e.advance(rest, _stamps(clock, clock.steps, event["_ns"], event["ts"])))
         holding = e.holding()
         if holding and not confirm:
             return
@@ -312,6 +292,17 @@ def replay_node(
             disagreements.extend(Disagreement("", node, "step_record_differs",
                                               f"boot {boot}, step record {label}: {d}")
                                  for label, d in clock.step_disagreements)
+
+
+def _stamps(clock: StepClock, first: int, ts_ns: int, ts: str) -> Callable[[int], str]:
+    """The time of the ``k``-th step of a run that starts at the clock's step ``first``, as its pace
+    places it, never after the event it runs before (at ``ts_ns``, written ``ts``)."""
+
+    def when(k: int) -> str:
+        at = clock.time_of(first + k)
+        return ts if at is None or at > ts_ns else ts_text(at)
+
+    return when
 
 
 def _horizons(rows: Iterator[tuple[Any, ...]], configs: dict[int, NodeConfig]) -> dict[int, Horizon]:
