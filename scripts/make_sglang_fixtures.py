@@ -81,6 +81,7 @@ from replay.sglang_print.release import Release
 from replay.sglang_print.servers import (
     BOOTSTRAP_WAIT,
     CLOCK,
+    SCHEDULER,
     Lines,
     Printer,
     Server,
@@ -91,6 +92,7 @@ from replay.sglang_print.servers import (
     decode_log_interval,
     drawn_uuids,
     every_scheduler_logs_decode_batches,
+    flush_guarded,
     has_targets,
     marks_bootstrap_done,
     retires,
@@ -295,32 +297,25 @@ def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dic
     return described
 
 
-#: The scheduler's module, which flushes the caches (``flush_cache``) and says so
-SCHEDULER = "sglang.srt.managers.scheduler"
-FLUSHED = "Cache flushed successfully!"
-
-
 def flush_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dict[str, Any]]:
     """``Scheduler.flush_cache``'s lines on each server (``out/<node>-flush.log``, after its
     start-up): asked while busy, the release's warning that it did not flush (its f-string, through
     the root logger as the release calls it, on every scheduler); then, idle, its
-    ``Cache flushed successfully!`` on the schedulers that print it: every one, where the release
-    prints it unguarded (to 0.5.12), else each DP rank's stats-logging rank (attention-TP rank 0:
-    ``if self.metrics_reporter.is_stats_logging_rank``, 0.5.18 on). Outside the scripted run: a
-    flush there would change every page after it. Each is described in SOURCE.json's
-    ``flush_lines``: the nodes whose pools it flushed (a DP rank's pool is a node of its own)."""
-    src = release.source(SCHEDULER)
-    assert f'logger.info("{FLUSHED}")' in src, release.version
-    guarded = re.search(r"if self\.(?:metrics_reporter\.)?is_stats_logging_rank:\s*\n\s*logger\.info\(\"Cache flushed",
-                        src) is not None
+    ``Cache flushed successfully!`` on the schedulers that print it (``Printer.cache_flushed``):
+    every one, where the release prints it unguarded (to 0.5.12), else each DP rank's stats-logging
+    rank (attention-TP rank 0: ``if self.metrics_reporter.is_stats_logging_rank``, 0.5.18 on).
+    Outside the scripted run: a flush there would change every page after it. Each is described in
+    SOURCE.json's ``flush_lines``: the nodes whose pools it flushed (a DP rank's pool is a node of
+    its own)."""
+    guarded = flush_guarded(release)
     busy = release.message(SCHEDULER, "Cache not flushed because")
     described = []
     for role in ("prefill", "decode"):
         spec = SPECS[role]
         server = Server(release, spec, SETUP, "text", None)
         CLOCK.at(0.0)
-        Printer(server).startup()
-        server.note("cache_flushed", SCHEDULER, FLUSHED)
+        printer = Printer(server)
+        printer.startup()
         server.note("cache_not_flushed", SCHEDULER, "Cache not flushed because")
         ranks: list[int | None] = list(range(spec.dp_size)) if spec.dp_size > 1 else [None]
         CLOCK.at(1.0)
@@ -329,11 +324,7 @@ def flush_lines(release: Release, out: Path, sources: dict[str, str]) -> list[di
                 server.configure(prefix)
                 logging.warning(busy(waiting_queue=range(2), reqs=range(3)))
         CLOCK.at(2.0)
-        for dp in ranks:
-            printers = server.schedulers(dp)
-            for prefix in printers[:1] if guarded else printers:
-                server.configure(prefix)
-                logging.getLogger(SCHEDULER).info(FLUSHED)
+        printer.cache_flushed()
         name = f"{spec.node}-flush.log"
         (out / name).write_text(server.out.getvalue(), encoding="utf-8")
         sources.update(server.sources)
@@ -758,7 +749,6 @@ def logrotate(folder: Path) -> list[str]:
     the gzip header without a name or time, so that a run prints the same bytes); the folder's
     files, oldest first."""
     import gzip
-    import re
 
     rotated = sorted(p for p in folder.iterdir() if re.search(r"\.log\.\d{4}-\d\d-\d\d_\d\d$", p.name))
     assert len(rotated) >= 2, f"{folder}: the run should roll its target file over twice"

@@ -21,7 +21,10 @@ server of the release (TP2, Mooncake, ``--log-requests --log-requests-level 1
   start, the finish), the finish line (``stop``) and uvicorn's access line with the status;
   a decode timeout is the release's ``timed out`` transfer failure and its 500; any other early
   end is an abort with the simulated reason and status;
-- a batch-statistics line at each prefill start and decode start (noise).
+- a batch-statistics line at each prefill start (noise), and a decode server's ``Decode batch``
+  line at each of its step records (v1.1);
+- ``Cache flushed successfully!`` where the run flushed a server's caches (v1.1: a ``step`` with
+  ``cache: "flushed"``), on the schedulers the release prints it on.
 
 Times are the simulated ones, at the precision each line has: whole seconds in the bracketed
 prefix, microseconds in the JSON request log, milliseconds in ``entry_time`` and 10
@@ -125,8 +128,16 @@ def timelines(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> l
 
 def steps(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> list[tuple[float, int]]:
     """The step records of ``node`` (a decode node's, v1.1: the simulator writes one where SGLang's
-    scheduler prints its ``Decode batch`` line), each its time and running batch."""
-    return [(_seconds(r["ts"], epoch), r["running"]) for r in records if r["node"] == node and r["kind"] == "step"]
+    scheduler prints its ``Decode batch`` line), each its time and running batch; a flush's not."""
+    return [(_seconds(r["ts"], epoch), r["running"]) for r in records
+            if r["node"] == node and r["kind"] == "step" and r.get("cache") is None]
+
+
+def flushes(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> list[float]:
+    """When ``node``'s caches were flushed (v1.1: a ``step`` with ``cache: "flushed"``, where SGLang's
+    scheduler prints ``Cache flushed successfully!``)."""
+    return [_seconds(r["ts"], epoch) for r in records
+            if r["node"] == node and r["kind"] == "step" and r.get("cache") == "flushed"]
 
 
 def print_server(logs: Path, out: Path, wheel: Path, node: str, form: str) -> dict[str, str]:
@@ -153,7 +164,7 @@ def print_server(logs: Path, out: Path, wheel: Path, node: str, form: str) -> di
     start_clock(setup)
     server = Server(release, spec, setup, form, None, out=Lines())
     printer = SimulatedServer(server, address)
-    printer.play(timelines(records, node, epoch), steps(records, node, epoch))
+    printer.play(timelines(records, node, epoch), steps(records, node, epoch), flushes(records, node, epoch))
     (out / f"{node}.log").write_text(server.out.getvalue(), encoding="utf-8")
     return server.sources
 
@@ -167,13 +178,17 @@ class SimulatedServer(Printer):
         self.retires = retires(self.r)
         self.aborts = aborts_after_forward(self.r)
 
-    def play(self, requests: list[Timeline], steps: Sequence[tuple[float, int]] = ()) -> None:
-        """Print the requests' lines, and a decode server's batch lines at its ``steps`` (each its
-        time and running batch: the step records of the run)."""
+    def play(self, requests: list[Timeline], steps: Sequence[tuple[float, int]] = (),
+             flushes: Sequence[float] = ()) -> None:
+        """Print the requests' lines, a decode server's batch lines at its ``steps`` (each its
+        time and running batch: the step records of the run), and its cache flushes at theirs."""
         CLOCK.at(0.0)
         self.startup()
         for at, running in steps:
             self._batch(at, running)
+        for at in flushes:
+            CLOCK.at(at)
+            self.cache_flushed()
         for t in requests:
             obj = self._obj(t.rid, t.prompt, t.max_new, room_of(t.rid), self.address[t.prefill_node])
             if t.router_rejected:

@@ -87,6 +87,22 @@ class Clock:
 
 CLOCK = Clock()
 
+#: The scheduler's module, which flushes the caches (``Scheduler.flush_cache``) and says so
+SCHEDULER = "sglang.srt.managers.scheduler"
+FLUSHED = "Cache flushed successfully!"
+#: From 0.5.18 only the stats-logging rank prints it (each DP rank's attention-TP rank 0)
+_FLUSH_GUARD = re.compile(
+    r"if self\.(?:metrics_reporter\.)?is_stats_logging_rank:\s*\n\s*logger\.info\(\"Cache flushed")
+
+
+def flush_guarded(release: Release) -> bool:
+    """Whether the release prints its ``Cache flushed successfully!`` on each DP rank's first
+    scheduler only (0.5.18 on), not on every scheduler (to 0.5.12)."""
+    src = release.source(SCHEDULER)
+    assert f'logger.info("{FLUSHED}")' in src, release.version
+    return _FLUSH_GUARD.search(src) is not None
+
+
 #: How long a bootstrap that never completes waits before the prefill gives up (seconds): past the
 #: releases' default bootstrap timeout of 300 s, so each release's own check fires.
 BOOTSTRAP_WAIT = 300.2
@@ -390,6 +406,18 @@ class Printer:
             num_queue_reqs=0, num_pending_tokens=0, num_running_req=running)
         self.s.note("batch_stats", mod, marker)
         self.log.info(text)
+
+    def cache_flushed(self) -> None:
+        """``Scheduler.flush_cache`` done on an idle server: its ``Cache flushed successfully!`` on
+        the schedulers that print it (:func:`flush_guarded`), one DP rank after another."""
+        guarded = flush_guarded(self.r)
+        self.s.note("cache_flushed", SCHEDULER, FLUSHED)
+        ranks: list[int | None] = list(range(self.s.spec.dp_size)) if self.s.spec.dp_size > 1 else [None]
+        for dp in ranks:
+            printers = self.s.schedulers(dp)
+            for prefix in printers[:1] if guarded else printers:
+                self.s.configure(prefix)
+                logging.getLogger(SCHEDULER).info(FLUSHED)
 
     def _pool_warning(self) -> None:
         """0.5.23 on: the warning that the pool cannot hold one full-context request."""

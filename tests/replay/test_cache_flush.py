@@ -161,3 +161,60 @@ def test_the_job_and_its_report_say_how_many_flushes_the_replay_read(tmp_path: P
         kept = dict(case.sql("SELECT engine, cache_flushes FROM replays").iter_rows())
     assert kept["sglang-placeholder"] == 4
     assert "The sglang-placeholder replay read 4 cache flushes (SGLang's flush_cache" in report.read_text()
+
+
+PRINTED = Path(__file__).resolve().parents[1] / "adapters" / "printed"
+
+
+@pytest.mark.parametrize("run", sorted(p.name for p in PRINTED.glob("*-flush-*")))
+def test_a_flush_in_logs_sglang_printed_is_read_and_replayed_from_end_to_end(run: str, tmp_path: Path) -> None:
+    """Generator runs whose every node is flushed halfway, as SGLang 0.5.11 (``Cache flushed
+    successfully!`` on every scheduler; with ``Decode batch`` lines) and 0.5.19 (on each DP rank's
+    first scheduler; prefill's prefix cache on) print them: tests/adapters/printed, made by
+    scripts/make_sglang_printed_runs.py through each release's own code from the generator's log set,
+    which this test makes again. The SGLang adapter reads one flush a node, and the replay of its
+    records names the generator's page records' victims, all eight figures, with nothing listed.
+    With the flush lines taken out of the same logs the replay names other victims, silently."""
+    import gzip
+
+    from forensics.adapters import read_tenant_map
+    from forensics.adapters.base import Options
+
+    folder = PRINTED / run
+    made = json.loads((folder / "RUN.json").read_text())
+    assert json.loads((folder / "SOURCE.json").read_text())["release"] == made["release"] == run.split("-")[0]
+    full = generate(tmp_path / "full", seed=made["seed"], requests=made["requests"], layout=Layout(**made["layout"]))
+    received = {json.loads(line)["request_id"] for line in (full / "router.jsonl").read_text().splitlines()
+                if '"received"' in line}
+    tenants = read_tenant_map(folder / "tenants.json")
+    assert set(tenants) == received  # (the printed run is this run)
+    truth = forensics.investigate([full], tmp_path / "full.duckdb").exposure
+    assert truth["exposed_responses"] > 0
+    logs = tmp_path / "sglang"
+    logs.mkdir()
+    for gz in sorted(folder.glob("*.log.gz")):
+        (logs / gz.name[:-3]).write_bytes(gzip.decompress(gz.read_bytes()))
+    flushed = {f.stem: f.read_text().count("Cache flushed successfully!") for f in sorted(logs.glob("*.log"))}
+    every = made["release"] == "0.5.11"  # (to 0.5.12 each of a server's 2 TP schedulers prints it)
+    assert flushed == {node: 2 if every else 1 for node in ("decode-0", "decode-1", "prefill-0", "prefill-1")}
+    options = Options(tenants=tenants)
+    found = forensics.investigate(sorted(logs.glob("*.log")), tmp_path / "sglang.duckdb", options=options)
+    assert found.ingest.records.quarantined == 0
+    with forensics.Case(tmp_path / "sglang.duckdb", read_only=True) as case:
+        steps = dict(case.sql("SELECT node, count(*) FROM step_records WHERE cache = 'flushed' GROUP BY node")
+                     .iter_rows())
+    assert steps == {"decode-0": 1, "decode-1": 1, "prefill-0": 1, "prefill-1": 1}
+    result = replay(tmp_path / "sglang.duckdb", "sglang-placeholder", tmp_path / "replayed")
+    assert result.exposure == truth
+    assert result.disagreements == () and result.cache_flushes == 4
+    if made["layout"].get("step_log"):
+        assert result.step_records > 0
+    blind = tmp_path / "blind"
+    blind.mkdir()
+    for f in sorted(logs.glob("*.log")):
+        (blind / f.name).write_text("".join(line for line in f.read_text().splitlines(keepends=True)
+                                            if "Cache flushed" not in line))
+    forensics.investigate(sorted(blind.glob("*.log")), tmp_path / "blind.duckdb", options=options)
+    unread = replay(tmp_path / "blind.duckdb", "sglang-placeholder", tmp_path / "blind-replayed")
+    assert unread.cache_flushes == 0 and unread.disagreements == ()
+    assert unread.exposure["victim_requests"] != truth["victim_requests"]
