@@ -112,6 +112,9 @@ FIELDS: Final[dict[str, Field]] = {
         Field("finish_reason", FieldType.STR),
         Field("output_tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
         Field("cached_tokens", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),  # v1.1
+        # v1.1, finished: times the decode server retracted the request under memory pressure (its
+        # pages freed, taken afresh later: SGLang's num_retractions), which the replay does not model
+        Field("retractions", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
         # kv
         Field("op", FieldType.STR),
         Field("pages", FieldType.PAGES),
@@ -135,7 +138,7 @@ FIELDS: Final[dict[str, Field]] = {
 #: Schema v1.1's config flags (docs/schema-v1.1.md): how a node schedules. Booleans, which no
 #: declared field is: the ingest keeps them in the record's text, not as columns, and the replay
 #: reads them from there. (v1.1's other additions are declared fields above: ``step_log_interval``,
-#: ``cached_tokens``, and the ``step`` kind's ``running``, ``steps`` and ``cache``.)
+#: ``cached_tokens``, ``retractions``, and the ``step`` kind's ``running``, ``steps`` and ``cache``.)
 V1_1_CONFIG: Final = ("overlap_schedule", "prefix_cache", "speculative_decoding")
 
 COMMON_REQUIRED: Final = ("kind", "ts", "node")
@@ -185,7 +188,7 @@ VARIANTS: Final[dict[str, dict[str, Variant]]] = {
         "prefill_started": Variant(optional=("cached_tokens",)),
         "prefill_done": Variant(),
         "decode_started": Variant(),
-        "finished": Variant(required=("status",), optional=("finish_reason", "output_tokens")),
+        "finished": Variant(required=("status",), optional=("finish_reason", "output_tokens", "retractions")),
     },
     "kv": {
         "alloc": Variant(),

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 #: The case format. 3: rec_hash is MurmurHash3 of the canonical JSON (was MD5). 4: one table of
 #: records per kind, ``records`` a view of them. 5: the verbatim lines in ``source_lines``, not a
 #: ``raw`` column of records and duplicates. 7: ``step_records.cache`` (schema v1.1's cache flush).
-#: A case of another schema cannot be extended: its files are ingested into a new case.
-SCHEMA_VERSION = "7"
+#: 8: ``request_records.retractions`` (schema v1.1: decode retracted the request). A case of
+#: another schema cannot be extended: its files are ingested into a new case.
+SCHEMA_VERSION = "8"
 
 
 def sql_text(name: str, package: str = "forensics") -> str:

@@ -265,6 +265,11 @@ def replay_node(
                 feed(_logged(event), event["_ns"], None, event["_i"])
             continue
         record = admit(item)
+        if role == "decode" and (event["kind"], event["event"]) == ("request", "finished") and event.get("retractions"):
+            disagreements.append(Disagreement(event["request_id"], node, "decode_retracted", f"its finish says the "
+                                              f"node retracted it {event['retractions']:,} time(s) under memory "
+                                              "pressure, which the replay does not model: its pages here from then "
+                                              "on are one layout of several"))
         if node_engine is None:  # events before any config: no pool to act on
             log.emit(record)
             continue

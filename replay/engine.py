@@ -224,6 +224,9 @@ DISAGREEMENTS = {
     "speculative_decoding": "a decode node's config says it runs speculative decoding (SGLang's "
                             "--speculative-algorithm: several KV slots a request a step, the rejected drafts freed), "
                             "which the replay does not model: the victims named on that node are possible",
+    "decode_retracted": "SGLang's decode retracted the request under memory pressure (its finish says how many "
+                        "times: SGLang's num_retractions): its pages were freed and its KV restored into pages taken "
+                        "afresh later, which the replay does not model: the victims named on that node are possible",
     "flush_not_idle": "a node's caches were flushed (SGLang's flush_cache, which only an idle node does) while the "
                       "replay still held the request's pages there: it lets them go at the flush",
     "beyond_replay_bound": "the request's pages are beyond the replay's bounds (2^22 pages a request, 2^25 distinct "

@@ -18,7 +18,7 @@ EVENT_FIELDS = (
     "kind", "ts", "node", "boot", "seq", "request_id", "event", "tenant_id", "prompt_tokens",
     "max_new_tokens", "prefill_node", "decode_node", "reason", "limit_tokens", "status",
     "finish_reason", "output_tokens", "transfer_id", "src_node", "dst_node", "src_pages",
-    "dst_pages", "tokens", "bytes", "cached_tokens", "running", "steps", "cache",
+    "dst_pages", "tokens", "bytes", "cached_tokens", "running", "steps", "cache", "retractions",
 )
 _N_EVENT = len(EVENT_FIELDS)
 

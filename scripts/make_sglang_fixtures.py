@@ -33,7 +33,10 @@ never completes (decode cannot reach the prefill's bootstrap server: its handsha
 prefill times out in ``KVPoll.Bootstrapping``). One served request's prompt begins with an earlier
 one's (:data:`PREFIXES`): the prefill's prefix cache gives it whole pages (:func:`cached_tokens`),
 printed in its time stats from 0.5.12 and in its finish (``meta_info.cached_tokens``) on both
-servers. Decode prints its ``Decode batch`` lines as its steps go (:meth:`Scenario._decode_steps`):
+servers. Decode retracts one served request once (:data:`RETRACTED`): the scheduler's ``KV cache pool
+is full. Retract requests.`` line halfway through its decode, and its finish's ``meta_info`` counts
+it (``num_retractions``, ``total_retractions`` to 0.5.11; every finish carries the key, with the
+server's ``weight_version``, as the release's tokenizer builds it). Decode prints its ``Decode batch`` lines as its steps go (:meth:`Scenario._decode_steps`):
 every ``decode_log_interval``-th step of a DP rank's scheduler, counted from the process's start,
 so DP0 TP0 and DP1 TP1 each print theirs (one request in the running batch: the run never decodes
 two together on one DP rank), and a long decode prints lines alike within a second.
@@ -131,6 +134,11 @@ SCENARIO = [
 #: Prefix-cache hits on prefill: rid -> (the earlier request whose prompt it begins with, how many
 #: of its first tokens it shares). What the release then takes from the cache: :func:`cached_tokens`.
 PREFIXES = {"req-a3": ("req-a1", 640)}
+#: Served requests the decode scheduler retracted under memory pressure (its pages freed, its KV kept
+#: on the host and restored into pages taken afresh), by rid: how many times. Each retraction is the
+#: scheduler's warning on every scheduler of the request's DP rank, halfway through its decode, and
+#: the finish's ``meta_info`` counts them (``num_retractions``; ``total_retractions`` to 0.5.11).
+RETRACTED = {"req-a2": 1}
 #: A decode step's time, seconds: each DP rank's scheduler runs one step per output token after
 #: the first (which comes with the KV from the prefill)
 STEP = 0.012
@@ -205,6 +213,8 @@ def run(release: Release, out: Path) -> None:
                                "cached_tokens": cached_tokens(rid, prompt, SCENARIO)}
                               for rid, prompt, *_ in SCENARIO if rid in PREFIXES
                               for earlier, shared in [PREFIXES[rid]]],
+        # served requests the decode scheduler retracted, and how many times
+        "retracted": [{"rid": rid, "retractions": n} for rid, n in RETRACTED.items()],
         # decode servers of other layouts, started with --enable-metrics-for-all-schedulers
         "batch_runs": batches,
         "sources": dict(sorted(sources.items())),
@@ -648,6 +658,8 @@ class Scenario(Printer):
         ts.wait_queue_entry_time = PERF0 + t
         ts.forward_entry_time = PERF0 + t + 0.001
         self._decode_steps(dp_rank, t + 0.001 + STEP, output - 1)
+        for k in range(RETRACTED.get(rid, 0)):
+            self._retracted(schedulers, t + 0.001 + (output // 2 + k) * STEP)
         t += 0.001 + output * STEP
         ts.completion_time = PERF0 + t
         req.output_ids = [1] * output
@@ -656,7 +668,28 @@ class Scenario(Printer):
             s.configure(prefix)
             self._log_time_stats(req)
         s.configure("")
-        self._finish(obj, rid, prompt, output, None, t + 0.002, text=answer, cached=req.cached_tokens)
+        self._finish(obj, rid, prompt, output, None, t + 0.002, text=answer, cached=req.cached_tokens,
+                     retractions=RETRACTED.get(rid, 0))
+
+    def _retracted(self, schedulers: list[str], at: float) -> None:
+        """The decode scheduler retracts one request because its pool is full
+        (``Scheduler.update_running_batch``): its line, on every scheduler of the DP rank (no rank
+        guard), as the release assembles it: one f-string logged at INFO (0.5.5), or a prefix and
+        its details' f-strings logged as a warning (0.5.7 on)."""
+        mod = SCHEDULER
+        values = {"retracted_reqs": [None], "new_token_gained": 1024, "old_ratio": 0.7, "new_token_ratio": 0.35,
+                  "kv_full_retract_flag": True, "mamba_num_gained": None}
+        text = self.r.message(mod, "KV cache pool is full. Retract requests. ")(**values)
+        if "#retracted_reqs" not in text:
+            for marker in ("#retracted_reqs: ", "#new_token_ratio: "):
+                text += self.r.message(mod, marker)(**values)
+        info = re.search(r'logger\.info\(\s*"KV cache pool is full', self.r.source(mod)) is not None
+        self.s.note("retracted", mod, "KV cache pool is full. Retract requests. ")
+        CLOCK.at(at)
+        for name in schedulers:
+            self.s.configure(name)
+            logging.getLogger(mod).log(logging.INFO if info else logging.WARNING, text)
+        self.s.configure("")
 
     def _note_prefix_cache(self) -> None:
         """Where the release computes a prefix-cache hit (:func:`cached_tokens`), for SOURCE.json."""

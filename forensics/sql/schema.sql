@@ -91,6 +91,7 @@ CREATE TABLE IF NOT EXISTS request_records (
   finish_reason VARCHAR,
   output_tokens BIGINT,
   cached_tokens BIGINT,  -- v1.1, prefill_started: prompt tokens taken from the prefix cache
+  retractions BIGINT,  -- v1.1, finished: times decode retracted the request under memory pressure
   rec_hash UHUGEINT NOT NULL,
   doc VARCHAR
 );
@@ -158,7 +159,7 @@ CREATE TABLE IF NOT EXISTS step_records (
 CREATE OR REPLACE VIEW records AS
 SELECT file_id, line_no, part, kind, ts, node, boot, seq, request_id, event, op, pages, page_ranges,
        max_page, source, tenant_id, prompt_tokens, max_new_tokens, prefill_node, decode_node, reason,
-       limit_tokens, status, finish_reason, output_tokens, cached_tokens, transfer_id, src_node, dst_node,
+       limit_tokens, status, finish_reason, output_tokens, cached_tokens, retractions, transfer_id, src_node, dst_node,
        src_pages, dst_pages, tokens, bytes, role, engine, engine_version, model, context_length, page_size,
        pool_pages, kv_bytes_per_token, step_log_interval, running, steps, cache, rec_hash, doc
 FROM (
@@ -215,6 +216,7 @@ CREATE TABLE IF NOT EXISTS received_conflicts (
   finish_reason VARCHAR,
   output_tokens BIGINT,
   cached_tokens BIGINT,
+  retractions BIGINT,
   rec_hash UHUGEINT NOT NULL,
   doc VARCHAR,
   duplicate BOOLEAN NOT NULL,

@@ -220,6 +220,10 @@ class Printer:
         self.finish = self._finish_reasons()
         #: whether the release's tokenizer puts response_sent_to_client_ts in a finish's meta_info
         self.sends_time = "response_sent_to_client_ts" in self.r.source("sglang.srt.managers.tokenizer_manager")
+        #: the key under which the release's tokenizer puts a request's retractions in its meta_info
+        self.retractions_key = retractions_key(self.r)
+        server.note("finish_retractions", "sglang.srt.managers.tokenizer_manager",
+                    f'"{self.retractions_key}": recv_obj.retraction_counts')
         self._objs: dict[str, Any] = {}
 
     def _obj_of(self, req: Any) -> Any:
@@ -593,16 +597,20 @@ class Printer:
         return self.finish.FINISH_ABORT(message, _HTTPStatus(status)).to_json()
 
     def _finish(self, obj: Any, rid: str, prompt: int, output: int, aborted: dict[str, Any] | None, at: float,
-                *, stop: bool = False, latency: float = 0.5, text: str = "", cached: int = 0) -> None:
+                *, stop: bool = False, latency: float = 0.5, text: str = "", cached: int = 0,
+                retractions: int = 0) -> None:
         """The request log's finish line at ``at`` (the abort's reason, else the length or, with
         ``stop``, the end-of-sequence token reached; ``text`` the output, logged at levels 2 and
-        3; ``cached`` the prompt tokens the prefix cache gave), and uvicorn's access line."""
+        3; ``cached`` the prompt tokens the prefix cache gave; ``retractions`` the times decode
+        retracted it), and uvicorn's access line. ``meta_info`` begins as the release's tokenizer
+        builds it (id, finish reason, prompt tokens, the server's ``weight_version``, retractions)."""
         CLOCK.at(at)
         self.s.configure("")
         done = self.finish.FINISH_MATCHED_TOKEN(matched=2) if stop else self.finish.FINISH_LENGTH(length=output)
         reason = aborted or done.to_json()
-        meta = {"id": rid, "finish_reason": reason, "prompt_tokens": prompt, "completion_tokens": output,
-                "cached_tokens": cached, "e2e_latency": latency}
+        meta = {"id": rid, "finish_reason": reason, "prompt_tokens": prompt, "weight_version": "default",
+                self.retractions_key: retractions, "completion_tokens": output, "cached_tokens": cached,
+                "e2e_latency": latency}
         if self.sends_time:
             meta["response_sent_to_client_ts"] = CLOCK.now  # (the tokenizer sets it just before logging)
         out = {"text": text, "output_ids": [1] * output, "meta_info": meta}
@@ -610,6 +618,16 @@ class Printer:
         status = 200 if aborted is None else int(aborted.get("status_code") or 500)
         self._access(status)
 
+
+
+def retractions_key(r: Release) -> str:
+    """The ``meta_info`` key of a request's retractions in the release's tokenizer manager:
+    ``total_retractions`` to 0.5.11, ``num_retractions`` from 0.5.12 (every release sets it, to the
+    times the decode scheduler retracted the request under memory pressure)."""
+    found = re.search(r'"(\w+_retractions)": recv_obj\.retraction_counts\[i\]',
+                      r.source("sglang.srt.managers.tokenizer_manager"))
+    assert found is not None, r.version
+    return found.group(1)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from conftest import FIXTURES
 from typer.testing import CliRunner
 
 import forensics
-from kvforensics.cli import app
+from kvforensics.cli import EXIT_DISAGREES, app
 
 RUNNER = CliRunner()
 GUIDE = (Path(__file__).resolve().parents[2] / "docs" / "investigate.md").read_text()
@@ -223,7 +223,8 @@ def told(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], tupl
     for (name, path), cells in itertools.product(logs.items(), WIDTHS):
         db = folder / f"{name}-{cells}.duckdb"
         result = RUNNER.invoke(app, ["investigate", str(path), "--db", str(db)], env={"COLUMNS": str(cells)})
-        assert result.exit_code == 0, result.output
+        # (the SGLang run's decode retracted a request, which the replay lists: it confirms with a disagreement)
+        assert result.exit_code == (EXIT_DISAGREES if name == "sglang" else 0), result.output
         out[name, cells] = db, result.stdout
     return out
 

@@ -209,3 +209,34 @@ def test_what_decode_runs_that_the_replay_does_not_model_makes_its_victims_possi
     with Case(tmp_path / "job.duckdb") as case:
         rows = case.exposures(delivered_only=True).to_dicts()
     assert rows and {r["certainty"] for r in rows} == {"possible"}
+
+
+def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible(tmp_path: Path) -> None:
+    """A decode finish that says the node retracted the request under memory pressure (schema v1.1
+    ``retractions``: SGLang's ``num_retractions``; its pages freed, its KV restored into pages taken
+    afresh later), which the replay does not model. The replay lists it (``decode_retracted``) and
+    carries the field into its replayed logs; the job names every victim on that node possible and
+    the other decode node's certain, as before."""
+    from forensics.case import Case
+    from kvforensics.job import run
+
+    full = generate(tmp_path / "full", seed=11, requests=150)
+    stripped = strip_pages(full, tmp_path / "stripped")
+    decode = stripped / "decode-1.jsonl"
+    records = [json.loads(line) for line in decode.read_text().splitlines()]
+    finish = next(r for r in records if r.get("event") == "finished" and r.get("status") == 200)
+    finish["retractions"] = 1
+    decode.write_text("".join(json.dumps(r) + "\n" for r in records))
+    db = tmp_path / "case.duckdb"
+    forensics.investigate([stripped], db)
+    result = replay(db, "sglang-placeholder", tmp_path / "replay")
+    assert [(d.kind, d.node, d.request_id) for d in result.disagreements] == [
+        ("decode_retracted", "decode-1", finish["request_id"])]
+    replayed = [json.loads(line) for f in (result.out / "logs").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert [(r["node"], r["request_id"]) for r in replayed if r.get("retractions") == 1] == [
+        ("decode-1", finish["request_id"])]
+    run([stripped], tmp_path / "job.duckdb", None)
+    with Case(tmp_path / "job.duckdb") as case:
+        rows = case.exposures(delivered_only=True).to_dicts()
+    by_node = {node: {r["certainty"] for r in rows if r["node"] == node} for node in ("decode-0", "decode-1")}
+    assert by_node == {"decode-0": {"certain"}, "decode-1": {"possible"}}

@@ -9,8 +9,10 @@ logs a request when it arrives and when it finishes:
   ``Finish: obj=GenerateReqInput(...), out={'meta_info': {...}}``.
 
 ``meta_info`` has ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` (on prefill, what
-the time stats' ``prefill_started`` says the prefix cache gave, where they do not) and
-``finish_reason`` (``{'type': 'abort', 'message': ..., 'status_code': 400}`` for an abort).
+the time stats' ``prefill_started`` says the prefix cache gave, where they do not),
+``finish_reason`` (``{'type': 'abort', 'message': ..., 'status_code': 400}`` for an abort) and the
+times decode retracted the request under memory pressure (``num_retractions``, ``total_retractions``
+to 0.5.11: a decode finish's ``retractions``, schema v1.1, where above 0).
 Prompt text and output are not read (levels 0 and 1 do not log them; at higher levels they are
 ignored).
 
@@ -122,7 +124,11 @@ _FAST_RID = re.compile(
 _FAST_SAMPLING = re.compile(r", sampling_params=\{(?P<sp>[^{}'\"]*(?:'[a-z_]+': [^{}'\",]*(?:, )?)*)\}")
 _FAST_MAX_NEW = re.compile(r"'max_new_tokens': (\d+)")
 #: meta_info's counts, each key's first in one scan
-_FAST_INT = re.compile(r"'(prompt_tokens|completion_tokens|cached_tokens|dp_rank)': (\d+)")
+_FAST_INT = re.compile(r"'(prompt_tokens|completion_tokens|cached_tokens|dp_rank|num_retractions|total_retractions)': "
+                       r"(\d+)")
+#: meta_info's count of the times decode retracted the request (every release: ``total_retractions``
+#: to 0.5.11, ``num_retractions`` from 0.5.12; tokenizer_manager.py, its meta_info)
+RETRACTIONS = ("num_retractions", "total_retractions")
 ONE_SECOND = dt.timedelta(seconds=1)
 #: meta_info's wall-clock time the response was sent to the client (0.5.6 on), epoch seconds
 SENT = "response_sent_to_client_ts"
@@ -414,12 +420,16 @@ def translate(r: RequestLine, line: LogLine, facts: Facts, options: Options, not
         record["finish_reason"] = finish_reason
     if isinstance(r.meta.get("completion_tokens"), int):
         record["output_tokens"] = r.meta["completion_tokens"]
+    retracted = next((r.meta[k] for k in RETRACTIONS if k in r.meta), None)
+    if isinstance(retracted, int) and not isinstance(retracted, bool) and retracted > 0:
+        record["retractions"] = retracted  # (schema v1.1: the replay lists it, its node's victims possible)
     return [record]
 
 
 def _kept(meta: dict[str, Any]) -> dict[str, Any]:
     """What translation reads of a finish's meta_info."""
-    return {k: meta[k] for k in ("finish_reason", "prompt_tokens", "completion_tokens", SENT) if k in meta}
+    return {k: meta[k] for k in ("finish_reason", "prompt_tokens", "completion_tokens", SENT, *RETRACTIONS)
+            if k in meta}
 
 
 def _received(base: dict[str, Any], r: RequestLine, facts: Facts, options: Options, notes: Notes,

@@ -1,4 +1,4 @@
-"""Schema v1.1's additions in: ``step_log_interval``, ``cached_tokens`` and ``step`` records are
+"""Schema v1.1's additions in: ``step_log_interval``, ``cached_tokens``, ``retractions`` and ``step`` records are
 kept, checked like every field, read alike by the fast path and the SQL validator, and change
 nothing a v1 log gives (docs/schema-v1.1.md)."""
 
@@ -19,6 +19,8 @@ import forensics
 DECODE_CONFIG = {**CONFIG, "step_log_interval": 40}
 PREFILL_STARTED = {"kind": "request", "ts": TS, "node": "prefill-0", "request_id": "r", "event": "prefill_started",
                    "cached_tokens": 128}
+RETRACTED = {"kind": "request", "ts": TS, "node": "decode-1", "request_id": "r", "event": "finished", "status": 200,
+             "output_tokens": 12, "retractions": 2}
 
 
 def step(seq: int | None, running: int = 3, **extra: Any) -> dict[str, Any]:
@@ -32,6 +34,9 @@ V1_1_QUARANTINE_CASES = [
     ("wrong_type", json.dumps({**PREFILL_STARTED, "cached_tokens": "128"})),
     ("wrong_type", json.dumps({**PREFILL_STARTED, "cached_tokens": 1.5})),
     ("bad_value", json.dumps({**PREFILL_STARTED, "cached_tokens": 2**41})),
+    ("bad_value", json.dumps({**RETRACTED, "retractions": -1})),
+    ("wrong_type", json.dumps({**RETRACTED, "retractions": "2"})),
+    ("wrong_type", json.dumps({**RETRACTED, "retractions": 2.5})),
     ("bad_value", json.dumps({**DECODE_CONFIG, "seq": 9, "step_log_interval": 0})),
     ("wrong_type", json.dumps({**DECODE_CONFIG, "seq": 9, "step_log_interval": True})),
     ("missing_field", json.dumps({k: v for k, v in step(5).items() if k != "running"})),
@@ -62,7 +67,7 @@ def test_each_malformed_v1_1_value_is_quarantined_with_its_reason(reason: str, l
 def test_the_fast_path_reads_v1_1_lines_as_the_sql_validator_does() -> None:
     """The new kind and fields, well formed and not, written plainly and not: the same stage rows."""
     good = [DECODE_CONFIG, PREFILL_STARTED, step(7), step(8, running=0, steps=1), step(None, steps=2**40),
-            step(10, running=0, cache="flushed"),
+            step(10, running=0, cache="flushed"), RETRACTED, {**RETRACTED, "retractions": 0},
             {**PREFILL_STARTED, "cached_tokens": 0}, {**step(9), "boot": 2}]
     lines = [json.dumps(r) for r in good] + [line for _, line in V1_1_QUARANTINE_CASES]
     lines += [json.dumps(r, separators=(",", ":")) for r in good] + [json.dumps({**step(3), "note": "x"})]
@@ -77,14 +82,15 @@ def test_v1_1_records_are_kept_where_the_replay_reads_them(fast: bool, tmp_path:
     ``step`` a row of step_records with its node, boot and seq; ``decode_steps`` gives each its steps."""
     log = write_jsonl(tmp_path / "a.jsonl", [
         DECODE_CONFIG, kv(1), step(2), step(3, running=5, steps=7), kv(4, op="free"), PREFILL_STARTED,
-        {**step(1), "boot": 1}, step(5, running=0, cache="flushed")])
+        {**step(1), "boot": 1}, step(5, running=0, cache="flushed"), RETRACTED])
     db = tmp_path / "case.duckdb"
     result = forensics.ingest([log], db, fast=fast)
-    assert result.records.as_dict() == {"read": 8, "ingested": 8, "duplicates": 0, "quarantined": 0}
+    assert result.records.as_dict() == {"read": 9, "ingested": 9, "duplicates": 0, "quarantined": 0}
     con = duckdb.connect(str(db), read_only=True)
     try:
         assert con.execute("SELECT step_log_interval FROM config_records").fetchall() == [(40,)]
-        assert con.execute("SELECT cached_tokens FROM request_records").fetchall() == [(128,)]
+        assert con.execute("SELECT event, cached_tokens, retractions FROM request_records ORDER BY event"
+                           ).fetchall() == [("finished", None, 2), ("prefill_started", 128, None)]
         assert con.execute("SELECT node, boot, seq, running, steps, cache, line_no FROM step_records "
                            "ORDER BY boot, seq").fetchall() == [
             ("decode-0", 0, 2, 3, None, None, 3), ("decode-0", 0, 3, 5, 7, None, 4),
