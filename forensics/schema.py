@@ -139,7 +139,7 @@ FIELDS: Final[dict[str, Field]] = {
 #: declared field is: the ingest keeps them in the record's text, not as columns, and the replay
 #: reads them from there. (v1.1's other additions are declared fields above: ``step_log_interval``,
 #: ``cached_tokens``, ``retractions``, and the ``step`` kind's ``running``, ``steps`` and ``cache``.)
-V1_1_CONFIG: Final = ("overlap_schedule", "prefix_cache", "speculative_decoding")
+V1_1_CONFIG: Final = ("overlap_schedule", "prefix_cache", "speculative_decoding", "kv_offload")
 
 COMMON_REQUIRED: Final = ("kind", "ts", "node")
 COMMON_OPTIONAL: Final = ("seq", "boot")

@@ -324,7 +324,7 @@ def _horizons(rows: Iterator[tuple[Any, ...]], configs: dict[int, NodeConfig]) -
 
 def _unmodelled(config: NodeConfig) -> list[tuple[str, str]]:
     """What a node's config says it runs that the replay does not model (each a disagreement kind,
-    and what it is): on decode, a prefix cache and speculative decoding."""
+    and what it is): on decode, a prefix cache, speculative decoding and the KV offloaded to host."""
     if config.role != "decode":
         return []
     out = []
@@ -334,6 +334,10 @@ def _unmodelled(config: NodeConfig) -> list[tuple[str, str]]:
     if config.speculative_decoding:
         out.append(("speculative_decoding", "decode runs speculative decoding (SGLang's --speculative-algorithm: "
                                             "several KV slots a request a step, the rejected drafts freed)"))
+    if config.kv_offload:
+        out.append(("decode_kv_offload", "decode offloads each request's KV to host storage (SGLang's "
+                                         "--disaggregation-decode-enable-offload-kvcache: a finished request's "
+                                         "pages freed once the copies are done)"))
     return out
 
 

@@ -108,6 +108,10 @@ class NodeConfig:
     #: decode: speculative decoding (v1.1; SGLang's ``speculative_algorithm`` set): each step takes
     #: several KV slots a request and frees the drafts rejected, which the replay does not model
     speculative_decoding: bool | None = None
+    #: decode: the KV offloaded to host storage as a request decodes (v1.1; SGLang's
+    #: ``disaggregation_decode_enable_offload_kvcache``): a finished request's pages are freed once
+    #: the copies are done, not at its finish, which the replay does not model
+    kv_offload: bool | None = None
     #: decode: steps between two of the node's ``step`` records (v1.1; SGLang's
     #: ``decode_log_interval``); None: the config does not say (a step record without ``steps``
     #: then counts nothing the replay can use)
@@ -142,6 +146,7 @@ class NodeConfig:
             **({"overlap_schedule": False} if not self.overlap_schedule else {}),
             **({"prefix_cache": self.prefix_cache} if self.prefix_cache is not None else {}),
             **({"speculative_decoding": self.speculative_decoding} if self.speculative_decoding is not None else {}),
+            **({"kv_offload": self.kv_offload} if self.kv_offload is not None else {}),
             **({"step_log_interval": self.step_log_interval} if self.step_log_interval is not None else {}),
         }
 
@@ -224,6 +229,10 @@ DISAGREEMENTS = {
     "speculative_decoding": "a decode node's config says it runs speculative decoding (SGLang's "
                             "--speculative-algorithm: several KV slots a request a step, the rejected drafts freed), "
                             "which the replay does not model: the victims named on that node are possible",
+    "decode_kv_offload": "a decode node's config says it offloads each request's KV to host storage as it decodes "
+                         "(SGLang's --disaggregation-decode-enable-offload-kvcache: a finished request's pages freed "
+                         "once the copies are done, before 0.5.18 chunks of them during its decode), which the replay "
+                         "does not model: the victims named on that node are possible",
     "decode_retracted": "SGLang's decode retracted the request under memory pressure (its finish says how many "
                         "times: SGLang's num_retractions): its pages were freed and its KV restored into pages taken "
                         "afresh later, which the replay does not model: the victims named on that node are possible",

@@ -36,10 +36,11 @@ printed in its time stats from 0.5.12 and in its finish (``meta_info.cached_toke
 servers. Decode retracts one served request once (:data:`RETRACTED`): the scheduler's ``KV cache pool
 is full. Retract requests.`` line halfway through its decode, and its finish's ``meta_info`` counts
 it (``num_retractions``, ``total_retractions`` to 0.5.11; every finish carries the key, with the
-server's ``weight_version``, as the release's tokenizer builds it). Decode prints its ``Decode batch`` lines as its steps go (:meth:`Scenario._decode_steps`):
-every ``decode_log_interval``-th step of a DP rank's scheduler, counted from the process's start,
-so DP0 TP0 and DP1 TP1 each print theirs (one request in the running batch: the run never decodes
-two together on one DP rank), and a long decode prints lines alike within a second.
+server's ``weight_version``, as the release's tokenizer builds it). Decode prints its ``Decode
+batch`` lines as its steps go (:meth:`Scenario._decode_steps`): every ``decode_log_interval``-th
+step of a DP rank's scheduler, counted from the process's start, so DP0 TP0 and DP1 TP1 each print
+theirs (one request in the running batch: the run never decodes two together on one DP rank), and
+a long decode prints lines alike within a second.
 
 Every server starts with its warmup, as the release sends it: one batch with an item per DP rank
 before 0.5.18 (:meth:`Scenario._batched_warmup`), one request per DP rank from 0.5.18.
@@ -276,8 +277,8 @@ def capacity_lines(release: Release, out: Path, sources: dict[str, str]) -> list
 FLAGS = {
     "prefill": ({"disable_radix_cache": True}, {"prefix_cache": False}),
     "decode": ({"disable_overlap_schedule": True, "disaggregation_decode_enable_radix_cache": True,
-                "speculative_algorithm": "EAGLE"},
-               {"overlap_schedule": False, "prefix_cache": True, "speculative_decoding": True}),
+                "speculative_algorithm": "EAGLE", "disaggregation_decode_enable_offload_kvcache": True},
+               {"overlap_schedule": False, "prefix_cache": True, "speculative_decoding": True, "kv_offload": True}),
 }
 
 
@@ -296,6 +297,9 @@ def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dic
             expected = {k: v for k, v in expected.items() if k != "prefix_cache"} | {"prefix_cache": False}
         if "speculative_algorithm" in given and "speculative_algorithm" not in args:
             expected = {k: v for k, v in expected.items() if k != "speculative_decoding"}
+        if "disaggregation_decode_enable_offload_kvcache" in given and "disaggregation_decode_enable_offload_kvcache" \
+                not in args:
+            expected = {k: v for k, v in expected.items() if k != "kv_offload"}
         spec = dataclasses.replace(SPECS[role], args=tuple(sorted(args.items())))
         server = Server(release, spec, SETUP, "text", None)
         CLOCK.at(0.0)

@@ -718,8 +718,9 @@ def test_the_scheduling_flags_each_release_prints_are_stated_on_its_configs(rele
     """Schema v1.1's ``overlap_schedule`` and ``prefix_cache`` come from the ``server_args`` line as
     the release prints it: the run's servers with SGLang's defaults (overlap on, the prefix cache on
     prefill and off on decode), and servers started with ``--disable-overlap-schedule``,
-    ``--disable-radix-cache`` and, where the release has it, the decode radix cache (lines/, printed
-    by the release's code with those arguments). Every config of the server (each DP pool) states
+    ``--disable-radix-cache`` and, where the release has it, the decode radix cache, with speculative
+    decoding and the decode KV offloaded to host (lines/, printed by the release's code with those
+    arguments). Every config of the server (each DP pool) states
     them, and the replay reads them back."""
     from replay.configs import assumptions, eviction_undecided
     from replay.configs import node_configs as _configs
@@ -730,10 +731,11 @@ def test_the_scheduling_flags_each_release_prints_are_stated_on_its_configs(rele
     for d in flagged:
         node = "prefill-0" if d["role"] == "prefill" else "decode-0"
         expected[node] = d["expected"]
-    assert expected["decode-0"]["overlap_schedule"] is False
+    assert expected["decode-0"]["overlap_schedule"] is False and expected["decode-0"]["kv_offload"] is True
     for name, files, want in (
         ("defaults", [ROOT / release / "text" / f"{r}-0.log" for r in ("prefill", "decode")],
-         {"prefill-0": {"prefix_cache": True}, "decode-0": {"overlap_schedule": True, "prefix_cache": False}}),
+         {"prefill-0": {"prefix_cache": True},
+          "decode-0": {"overlap_schedule": True, "prefix_cache": False, "kv_offload": False}}),
         ("flags", [ROOT / release / d["file"] for d in flagged], expected),
     ):
         case = tmp_path / f"{name}.duckdb"

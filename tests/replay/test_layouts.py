@@ -182,14 +182,16 @@ def test_full_page_records_say_so_beside_their_figures(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("field", "kind"), [("prefix_cache", "decode_prefix_cache"),
-                                             ("speculative_decoding", "speculative_decoding")])
+                                             ("speculative_decoding", "speculative_decoding"),
+                                             ("kv_offload", "decode_kv_offload")])
 def test_what_decode_runs_that_the_replay_does_not_model_makes_its_victims_possible(
         field: str, kind: str, tmp_path: Path) -> None:
     """A decode node whose config says it keeps prompts in a prefix cache (SGLang's
     --disaggregation-decode-enable-radix-cache: its finished requests' pages stay cached), or runs
-    speculative decoding (several slots a request a step, the rejected drafts freed): neither is
-    modelled. The replay says so, a disagreement a decode node, and the job names every victim
-    there possible, none certain."""
+    speculative decoding (several slots a request a step, the rejected drafts freed), or offloads
+    each request's KV to host storage (SGLang's --disaggregation-decode-enable-offload-kvcache: a
+    finished request's pages freed once the copies are done): none is modelled. The replay says so,
+    a disagreement a decode node, and the job names every victim there possible, none certain."""
     from forensics.case import Case
     from kvforensics.job import run
 

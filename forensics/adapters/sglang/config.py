@@ -116,9 +116,12 @@ def translate(c: ConfigLine, line: LogLine, facts: Facts, options: Options, note
     return [record]
 
 
+#: decode's ``--disaggregation-decode-enable-offload-kvcache`` (server_args, 0.5.3 on)
+OFFLOAD = "disaggregation_decode_enable_offload_kvcache"
 #: Which of schema v1.1's scheduling fields (docs/schema-v1.1.md) a config of each role states.
 _SCHEDULING_OF = {"prefill": ("prefix_cache",),
-                  "decode": ("overlap_schedule", "prefix_cache", "step_log_interval", "speculative_decoding")}
+                  "decode": ("overlap_schedule", "prefix_cache", "step_log_interval", "speculative_decoding",
+                             "kv_offload")}
 
 
 def _scheduling(args: dict[str, Any]) -> dict[str, bool | int]:
@@ -127,8 +130,9 @@ def _scheduling(args: dict[str, Any]) -> dict[str, bool | int]:
     already): ``overlap_schedule`` (decode's loop; ``not disable_overlap_schedule``),
     ``prefix_cache`` (prefill: ``not disable_radix_cache``; decode:
     ``disaggregation_decode_enable_radix_cache``), ``step_log_interval`` (the steps between two
-    decode batch lines: ``decode_log_interval``) and ``speculative_decoding`` (``speculative_algorithm``
-    set: ``EAGLE``, ``NEXTN``, ...). A flag the line does not print says nothing."""
+    decode batch lines: ``decode_log_interval``), ``speculative_decoding`` (``speculative_algorithm``
+    set: ``EAGLE``, ``NEXTN``, ...) and ``kv_offload`` (decode: ``disaggregation_decode_enable_offload_kvcache``,
+    0.5.3 on). A flag the line does not print says nothing."""
     out: dict[str, bool | int] = {}
     if isinstance(args.get("disable_overlap_schedule"), bool):
         out["overlap_schedule"] = not args["disable_overlap_schedule"]
@@ -141,6 +145,8 @@ def _scheduling(args: dict[str, Any]) -> dict[str, bool | int]:
         out["prefix_cache"] = not args["disable_radix_cache"]
     if "speculative_algorithm" in args:
         out["speculative_decoding"] = args["speculative_algorithm"] not in (None, "", "None")
+    if isinstance(args.get(OFFLOAD), bool):
+        out["kv_offload"] = args[OFFLOAD]
     interval = args.get("decode_log_interval")
     if isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1:
         out["step_log_interval"] = interval
