@@ -295,11 +295,10 @@ def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dic
         decode_cache = "disaggregation_decode_enable_radix_cache"
         if decode_cache in given and decode_cache not in args:
             expected = {k: v for k, v in expected.items() if k != "prefix_cache"} | {"prefix_cache": False}
-        if "speculative_algorithm" in given and "speculative_algorithm" not in args:
-            expected = {k: v for k, v in expected.items() if k != "speculative_decoding"}
-        if "disaggregation_decode_enable_offload_kvcache" in given and "disaggregation_decode_enable_offload_kvcache" \
-                not in args:
-            expected = {k: v for k, v in expected.items() if k != "kv_offload"}
+        for arg, said in (("speculative_algorithm", "speculative_decoding"),
+                          ("disaggregation_decode_enable_offload_kvcache", "kv_offload")):
+            if arg in given and arg not in args:
+                expected = {k: v for k, v in expected.items() if k != said}
         spec = dataclasses.replace(SPECS[role], args=tuple(sorted(args.items())))
         server = Server(release, spec, SETUP, "text", None)
         CLOCK.at(0.0)
