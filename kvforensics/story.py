@@ -121,6 +121,8 @@ def _notes(found: Any) -> list[str]:
                    else f"what-if, {r.outcomes_changed:,} logged outcomes changed")
         notes.append(f"replay under {r.engine}: {r.exposure['exposed_responses']:,} exposed responses{agreement} "
                      f"({checked})")
+        if r.mode == "confirm":
+            notes.extend(disagreements_said(r))
         if r.mode == "confirm" and (steps := step_records_said(r)):
             notes.append(steps)
         if flushes := flushes_said(r):
@@ -136,6 +138,18 @@ def _notes(found: Any) -> list[str]:
     if found.replay_skipped:
         notes.append(f"replay skipped: {found.replay_skipped}")
     return notes
+
+
+def disagreements_said(r: Any) -> list[str]:
+    """Each kind of disagreement a confirming replay listed, with how many and what it means
+    (replay.engine.DISAGREEMENTS): an operator reads why victims there are only possible."""
+    from replay.engine import DISAGREEMENTS
+
+    kinds: dict[str, int] = {}
+    for d in r.disagreements:
+        kinds[d.kind] = kinds.get(d.kind, 0) + 1
+    return [f"  {kind} ({n:,}): {DISAGREEMENTS.get(kind, 'a disagreement of a kind this version does not know')}"
+            for kind, n in sorted(kinds.items())]
 
 
 def flushes_said(r: Any) -> str | None:

@@ -331,3 +331,15 @@ def test_an_empty_list_is_a_sentence_and_machines_keep_their_formats(
     assert rows[0] == "severity,id,count,title" and len(rows) == 7
     request = json.loads(RUNNER.invoke(app, ["request", "r", "--db", str(pages), "--format", "json"]).stdout)
     assert request["request_id"] == "r" and len(request["saw"]) == 1 and len(request["pages"]) == 4
+
+
+def test_each_kind_of_disagreement_is_said_with_what_it_means(told: dict[tuple[str, int], tuple[Path, str]]) -> None:
+    """The SGLang 0.5.19 run's decode retracted a request, which the replay does not model: investigate
+    says the kind, how many, and what it means for the victims there (replay.engine.DISAGREEMENTS), so
+    an operator need not look it up; page records alone, with nothing disagreeing, say nothing of it."""
+    _, said = told["sglang", 160]
+    text = " ".join(said.split())
+    assert ("decode_retracted (1): SGLang's decode retracted the request under memory pressure (its finish says "
+            "how many times: SGLang's num_retractions)") in text
+    assert "the victims named on that node are possible" in text
+    assert "decode_retracted" not in told["pages", 160][1]

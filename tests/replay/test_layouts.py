@@ -237,8 +237,12 @@ def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible(tmp_p
     replayed = [json.loads(line) for f in (result.out / "logs").glob("*.jsonl") for line in f.read_text().splitlines()]
     assert [(r["node"], r["request_id"]) for r in replayed if r.get("retractions") == 1] == [
         ("decode-1", finish["request_id"])]
-    run([stripped], tmp_path / "job.duckdb", None)
+    run([stripped], tmp_path / "job.duckdb", tmp_path / "report.html")
     with Case(tmp_path / "job.duckdb") as case:
         rows = case.exposures(delivered_only=True).to_dicts()
     by_node = {node: {r["certainty"] for r in rows if r["node"] == node} for node in ("decode-0", "decode-1")}
     assert by_node == {"decode-0": {"certain"}, "decode-1": {"possible"}}
+    # the report says what the disagreement means, beside the replay's figures
+    report = " ".join((tmp_path / "report.html").read_text().split())
+    assert ("<li><code>decode_retracted</code> (1): SGLang&#39;s decode retracted the request under memory "
+            "pressure") in report
