@@ -1040,11 +1040,9 @@ def _print_disagreements(result: Any, shown_rows: int = 10) -> None:
     if not n:
         typer.echo("\nconfirmed: the model followed every logged outcome (0 disagreements)")
         return
-    kinds: dict[str, int] = {}
-    for d in result.disagreements:
-        kinds[d.kind] = kinds.get(d.kind, 0) + 1
+    kinds = result.disagreement_kinds()
     typer.echo(f"\nconfirmed, with {render.plural(n, 'disagreement')} (where the model could not do what "
-               f"the logs say, the logs were followed): {', '.join(f'{k} {v:,}' for k, v in sorted(kinds.items()))}")
+               f"the logs say, the logs were followed): {', '.join(f'{k} {v:,}' for k, v in kinds.items())}")
     for d in result.disagreements[:shown_rows]:
         typer.echo(f"  {shown(d.request_id)} on {shown(d.node)}: {d.kind} ({shown(d.detail)})")
     if n > shown_rows:

@@ -142,14 +142,10 @@ def _notes(found: Any) -> list[str]:
 
 def disagreements_said(r: Any) -> list[str]:
     """Each kind of disagreement a confirming replay listed, with how many and what it means
-    (replay.engine.DISAGREEMENTS): an operator reads why victims there are only possible."""
-    from replay.engine import DISAGREEMENTS
+    (replay.engine.meaning): an operator reads why victims there are only possible."""
+    from replay.engine import meaning
 
-    kinds: dict[str, int] = {}
-    for d in r.disagreements:
-        kinds[d.kind] = kinds.get(d.kind, 0) + 1
-    return [f"  {kind} ({n:,}): {DISAGREEMENTS.get(kind, 'a disagreement of a kind this version does not know')}"
-            for kind, n in sorted(kinds.items())]
+    return [f"  {kind} ({n:,}): {meaning(kind)}" for kind, n in r.disagreement_kinds().items()]
 
 
 def flushes_said(r: Any) -> str | None:

@@ -243,6 +243,11 @@ DISAGREEMENTS = {
 }
 
 
+def meaning(kind: str) -> str:
+    """What a kind of disagreement means (:data:`DISAGREEMENTS`), a kind a later version wrote too."""
+    return DISAGREEMENTS.get(kind, "a disagreement of a kind this version does not know")
+
+
 @dataclass
 class _Held:
     """A request's pages on a node."""

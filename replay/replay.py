@@ -80,11 +80,15 @@ class ReplayResult:
     #: cache flushes (schema v1.1, SGLang's flush_cache) the replay applied: a node's pool started afresh there
     cache_flushes: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
-        """The replay as JSON-ready data."""
+    def disagreement_kinds(self) -> dict[str, int]:
+        """How many disagreements of each kind the replay listed, by kind in order."""
         kinds: dict[str, int] = {}
         for d in self.disagreements:
             kinds[d.kind] = kinds.get(d.kind, 0) + 1
+        return dict(sorted(kinds.items()))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The replay as JSON-ready data."""
         return {
             "engine": self.engine,
             "mode": self.mode,
@@ -103,7 +107,7 @@ class ReplayResult:
             "step_records_unchecked": self.step_records_unchecked,
             "step_records_undecided": self.step_records_undecided,
             "cache_flushes": self.cache_flushes,
-            "disagreements": {"count": len(self.disagreements), "by_kind": dict(sorted(kinds.items())),
+            "disagreements": {"count": len(self.disagreements), "by_kind": self.disagreement_kinds(),
                               "list": [d.as_dict() for d in self.disagreements]},
         }
 

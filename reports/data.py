@@ -233,12 +233,11 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
                              "GROUP BY ALL ORDER BY ALL").fetchall()
         for engine, what_if, kind, n in listed:
             kinds[(engine, what_if)][kind] = n
-    from replay.engine import DISAGREEMENTS  # (what each kind means, said beside the replays)
+    from replay.engine import meaning  # (what each kind means, said beside the replays)
 
     for r in replays:
         r["disagreement_kinds"] = kinds.get((r["engine"], r["what_if"]), {})
-        r["disagreement_meanings"] = {k: DISAGREEMENTS.get(k, "a disagreement of a kind this version does not know")
-                                      for k in r["disagreement_kinds"]}
+        r["disagreement_meanings"] = {k: meaning(k) for k in r["disagreement_kinds"]}
         r["exposure"] = json.loads(r["exposure"])
         r["agreement"] = json.loads(r["agreement"]) if r["agreement"] else None
         r["what_if"] = json.loads(r["what_if"])

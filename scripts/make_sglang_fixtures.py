@@ -680,8 +680,7 @@ class Scenario(Printer):
         guard), as the release assembles it: one f-string logged at INFO (0.5.5), or a prefix and
         its details' f-strings logged as a warning (0.5.7 on)."""
         mod = SCHEDULER
-        values = {"retracted_reqs": [None], "new_token_gained": 1024, "old_ratio": 0.7, "new_token_ratio": 0.35,
-                  "kv_full_retract_flag": True, "mamba_num_gained": None}
+        values = {"retracted_reqs": [None], "new_token_gained": 1024, "old_ratio": 0.7, "new_token_ratio": 0.35}
         text = self.r.message(mod, "KV cache pool is full. Retract requests. ")(**values)
         if "#retracted_reqs" not in text:
             for marker in ("#retracted_reqs: ", "#new_token_ratio: "):

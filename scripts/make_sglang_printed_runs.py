@@ -26,13 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from replay.sglang_print.release import Release
+from replay.sglang_print.run import write
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from independent_logs import Layout, generate  # noqa: E402
-
-from replay.sglang_print.release import Release  # noqa: E402
-from replay.sglang_print.run import write  # noqa: E402
 
 #: Each run: the release that prints it, the generator's seed and requests, its layout. Every node's
 #: caches are flushed halfway (``flush``); 0.5.11 prints ``Cache flushed successfully!`` on every
@@ -49,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("wheels", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "adapters" / "printed")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "tests"))  # (the generator is the tests' own module, not the package's)
+    from independent_logs import Layout, generate
+
     wheels = {Release(w).version: w for w in args.wheels}
     for name, (version, seed, requests, layout) in RUNS.items():
         if version not in wheels:
@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(folder, ignore_errors=True)
         with tempfile.TemporaryDirectory() as tmp:
             logs = generate(Path(tmp) / "logs", seed=seed, requests=requests, layout=Layout(**layout))
-            write(logs, folder, version, wheel=wheels[version], gzip=True)
+            write(logs, folder, version, wheel=wheels[version], gzip=True,
+                  made_by=f"scripts/make_sglang_printed_runs.py (run {name}) through sglang {version}'s code")
         (folder / "RUN.json").write_text(json.dumps({
             "made_by": "scripts/make_sglang_printed_runs.py", "generator": "tests/independent_logs.py",
             "release": version, "seed": seed, "requests": requests, "layout": layout}, indent=2) + "\n")

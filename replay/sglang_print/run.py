@@ -328,11 +328,12 @@ def find_wheel(version: str, wheel: Path | None = None) -> Path:
 
 
 def write(logs: Path, out: Path, version: str, *, wheel: Path | None = None, text: bool = True,
-          gzip: bool = False) -> tuple[list[Path], Path]:
+          gzip: bool = False, made_by: str | None = None) -> tuple[list[Path], Path]:
     """The SGLang logs of the simulated log set ``logs`` in ``out``, printed by release ``version``:
     one ``NODE.log`` per prefill and decode node (``NODE.log.gz`` with ``gzip``, as rotated logs
     are, byte for byte the same on every run), ``tenants.json`` and ``SOURCE.json`` (the release,
-    its wheel's SHA-256, the source line behind each line type). Raises :class:`Refused`."""
+    its wheel's SHA-256, the source line behind each line type, and ``made_by``: what made the log set,
+    by default ``simulate``). Raises :class:`Refused`."""
     try:
         import uvicorn  # noqa: F401 (its formatters print the access lines)
     except ImportError as e:
@@ -344,7 +345,8 @@ def write(logs: Path, out: Path, version: str, *, wheel: Path | None = None, tex
     form = "text" if text else "json"
     written = [out / f"{n}.log" for n in nodes]
     try:
-        return _write(logs, out, version, wheel, nodes, records, form, gzip)
+        return _write(logs, out, version, wheel, nodes, records, form, gzip,
+                      made_by or f"kvforensics simulate --sglang-logs DIR --sglang-version {version}")
     except Refused:
         for f in (*written, *(w.with_name(w.name + ".gz") for w in written), out / "tenants.json"):
             f.unlink(missing_ok=True)  # (what this call wrote; the folder was new or empty)
@@ -352,7 +354,7 @@ def write(logs: Path, out: Path, version: str, *, wheel: Path | None = None, tex
 
 
 def _write(logs: Path, out: Path, version: str, wheel: Path, nodes: list[str], records: list[dict[str, Any]],
-           form: str, gzip: bool) -> tuple[list[Path], Path]:
+           form: str, gzip: bool, made_by: str) -> tuple[list[Path], Path]:
     from replay.sglang_print.release import Release
 
     sources: dict[str, str] = {}
@@ -373,7 +375,7 @@ def _write(logs: Path, out: Path, version: str, wheel: Path, nodes: list[str], r
     release = Release(wheel)
     (out / "SOURCE.json").write_text(json.dumps({
         "release": release.version, "wheel": wheel.name, "sha256": release.sha256,
-        "made_by": f"kvforensics simulate --sglang-logs DIR --sglang-version {version}", "form": form,
+        "made_by": made_by, "form": form,
         "servers": {n: {"host": h, "port": PORT, "tp_size": TP_SIZE} for n, h in hosts(nodes).items()},
         "sources": dict(sorted(sources.items())),
     }, indent=2) + "\n", encoding="utf-8")
