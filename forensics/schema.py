@@ -135,11 +135,13 @@ FIELDS: Final[dict[str, Field]] = {
     )
 }
 
-#: Schema v1.1's config flags (docs/schema-v1.1.md): how a node schedules. Booleans, which no
+#: Schema v1.1's config flags (docs/schema-v1.1.md): how a node schedules, and what its KV pool
+#: holds beside the plain paged layout. Booleans, which no
 #: declared field is: the ingest keeps them in the record's text, not as columns, and the replay
 #: reads them from there. (v1.1's other additions are declared fields above: ``step_log_interval``,
 #: ``cached_tokens``, ``retractions``, and the ``step`` kind's ``running``, ``steps`` and ``cache``.)
-V1_1_CONFIG: Final = ("overlap_schedule", "prefix_cache", "speculative_decoding", "kv_offload")
+V1_1_CONFIG: Final = ("overlap_schedule", "prefix_cache", "speculative_decoding", "kv_offload", "hybrid_pool",
+                      "recurrent_state")
 
 COMMON_REQUIRED: Final = ("kind", "ts", "node")
 COMMON_OPTIONAL: Final = ("seq", "boot")

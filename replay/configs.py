@@ -66,9 +66,12 @@ def assumptions(configs: NodeConfigs) -> tuple[str, ...]:
     """What the replay assumed that the logs do not say (v1.1's scheduling fields), each taken as
     SGLang's default: the overlap scheduler on where a decode config does not state
     ``overlap_schedule``, the prefix cache on where an SGLang prefill config does not state
-    ``prefix_cache``. And where a caching prefill node's ``engine_version`` is a range of releases
+    ``prefix_cache``. Where a caching prefill node's ``engine_version`` is a range of releases
     on both sides of the change in how much its cache evicts (:func:`eviction_undecided`), that it
-    evicts as the range's last release does (:func:`replay.engine.evicts_whole`)."""
+    evicts as the range's last release does (:func:`replay.engine.evicts_whole`). Where a prefill
+    node's config says its KV pool is of another layout (``hybrid_pool``; on decode a disagreement,
+    replay.drive), that its pages there are the plain pool's; where any node's requests hold
+    recurrent state (``recurrent_state``), that the pages alone carry what a response read."""
     out = []
     for role, name, what in (("decode", "overlap_schedule", "overlap scheduler on"),
                              ("prefill", "prefix_cache", "prefix cache on")):
@@ -76,19 +79,34 @@ def assumptions(configs: NodeConfigs) -> tuple[str, ...]:
                         if any(c.role == role and name not in c.said and (role == "decode" or c.caches_prefixes)
                                for _, _, _, c in per))
         if unsaid:
-            shown = ", ".join(unsaid[:5]) + (f" and {len(unsaid) - 5:,} more" if len(unsaid) > 5 else "")
             out.append(f"{what} (SGLang's default) on {len(unsaid):,} {role} node(s) whose config does not say: "
-                       f"{shown}")
+                       f"{_shown(unsaid)}")
     spanning = sorted(node for node, per in configs.items()
                       if any(c.role == "prefill" and c.caches_prefixes
                              and eviction_undecided(c.engine, c.engine_version) for _, _, _, c in per))
     if spanning:
-        shown = ", ".join(spanning[:5]) + (f" and {len(spanning) - 5:,} more" if len(spanning) > 5 else "")
         out.append(f"the prefix cache evicting as its release range's last release does on {len(spanning):,} prefill "
                    f"node(s) whose logs give releases on both sides of the change (before "
                    f"{'.'.join(map(str, EVICTS_SHORTFALL_FROM))}, the whole amount an allocation asks; from it, "
-                   f"what it lacks): {shown}")
+                   f"what it lacks): {_shown(spanning)}")
+    hybrid = sorted(node for node, per in configs.items()
+                    if any(c.role == "prefill" and c.hybrid_pool for _, _, _, c in per))
+    if hybrid:
+        out.append(f"a plain paged KV pool on {len(hybrid):,} prefill node(s) whose config says another layout "
+                   f"(SGLang's hybrid sliding-window or unified memory pool): prefill's pages there are one layout of "
+                   f"several; decode's pages, and the victims, do not depend on them: {_shown(hybrid)}")
+    recurrent = sorted(node for node, per in configs.items() if any(c.recurrent_state for _, _, _, c in per))
+    if recurrent:
+        out.append(f"the KV pages alone on {len(recurrent):,} node(s) whose requests also hold recurrent state "
+                   f"(SGLang's Mamba cache, a hybrid linear-attention model): its slots, handed over with the pages "
+                   f"and reused from request to request, are not followed, so what a response read through one is "
+                   f"not looked for: {_shown(recurrent)}")
     return tuple(out)
+
+
+def _shown(nodes: list[str]) -> str:
+    """The first few of ``nodes``, and how many more."""
+    return ", ".join(nodes[:5]) + (f" and {len(nodes) - 5:,} more" if len(nodes) > 5 else "")
 
 
 def eviction_undecided(engine: str, version: str) -> bool:

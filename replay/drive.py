@@ -324,7 +324,9 @@ def _horizons(rows: Iterator[tuple[Any, ...]], configs: dict[int, NodeConfig]) -
 
 def _unmodelled(config: NodeConfig) -> list[tuple[str, str]]:
     """What a node's config says it runs that the replay does not model (each a disagreement kind,
-    and what it is): on decode, a prefix cache, speculative decoding and the KV offloaded to host."""
+    and what it is): on decode, a prefix cache, speculative decoding, the KV offloaded to host and a
+    KV pool of another layout than the plain paged one. (A prefill node's pages of another layout
+    name no victim: replay.configs.assumptions says so.)"""
     if config.role != "decode":
         return []
     out = []
@@ -338,6 +340,9 @@ def _unmodelled(config: NodeConfig) -> list[tuple[str, str]]:
         out.append(("decode_kv_offload", "decode offloads each request's KV to host storage (SGLang's "
                                          "--disaggregation-decode-enable-offload-kvcache: a finished request's "
                                          "pages freed once the copies are done)"))
+    if config.hybrid_pool:
+        out.append(("decode_hybrid_pool", "decode's KV pool is not the plain paged one (SGLang's hybrid "
+                                          "sliding-window pools or its unified memory pool)"))
     return out
 
 

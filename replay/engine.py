@@ -112,6 +112,14 @@ class NodeConfig:
     #: ``disaggregation_decode_enable_offload_kvcache``): a finished request's pages are freed once
     #: the copies are done, not at its finish, which the replay does not model
     kv_offload: bool | None = None
+    #: the KV pool is not the plain paged allocator the replay models (v1.1): SGLang's hybrid
+    #: sliding-window pools (``SWATokenToKVPoolAllocator``: full and sliding-window layers' pages in
+    #: pools of their own) or its unified memory pool (virtual token ids); not modelled
+    hybrid_pool: bool | None = None
+    #: each request also holds a recurrent-state slot, handed over with its pages (v1.1; SGLang's
+    #: Mamba cache, a hybrid linear-attention model): its pages are the plain allocator's, the
+    #: slots are not followed
+    recurrent_state: bool | None = None
     #: decode: steps between two of the node's ``step`` records (v1.1; SGLang's
     #: ``decode_log_interval``); None: the config does not say (a step record without ``steps``
     #: then counts nothing the replay can use)
@@ -147,6 +155,8 @@ class NodeConfig:
             **({"prefix_cache": self.prefix_cache} if self.prefix_cache is not None else {}),
             **({"speculative_decoding": self.speculative_decoding} if self.speculative_decoding is not None else {}),
             **({"kv_offload": self.kv_offload} if self.kv_offload is not None else {}),
+            **({"hybrid_pool": self.hybrid_pool} if self.hybrid_pool is not None else {}),
+            **({"recurrent_state": self.recurrent_state} if self.recurrent_state is not None else {}),
             **({"step_log_interval": self.step_log_interval} if self.step_log_interval is not None else {}),
         }
 
@@ -233,6 +243,10 @@ DISAGREEMENTS = {
                          "(SGLang's --disaggregation-decode-enable-offload-kvcache: a finished request's pages freed "
                          "once the copies are done, before 0.5.18 chunks of them during its decode), which the replay "
                          "does not model: the victims named on that node are possible",
+    "decode_hybrid_pool": "a decode node's config says its KV pool is not the plain paged one the replay models "
+                          "(SGLang's hybrid sliding-window pools, SWATokenToKVPoolAllocator, or its unified memory "
+                          "pool, --enable-unified-memory): its pages there are one layout of several, and the victims "
+                          "named on that node are possible",
     "decode_retracted": "SGLang's decode retracted the request under memory pressure (its finish says how many "
                         "times: SGLang's num_retractions): its pages were freed and its KV restored into pages taken "
                         "afresh later, which the replay does not model: the victims named on that node are possible",

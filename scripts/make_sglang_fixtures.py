@@ -85,6 +85,7 @@ from replay.sglang_print.release import Release
 from replay.sglang_print.servers import (
     BOOTSTRAP_WAIT,
     CLOCK,
+    LAYOUTS,
     SCHEDULER,
     Lines,
     Printer,
@@ -190,6 +191,7 @@ def run(release: Release, out: Path) -> None:
             sources.update(server.sources)
     lines = capacity_lines(release, folder / "lines", sources)
     flags = flag_lines(release, folder / "lines", sources)
+    layouts = layout_lines(release, folder / "lines", sources)
     flushes = flush_lines(release, folder / "lines", sources)
     rotation = rotated_run(release, folder / "json-rotated", sources) if release.version in ROTATED else None
     hostile = hostile_runs(release, folder, sources)
@@ -221,6 +223,8 @@ def run(release: Release, out: Path) -> None:
         "sources": dict(sorted(sources.items())),
         "lines": lines,
         "flag_lines": flags,
+        # servers whose KV pool is of another layout than the plain paged one: their model runner's lines
+        "layout_lines": layouts,
         # each server's cache flush: its warning while busy, then its flush, on the schedulers that print it
         "flush_lines": flushes,
         # the scenario again, its target files rotated by SGLang's handler and gzipped (0.5.8 on)
@@ -307,6 +311,41 @@ def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dic
         (out / name).write_text(server.out.getvalue(), encoding="utf-8")
         sources.update(server.sources)
         described.append({"file": f"lines/{name}", "role": role, "args": args, "expected": expected})
+    return described
+
+
+#: What each layout's server states on its configs (schema v1.1): the ``swa`` and ``unified`` pools
+#: are not the plain paged one; the ``linear`` model's requests hold recurrent state besides.
+LAYOUT_FIELDS = {"swa": {"hybrid_pool": True, "recurrent_state": False},
+                 "linear": {"hybrid_pool": False, "recurrent_state": True},
+                 "unified": {"hybrid_pool": True, "recurrent_state": False}}
+
+
+def layout_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dict[str, Any]]:
+    """The start-up of each server whose KV pool is of another layout (:data:`LAYOUTS`, as the
+    release prints it: its model runner's lines through the release's strings and loggers, before
+    the pool line), into ``out/<node>-<layout>.log``; the unified memory pool where the release has
+    it (0.5.18 on), started with ``--enable-unified-memory``. Each
+    is described in SOURCE.json's ``layout_lines`` with the fields its configs should state."""
+    described = []
+    fields = server_args_fields(release)
+    for layout, expected in LAYOUT_FIELDS.items():
+        printed = [marker for modules, marker, _ in LAYOUTS[layout]
+                   if any(release.has(m) and marker in release.source(m)
+                          for m in (modules if isinstance(modules, tuple) else (modules,)))]
+        if not printed:
+            continue  # (a layout the release does not have)
+        args = {"enable_unified_memory": True} if layout == "unified" and "enable_unified_memory" in fields else {}
+        for role in ("prefill", "decode"):
+            spec = dataclasses.replace(SPECS[role], args=tuple(sorted(args.items())))
+            server = Server(release, spec, SETUP, "text", None)
+            CLOCK.at(0.0)
+            Printer(server).startup(layout)
+            name = f"{spec.node}-{layout}.log"
+            (out / name).write_text(server.out.getvalue(), encoding="utf-8")
+            sources.update(server.sources)
+            described.append({"file": f"lines/{name}", "role": role, "layout": layout, "args": args,
+                              "printed": printed, "expected": expected})
     return described
 
 
@@ -918,8 +957,9 @@ def room_of(name: str) -> int:
 def hostile_texts(long: bool) -> dict[str, tuple[str, str]]:
     """Each hostile request's prompt and output: fake request-log lines (text and JSON) naming
     other requests by their rids and rooms, fake time stats, ``server_args``, pool, length,
-    integrity and transfer-failure lines, access lines, quotes, CR/LF, NUL, ANSI escapes, the
-    Unicode line separators a JSON dump leaves raw; times in 2031, outside the run."""
+    integrity and transfer-failure lines, access lines, a KV pool's layout lines, quotes, CR/LF,
+    NUL, ANSI escapes, the Unicode line separators a JSON dump leaves raw; times in 2031, outside
+    the run."""
     other = {n: (assigned_rid("prefill-0", n), assigned_rid("decode-0", n), room_of(n)) for n, *_ in HOSTILE}
     p_rid, d_rid, room = other["evil-fail"]
     lines = [
@@ -947,6 +987,9 @@ def hostile_texts(long: bool) -> dict[str, tuple[str, str]]:
         "[2031-01-01 00:00:10] [http_server] Error: The input (2000000 tokens) is longer than the model's context "
         "length (1048576 tokens).",
         'INFO:     10.0.0.2:51822 - "POST /generate HTTP/1.1" 500 Internal Server Error',
+        "[2031-01-01 00:00:11 TP0] Use sliding window memory pool. full_layer_tokens=64, swa_layer_tokens=32",
+        "[2031-01-01 00:00:12 TP0] Mamba Cache is allocated. max_mamba_cache_size: 1, conv_state size: 0.01GB, "
+        "ssm_state size: 0.01GB ",
     ]
     seps = ["\n", "\r\n", "\r", "\x00", "\u2028", "\x85", "\x1b[31m", "\n\x1b[0m", "\u2029", "\x0b"]
     fake = [f"{line}{seps[i % len(seps)]}" for i, line in enumerate(lines)]

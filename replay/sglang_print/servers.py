@@ -306,16 +306,19 @@ class Printer:
 
     # -- what a run prints -----------------------------------------------------------
 
-    def startup(self) -> None:
+    def startup(self, layout: str | None = None) -> None:
         """What the server prints as it starts: ``server_args``, the pool line and the pool
         warning, uvicorn's start-up. The scheduler prints the pool line where its global TP rank
         is 0 (``if tp_rank == 0``, every release): with DP attention the ranks run on across the
         DP ranks, so only DP0's first scheduler prints it, although every DP rank has a pool of
-        that size."""
+        that size. With ``layout`` (one of :data:`LAYOUTS`), its model runner first prints what
+        its KV pool is (:meth:`pool_layout`)."""
         s = self.s
         s.configure("")
         self._server_args()
         s.configure(s.schedulers(0 if s.spec.dp_size > 1 else None)[0])
+        if layout is not None:
+            self.pool_layout(layout)
         self._pool_line()
         self._pool_warning()
         self._uvicorn_startup()
@@ -385,6 +388,17 @@ class Printer:
             text = r.message(engine, "server_args=")(server_args=sa)
         s.note("server_args", engine, "server_args=")
         logging.getLogger("sglang.srt.entrypoints.engine").info(text)
+
+    def pool_layout(self, layout: str) -> None:
+        """The lines a model runner prints as it sizes and makes a KV pool of another layout than
+        the plain paged one (:data:`LAYOUTS`), each through the release's own string and logger."""
+        for module, marker, values in LAYOUTS[layout]:
+            mod = next((m for m in (module if isinstance(module, tuple) else (module,))
+                        if self.r.has(m) and marker in self.r.source(m)), None)
+            if mod is None:
+                continue  # (a line the release does not print)
+            self.s.note(f"layout_{layout}: {marker.strip()}", mod, marker)
+            logging.getLogger(mod).info(self.r.message(mod, marker)(**values))
 
     def _pool_line(self) -> None:
         mod = "sglang.srt.managers.scheduler"
@@ -618,6 +632,33 @@ class Printer:
         status = 200 if aborted is None else int(aborted.get("status_code") or 500)
         self._access(status)
 
+
+
+#: The model runner's lines of a KV pool the replay does not model, by layout: (the modules that
+#: may hold the line, a marker in its string, the values it formats). ``swa``: a hybrid
+#: sliding-window model's pools (``SWATokenToKVPoolAllocator``), sized by the model runner (0.5.5)
+#: or its pool configurator (0.5.11 on), then made (``SWAKVPool``); ``linear``: a hybrid
+#: linear-attention model's recurrent state (SGLang's Mamba cache: the first of the release's lines,
+#: in some releases the one a server with speculative decoding prints); ``unified``: the unified
+#: memory pool (``--enable-unified-memory``, 0.5.18 on), here on a hybrid sliding-window model.
+LAYOUTS: dict[str, tuple[tuple[str | tuple[str, ...], str, dict[str, Any]], ...]] = {
+    "swa": (
+        (("sglang.srt.model_executor.pool_configurator", "sglang.srt.model_executor.model_runner"),
+         "window memory pool. ", {"full_tokens": 653_184, "swa_tokens": 522_496, "full_max_total_num_tokens": 653_184,
+                                  "swa_max_total_num_tokens": 522_496}),
+        (("sglang.srt.mem_cache.swa_memory_pool", "sglang.srt.mem_cache.memory_pool"), "SWAKVPool ",
+         {"mem_usage": 41.5, "size_swa": 522_496, "size": 653_184, "post_capture_active": False}),
+    ),
+    "linear": (
+        ("sglang.srt.mem_cache.memory_pool", "Mamba Cache is allocated",
+         {"size": 48, "get_tensor_size_bytes": lambda t: t, "conv_state": 0.25 * 2**30, "temporal_state": 3.5 * 2**30,
+          "GB": 2**30, "intermediate_ssm_gb": 0.0, "intermediate_conv_gb": 0.0, "intermediate_ssm_state_cache": 0,
+          "intermediate_conv_window_cache": 0, "_intermediate_conv_window_phys": 0}),
+    ),
+    "unified": (
+        ("sglang.srt.mem_cache.unified_memory_pool", "UNIFIED MEMORY POOL ENABLED -- path=SWA hybrid", {}),
+    ),
+}
 
 
 def retractions_key(r: Release) -> str:

@@ -20,6 +20,7 @@ What each request should become comes from SOURCE.json's scenarios, not from the
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import re
 import shutil
@@ -101,8 +102,8 @@ def test_user_text_that_looks_like_log_lines_gives_no_request_time_or_event(rele
                                                                               tmp_path: Path) -> None:
     """No client rid, the prompt and output text logged (0.5.11 JSON target files at level 2,
     cut to 2,048 characters; 0.5.23 text at level 3, a 150 KB output whole): text holding fake
-    receive, finish, time-stats, server_args, pool, length, integrity and transfer-failure lines
-    naming the other requests' rids and rooms, at times in 2031, with quotes, CR/LF, NUL, ANSI
+    receive, finish, time-stats, server_args, pool, KV pool layout, length, integrity and
+    transfer-failure lines naming the other requests' rids and rooms, at times in 2031, with quotes, CR/LF, NUL, ANSI
     and Unicode line separators. No genuine line is quarantined; the requests are the run's,
     named by their rooms; each has exactly its own events, at the run's times; the configs are
     the servers' own; no finding rests on the fake lines."""
@@ -151,6 +152,8 @@ def test_user_text_that_looks_like_log_lines_gives_no_request_time_or_event(rele
                                                                ("prefill-0", 0)]
     assert {(c["context_length"], c["page_size"]) for c in configs} == {(source["context_length"],
                                                                           source["page_size"])}
+    docs = [json.loads(doc) for (doc,) in con.execute("SELECT doc FROM config_records").fetchall()]
+    assert [(d["hybrid_pool"], d["recurrent_state"]) for d in docs] == [(False, False)] * 3  # (the text's layout lines)
     assert "integrity.engine_caught_corruption" not in findings
     stubbed = findings.get("handoff.rejected_but_transferred")
     pool = next(s for s in hostile["scenario"] if s["outcome"] == "over_pool")

@@ -734,8 +734,9 @@ def test_the_scheduling_flags_each_release_prints_are_stated_on_its_configs(rele
     assert expected["decode-0"]["overlap_schedule"] is False and expected["decode-0"]["kv_offload"] is True
     for name, files, want in (
         ("defaults", [ROOT / release / "text" / f"{r}-0.log" for r in ("prefill", "decode")],
-         {"prefill-0": {"prefix_cache": True},
-          "decode-0": {"overlap_schedule": True, "prefix_cache": False, "kv_offload": False}}),
+         {"prefill-0": {"prefix_cache": True, "hybrid_pool": False, "recurrent_state": False},
+          "decode-0": {"overlap_schedule": True, "prefix_cache": False, "kv_offload": False, "hybrid_pool": False,
+                       "recurrent_state": False}}),
         ("flags", [ROOT / release / d["file"] for d in flagged], expected),
     ):
         case = tmp_path / f"{name}.duckdb"
@@ -762,6 +763,43 @@ def test_the_scheduling_flags_each_release_prints_are_stated_on_its_configs(rele
         said = assumptions(configs)
         assert len(said) == spanning
         assert all(a.startswith("the prefix cache evicting as its release range's last release does") for a in said)
+
+
+@pytest.mark.parametrize("release", sorted({r for r, _ in SETS}, key=RELEASES.index))
+def test_a_kv_pool_of_another_layout_each_release_prints_is_stated_on_its_configs(release: str,
+                                                                                 tmp_path: Path) -> None:
+    """The lines a release's model runner prints as it makes a KV pool of another layout (lines/,
+    printed by the release's own strings and loggers before the pool line): a hybrid sliding-window
+    model's pools and, from 0.5.18, the unified memory pool give ``hybrid_pool: true`` on every config
+    of the server; a hybrid linear-attention model's Mamba cache gives ``recurrent_state: true``. The
+    replay lists a decode node's hybrid pool as a disagreement (its victims possible) and says what it
+    assumed of the others."""
+    from replay.configs import assumptions
+    from replay.configs import node_configs as _configs
+    from replay.drive import _unmodelled
+
+    layouts = _source(release)["layout_lines"]
+    has_unified = RELEASES.index(release) >= RELEASES.index("0.5.18")  # (--enable-unified-memory: 0.5.18 on)
+    assert sorted({d["layout"] for d in layouts}) == ["linear", "swa", *(["unified"] if has_unified else [])]
+    for d in layouts:
+        path = ROOT / release / d["file"]
+        lines = path.read_text().splitlines()
+        pool = next(i for i, line in enumerate(lines) if "] max_total_num_tokens=" in line)
+        assert all(any(m in line for line in lines[:pool]) for m in d["printed"]), d  # (before the pool line)
+        case = tmp_path / f"{d['role']}-{d['layout']}.duckdb"
+        result = forensics.ingest([path], case)
+        assert result.records.quarantined == 0
+        con = duckdb.connect(str(case), read_only=True)
+        docs = [json.loads(doc) for (doc,) in con.execute("SELECT doc FROM config_records").fetchall()]
+        configs = _configs(con)
+        con.close()
+        assert docs and all({k: doc.get(k) for k in d["expected"]} == d["expected"] for doc in docs), d
+        kinds = [kind for per in configs.values() for _, _, _, c in per for kind, _ in _unmodelled(c)]
+        said = assumptions(configs)
+        hybrid, recurrent = d["expected"]["hybrid_pool"], d["expected"]["recurrent_state"]
+        assert kinds == (["decode_hybrid_pool"] * len(docs) if hybrid and d["role"] == "decode" else [])
+        assert any(a.startswith("a plain paged KV pool on") for a in said) == (hybrid and d["role"] == "prefill")
+        assert any(a.startswith("the KV pages alone on") for a in said) == recurrent
 
 
 @pytest.mark.parametrize("release", sorted({r for r, _ in SETS}, key=RELEASES.index))

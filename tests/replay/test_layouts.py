@@ -183,14 +183,16 @@ def test_full_page_records_say_so_beside_their_figures(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("field", "kind"), [("prefix_cache", "decode_prefix_cache"),
                                              ("speculative_decoding", "speculative_decoding"),
-                                             ("kv_offload", "decode_kv_offload")])
+                                             ("kv_offload", "decode_kv_offload"),
+                                             ("hybrid_pool", "decode_hybrid_pool")])
 def test_what_decode_runs_that_the_replay_does_not_model_makes_its_victims_possible(
         field: str, kind: str, tmp_path: Path) -> None:
     """A decode node whose config says it keeps prompts in a prefix cache (SGLang's
     --disaggregation-decode-enable-radix-cache: its finished requests' pages stay cached), or runs
     speculative decoding (several slots a request a step, the rejected drafts freed), or offloads
     each request's KV to host storage (SGLang's --disaggregation-decode-enable-offload-kvcache: a
-    finished request's pages freed once the copies are done): none is modelled. The replay says so,
+    finished request's pages freed once the copies are done), or has a KV pool of another layout
+    (SGLang's hybrid sliding-window or unified memory pool): none is modelled. The replay says so,
     a disagreement a decode node, and the job names every victim there possible, none certain."""
     from forensics.case import Case
     from kvforensics.job import run
@@ -211,6 +213,38 @@ def test_what_decode_runs_that_the_replay_does_not_model_makes_its_victims_possi
     with Case(tmp_path / "job.duckdb") as case:
         rows = case.exposures(delivered_only=True).to_dicts()
     assert rows and {r["certainty"] for r in rows} == {"possible"}
+
+
+def test_what_changes_no_decode_page_is_assumed_not_a_disagreement(tmp_path: Path) -> None:
+    """A prefill node whose config says its KV pool is of another layout (``hybrid_pool``: prefill's
+    pages only, no victim depends on them), and decode nodes whose requests hold recurrent state
+    (``recurrent_state``: SGLang's Mamba cache; the pages are the plain allocator's, the state slots
+    not followed): no disagreement, the same victims, and each said in the replay's ``assumed``
+    with the nodes it is on."""
+    full = generate(tmp_path / "full", seed=11, requests=150)
+    stripped = strip_pages(full, tmp_path / "stripped")
+    before = replay(_investigated([stripped], tmp_path / "before.duckdb"), "sglang-placeholder", tmp_path / "r0")
+    for f, field in ((stripped / "prefill-0.jsonl", "hybrid_pool"), (stripped / "decode-0.jsonl", "recurrent_state"),
+                     (stripped / "decode-1.jsonl", "recurrent_state")):
+        records = [json.loads(line) for line in f.read_text().splitlines()]
+        for r in records:
+            if r["kind"] == "config":
+                r[field] = True
+        f.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = replay(_investigated([stripped], tmp_path / "case.duckdb"), "sglang-placeholder", tmp_path / "r1")
+    assert result.disagreements == () and result.exposure == before.exposure
+    assert [a.split(":")[0] for a in result.assumed if a not in before.assumed] == [
+        "a plain paged KV pool on 1 prefill node(s) whose config says another layout (SGLang's hybrid sliding-window "
+        "or unified memory pool)",
+        "the KV pages alone on 2 node(s) whose requests also hold recurrent state (SGLang's Mamba cache, a hybrid "
+        "linear-attention model)"]
+    assert [a.rsplit(": ", 1)[1] for a in result.assumed if a not in before.assumed] == ["prefill-0",
+                                                                                        "decode-0, decode-1"]
+
+
+def _investigated(folders: list[Path], db: Path) -> Path:
+    forensics.investigate(folders, db)
+    return db
 
 
 def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible(tmp_path: Path) -> None:

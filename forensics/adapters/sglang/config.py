@@ -7,7 +7,9 @@ from 0.5.19; the scheduler's start-up line (``managers/scheduler.py``, TP rank 0
 rank) ``max_total_num_tokens=681280, chunked_prefill_size=..., context_len=1048576, ...``,
 which states the KV pool the server really got; and, from 0.5.23, the warning of
 ``managers/tp_worker.py`` ``KV pool holds N tokens, fewer than --context-length C``, which
-gives the same where the pool line is missing.
+gives the same where the pool line is missing. And the model runner's lines of a KV pool of
+another layout than the plain paged one (:data:`LAYOUT_SIGNS`), printed as it starts, before the
+pool line.
 
 Canonical record: a ``config`` at the pool line, for a prefill or decode server, one per KV
 pool. With DP attention every DP rank has its own pool of the same size, but the scheduler logs
@@ -35,11 +37,26 @@ _SERVER_ARGS = re.compile(r"server_args=(ServerArgs\(.*\)|\{.*\})\s*$", re.S)
 _POOL = re.compile(r"max_total_num_tokens=(?P<tokens>\d+),.*?context_len=(?P<context>\d+)")
 _POOL_WARNING = re.compile(r"KV pool holds (?P<tokens>\d+) tokens, fewer than --context-length (?P<context>\d+)")
 _ROLES = {"prefill": "prefill", "decode": "decode", "null": "unified"}
+#: How each line a model runner prints of a KV pool the replay does not model begins, and schema
+#: v1.1's config field it sets (docs/schema-v1.1.md). ``hybrid_pool``: a hybrid sliding-window
+#: model's pools (``SWATokenToKVPoolAllocator``): the sizing line (the model runner's in 0.5.5,
+#: ``Use Sliding window memory pool. ...``; its pool configurator's from 0.5.11, ``Use sliding
+#: window memory pool. ...`` or ``... (all SWA)``) and the pool's (``SWAKVPool mem usage: ...``;
+#: from 0.5.19 ``SWAKVPool VA upper bound: ...`` too); the unified memory pool (0.5.18 on,
+#: ``[unified-memory-pool] UNIFIED MEMORY POOL ENABLED -- path=...``). ``recurrent_state``: a hybrid
+#: linear-attention model's recurrent state (``Mamba Cache is allocated. ...``, every release).
+#: Read at the start of the message only: a request's text elsewhere in a line is not a sign.
+LAYOUT_SIGNS = (("Use Sliding window memory pool", "hybrid_pool"), ("Use sliding window memory pool", "hybrid_pool"),
+                ("SWAKVPool ", "hybrid_pool"), ("[unified-memory-pool] UNIFIED MEMORY POOL ENABLED", "hybrid_pool"),
+                ("Mamba Cache is allocated", "recurrent_state"))
+#: schema v1.1's KV pool fields, stated on every config a pool line makes (true where a sign was seen)
+LAYOUT_FIELDS = ("hybrid_pool", "recurrent_state")
 
 
 class ConfigLine(NamedTuple):
     """A start-up line read: ``server_args`` (``args``: the arguments, None where they do not
-    read; ``form``: ``repr`` or ``dict``), ``pool`` or ``pool_warning`` (its tokens and context)."""
+    read; ``form``: ``repr`` or ``dict``), ``pool`` or ``pool_warning`` (its tokens and context),
+    or ``layout`` (``form``: the field of :data:`LAYOUT_FIELDS` it sets)."""
 
     what: str
     args: dict[str, Any] | None = None
@@ -62,6 +79,9 @@ def read(line: LogLine, options: Options) -> ConfigLine | None:
         return ConfigLine("pool", tokens=int(m["tokens"]), context=int(m["context"]))
     if "KV pool holds" in msg and (m := _POOL_WARNING.search(msg)) is not None:
         return ConfigLine("pool_warning", tokens=int(m["tokens"]), context=int(m["context"]))
+    for sign, field in LAYOUT_SIGNS:
+        if msg.startswith(sign):
+            return ConfigLine("layout", form=field)
     return None
 
 
@@ -69,6 +89,8 @@ def learn(c: ConfigLine, line: LogLine, facts: Facts, options: Options) -> Confi
     """First pass: the model, page size, context and role from a start-up line."""
     if c.what == "pool":
         facts.server.pool_seen = True
+    elif c.what == "layout":
+        facts.server.layouts.add(c.form)
     elif c.what == "pool_warning":
         facts.server.marks.add("pool_warning")
     else:
@@ -89,13 +111,15 @@ def learn(c: ConfigLine, line: LogLine, facts: Facts, options: Options) -> Confi
         if isinstance(tp_size, int) and not isinstance(tp_size, bool) and tp_size >= 1:
             facts.server.attn_tp_size = max(1, tp_size // facts.server.dp_pools)
         facts.server.scheduling = _scheduling(args)
+        if args.get("enable_unified_memory") is True:  # (0.5.18 on; its model runner says so too)
+            facts.server.layouts.add("hybrid_pool")
         return ConfigLine("server_args")  # (the arguments are not needed again)
     return c
 
 
 def translate(c: ConfigLine, line: LogLine, facts: Facts, options: Options, notes: Notes) -> list[dict[str, Any]]:
     """The records of a server_args, pool or pool-warning line."""
-    if c.what == "server_args" or (c.what == "pool_warning" and facts.server.pool_seen):
+    if c.what in ("server_args", "layout") or (c.what == "pool_warning" and facts.server.pool_seen):
         return []  # (a warning: the pool line says it, and more)
     role = facts.server.role_for(options)
     if role not in ("prefill", "decode"):
@@ -110,6 +134,8 @@ def translate(c: ConfigLine, line: LogLine, facts: Facts, options: Options, note
         "context_length": c.context, "page_size": facts.server.page_size,
         "pool_pages": c.tokens // facts.server.page_size + 1,
         **{k: v for k, v in facts.server.scheduling.items() if k in _SCHEDULING_OF[role]},
+        # (the pool line ends the start-up that printed any sign: none there says the plain pool)
+        **{k: k in facts.server.layouts for k in LAYOUT_FIELDS if c.what == "pool" or k in facts.server.layouts},
     }
     if facts.server.dp_pools > 1 and line.dp in (0, None):  # DP0's line, for every DP rank's pool
         return [{**record, "node": dp_pool_node(facts.server.node, d)} for d in range(facts.server.dp_pools)]
@@ -163,7 +189,7 @@ def _dp_pools(args: dict[str, Any]) -> int:
 
 
 class ConfigFormat(LineFormat[LogLine, Facts, ConfigLine]):
-    """The start-up lines: server_args, the pool line and its warning."""
+    """The start-up lines: server_args, the pool line and its warning, the signs of a pool's layout."""
 
     signs = ("server_args=ServerArgs(", "server_args={", "max_total_num_tokens=")
     read = staticmethod(read)

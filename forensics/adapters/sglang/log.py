@@ -300,6 +300,9 @@ class Server:
     attn_tp_size: int | None = None
     #: schema v1.1's scheduling fields the server_args state (config._scheduling)
     scheduling: dict[str, bool | int] = field(default_factory=dict)
+    #: schema v1.1's KV pool fields its start-up lines state (config.LAYOUT_SIGNS): ``hybrid_pool``,
+    #: ``recurrent_state``
+    layouts: set[str] = field(default_factory=set)
     marks: set[str] = field(default_factory=set)  # format marks seen (eras.py turns them into releases)
     era: str | None = None  # the releases whose formats the file shows (eras.era)
 
