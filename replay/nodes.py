@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing import forkserver
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -147,6 +148,22 @@ def chunked(nodes: list[str], rows: dict[str, int]) -> list[list[str]]:
     return chunks
 
 
+def spreads(rows: dict[str, int], jobs: int) -> bool:
+    """Whether a case whose nodes hold ``rows`` records is replayed over worker processes (where
+    ``jobs`` allows more than one, and its nodes make more than one chunk)."""
+    return jobs > 1 and sum(rows.values()) >= PARALLEL_FROM and len(chunked(sorted(rows), rows)) > 1
+
+
+def start_fork_server() -> None:
+    """Start the process the workers are forked from, now: it imports this module (the engine,
+    numpy, numba, DuckDB, Arrow: about a second) while this process plans the requests and writes
+    the workers' inputs, instead of after (``forkserver``: the pool starts it on its first worker
+    otherwise). Once a process: a server already running is kept."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    forkserver.ensure_running()
+
+
 def replay_nodes(con: duckdb.DuckDBPyConnection, nodes: list[str], rows: dict[str, int],
                  configs: dict[str, list[tuple[int, int, str, NodeConfig]]], roles: dict[str, str],
                  common: Common, extra: dict[str, list[dict[str, Any]]], logs: Path, jobs: int) -> Tally:
@@ -159,7 +176,7 @@ def replay_nodes(con: duckdb.DuckDBPyConnection, nodes: list[str], rows: dict[st
               for i, run in enumerate(chunked(nodes, rows))]
     workers = min(jobs, len(chunks))
     tally = Tally()
-    if workers <= 1 or sum(rows.get(n, 0) for n in nodes) < PARALLEL_FROM:
+    if workers <= 1 or sum(rows.get(n, 0) for n in nodes) < PARALLEL_FROM:  # (as :func:`spreads` says, on these nodes)
         queries = NodeQueries(con, roles, common.resolution)
         try:
             for chunk in chunks:
@@ -170,8 +187,8 @@ def replay_nodes(con: duckdb.DuckDBPyConnection, nodes: list[str], rows: dict[st
     inputs = logs.parent / INPUTS
     try:
         files = _export(con, roles, chunks, inputs)
+        start_fork_server()  # (where the replay has not already)
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__])
         pool: ProcessPoolExecutor | None = None
         try:
             with _stops_held():  # (every worker is started, and known to the pool, before a stop is taken)

@@ -31,7 +31,7 @@ from replay.configs import AS_CONFIGURED, WhatIf, assumptions, logged_engine, lo
 from replay.drive import prefix_guesses
 from replay.engine import BEHAVIOURS, Disagreement
 from replay.events import node_rows, resolutions
-from replay.nodes import INPUTS, Common, default_jobs, replay_nodes
+from replay.nodes import INPUTS, Common, default_jobs, replay_nodes, spreads, start_fork_server
 from replay.planning import arrival_events, plan_requests, served_table
 from replay.schedule import LOGGED, Schedule
 from replay.scratch import scratch
@@ -150,6 +150,9 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
         if not any(c.role in ("prefill", "decode") for per_node in configs.values() for _, _, _, c in per_node):
             raise CaseError(f"{held}: no prefill or decode config records, nothing to replay")
         roles = {node: per[-1][3].role for node, per in configs.items() if per}
+        rows = node_rows(con)
+        if spreads(rows, jobs):  # (the workers' interpreter imports the engine while the requests are planned)
+            start_fork_server()
         confirming = what_if == AS_CONFIGURED and engine == (logged_engine(configs) or "sglang-placeholder")
         mode = "confirm" if confirming else "what-if"
         disagreements: list[Disagreement] = []
@@ -158,7 +161,6 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
         extra, not_replayed = arrival_events(unlogged, configs)
         _make_room(out)
         logs = out / "logs"
-        rows = node_rows(con)
         nodes = [node for node in sorted(set(configs) | set(rows))
                  if only is None or node in only or roles.get(node) not in ("prefill", "decode")]
         common = Common(engine, what_if, unlogged, mode == "confirm", schedule, resolutions(con))
