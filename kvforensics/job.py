@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from forensics.adapters import Options
 from forensics.case import Case
@@ -190,8 +191,44 @@ def _fill(case: HeldCase, confirmed: ReplayResult, told: Phase = untold) -> Fill
                     other = replay(case, confirmed.engine, Path(folder) / schedule.name, schedule=schedule,
                                    only=varied)
                     alternatives.append((schedule.name, other.out / "replay.duckdb"))
-        disagreeing = sorted({d.node for d in confirmed.disagreements})
-        return fill_from_replay(case, confirmed.out / "replay.duckdb", alternatives, disagreeing, sorted(varied))
+        disagreeing, retracted = _disagreeing(confirmed)
+        return fill_from_replay(case, confirmed.out / "replay.duckdb", alternatives, disagreeing, sorted(varied),
+                                retracted)
+
+
+def _disagreeing(confirmed: ReplayResult) -> tuple[list[str], list[tuple[str, int, int]]]:
+    """The nodes whose replay did not follow their logs everywhere, each of whose victims is
+    possible; and, where a node's only disagreements are requests its decode retracted (which the
+    replay does not model: until the first of them the node did what the replay did), where in the
+    replayed set (node, boot, seq) the first such request joined the batch: the victims read before
+    it keep their certainty. A retracted request the replayed set has no decode start of makes its
+    node's every victim possible."""
+    kinds: dict[str, set[str]] = {}
+    for d in confirmed.disagreements:
+        kinds.setdefault(d.node, set()).add(d.kind)
+    retracting = {node for node, k in kinds.items() if k == {"decode_retracted"}}
+    starts: dict[str, tuple[int, int]] = {}
+    if retracting:
+        wanted = sorted({(d.node, d.request_id) for d in confirmed.disagreements if d.node in retracting})
+        con = connect(confirmed.out / "replay.duckdb", read_only=True, create=False)
+        try:
+            con.register("retracted", pa.table({"node": [n for n, _ in wanted], "request_id": [r for _, r in wanted]}))
+            found = con.execute("SELECT r.node, r.request_id, r.boot, r.seq FROM records r JOIN retracted "
+                                "USING (node, request_id) WHERE r.kind = 'request' AND r.event = 'decode_started'"
+                                ).fetchall()
+        finally:
+            con.close()
+        first: dict[tuple[str, str], tuple[int, int]] = {}
+        for node, rid, boot, seq in found:
+            first[node, rid] = min(first.get((node, rid), (boot, seq)), (boot, seq))
+        for node, rid in wanted:
+            if (node, rid) not in first:
+                retracting.discard(node)  # (no decode start to place it: the node's victims all possible)
+            elif node in retracting:
+                starts[node] = min(starts.get(node, first[node, rid]), first[node, rid])
+        retracting &= set(starts)
+    disagreeing = sorted(node for node in kinds if node not in retracting)
+    return disagreeing, sorted((node, boot, seq) for node, (boot, seq) in starts.items() if node in retracting)
 
 
 def _evidence_gaps(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], int]:

@@ -49,7 +49,11 @@ Layouts (how a deployment logs, all valid under the schema), chosen per log set:
   leaves every node idle: a node frees the prompts its prefix cache holds, its pool starts as at
   its start (the free list ``1..n-1`` ascending, nothing released; the pages' contents as they
   are), a decode node counts its steps from 0 again, and each logs a ``step`` record with
-  ``running`` 0 and ``cache: "flushed"`` (schema v1.1).
+  ``running`` 0 and ``cache: "flushed"`` (schema v1.1);
+- ``retract``: once on each decode node, at its :data:`RETRACT_AT`-th step with two requests or more decoding, the one
+  that joined last is retracted (as SGLang's decode does under memory pressure): its pages freed,
+  out of the batch for 20 steps, then its KV restored into pages taken afresh (allocated, written)
+  and back in the batch at the next step; its finish says ``retractions: 1`` (schema v1.1).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from typing import Any
 
 EPOCH_NS = 1_789_372_800 * 10**9  # 2026-09-14T08:00:00Z
 STEP = 1_000_000  # a decode step, ns (1 ms: requests decode side by side): on the clock's multiples of it
+RETRACT_AT = 1500  # layout.retract: the decode step of each node (its boot's) that retracts a request first
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ class Layout:
     prefix_cache: bool = False
     step_log: int = 0
     flush: bool = False
+    retract: bool = False
 
 
 
@@ -154,6 +160,7 @@ class Node:
     reserved: int = 0  # decode: pages its admitted requests' outputs may still take
     steps: int = 0  # decode: steps launched this boot
     to_log: int | None = None  # decode: the rows of a step whose result the next step's launch processes
+    retracted: bool = False  # decode: it has retracted a request
 
     def __post_init__(self) -> None:
         self.pool = Pool(self.pool_pages)
@@ -279,6 +286,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         return [(a, min(tokens, b) - a) for a, b in zip(bounds, bounds[1:], strict=False) if min(tokens, b) > a]
 
     decoding: dict[tuple[str, str], list[int]] = {}  # (decode node, request): [slots held, steps left]
+    retracted: set[str] = set()  # requests a decode node retracted (layout.retract)
 
     def output_pages(r: dict[str, Any]) -> int:
         return ceil_div(r["prompt"] + r["max_new"] + 1, page_size) - ceil_div(r["prompt"], page_size)
@@ -306,6 +314,15 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         if what == "step":  # rid: the decode node
             d = nodes[rid]
             running = [x for x in d.batch if decoding[(d.name, x)][1] > 0]
+            if layout.retract and not d.retracted and d.steps == RETRACT_AT - 1 and len(running) >= 2:
+                x = running.pop()  # (the last to join: out of the batch, its pages freed, restored later)
+                d.retracted = True
+                retracted.add(x)
+                pages = held.pop((d.name, x))
+                kv(d, t, x, "free", pages)
+                d.pool.give_back(pages)
+                d.batch.remove(x)
+                at(t + 20 * STEP, "restore", x)
             d.steps += 1
             if d.to_log is not None:  # this launch comes before the result of the step to log is processed
                 at(t + STEP // 2, "steplog", d.name, phase=1, boot=d.boot, running=d.to_log)
@@ -419,6 +436,17 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
                     transfer(d, step + 200, rid, "completed", r, n, c)
                 kv(d, step + 200, rid, "write", landed, "transfer")
             at(t + 5_000 + 300 * len(chunks), "decode", rid)
+        elif what == "restore":  # a retracted request's KV restored into pages taken afresh, then back in the batch
+            slots = decoding[(d.name, rid)][0]
+            held[(d.name, rid)] = d.pool.take_prompt(ceil_div(slots, page_size), slots, page_size)
+            kv(d, t, rid, "alloc", held[(d.name, rid)])
+            kv(d, t, rid, "write", held[(d.name, rid)], "decode")
+            at(d.next_step if d.stepping else -(-t // STEP) * STEP, "rejoin", rid)
+        elif what == "rejoin":
+            d.batch.append(rid)
+            if not d.stepping:
+                d.stepping, d.next_step = True, t
+                at(t, "step", d.name, phase=1)
         elif what == "decode":  # the request joins the running batch at the node's next step
             at(d.next_step if d.stepping else -(-t // STEP) * STEP, "join", rid)
         elif what == "join":
@@ -434,7 +462,8 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
             else:
                 at(t + STEP // 2, "finish", rid)
         elif what == "finish":
-            request(d, t, rid, "finished", status=200, finish_reason="stop", output_tokens=r["max_new"])
+            request(d, t, rid, "finished", status=200, finish_reason="stop", output_tokens=r["max_new"],
+                    **({"retractions": 1} if rid in retracted else {}))
             pages = held.pop((d.name, rid))
             kv(d, t, rid, "free", pages)
             d.pool.give_back(pages)

@@ -51,24 +51,29 @@ class Filled:
 
 
 def fill_from_replay(db: Path | str | HeldCase, replayed: Path, alternatives: Sequence[tuple[str, Path]] = (),
-                     disagreeing_nodes: Sequence[str] = (), varied_nodes: Sequence[str] = ()) -> Filled:
+                     disagreeing_nodes: Sequence[str] = (), varied_nodes: Sequence[str] = (),
+                     retracted_from: Sequence[tuple[str, int, int]] = ()) -> Filled:
     """:func:`fill_from_replay_on` the case ``db``: its path, or the case a long job holds open."""
     con = connect(db)
     try:
-        return fill_from_replay_on(con, replayed, alternatives, disagreeing_nodes, varied_nodes)
+        return fill_from_replay_on(con, replayed, alternatives, disagreeing_nodes, varied_nodes, retracted_from)
     finally:
         con.close()
 
 
 def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
                         alternatives: Sequence[tuple[str, Path]] = (), disagreeing_nodes: Sequence[str] = (),
-                        varied_nodes: Sequence[str] = ()) -> Filled:
+                        varied_nodes: Sequence[str] = (), retracted_from: Sequence[tuple[str, int, int]] = ()
+                        ) -> Filled:
     """Replace the ``replay_exposures`` of the case open on ``con`` by the exposures of the replay
     case ``replayed`` (the replay under the engine that made the logs, on the logged schedule) where
     page records are missing, each victim certain or possible: certain where every one of the
     ``alternatives`` (``(schedule, replay case)``: the other schedules the evidence allows, replayed
     on the ``varied_nodes`` only, where they differ) names it too, on a node whose replay followed
-    its logs (none of ``disagreeing_nodes``) and misses no records."""
+    its logs (none of ``disagreeing_nodes``) and misses no records. ``retracted_from``: ``(node,
+    boot, seq)`` of the replayed set, where a request that node's decode retracted (which the replay
+    does not model) joined its batch: a pair first read there or after is possible, one read before
+    keeps its certainty (what the node had done until then is the replay's)."""
     base = _exposures_of(replayed)
     tables = []
     for name, path in alternatives:
@@ -79,6 +84,9 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     missing = missing_page_records(con)
     con.register("replayed_exposures", base)
     con.register("alternative_exposures", alternative)
+    con.register("retracted_from", pa.table({"node": pa.array([n for n, _, _ in retracted_from], pa.string()),
+                                             "boot": pa.array([b for _, b, _ in retracted_from], pa.int64()),
+                                             "seq": pa.array([q for _, _, q in retracted_from], pa.int64())}))
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM replay_exposures")
@@ -93,6 +101,7 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     finally:
         con.unregister("replayed_exposures")
         con.unregister("alternative_exposures")
+        con.unregister("retracted_from")
     row = one(con, "SELECT count(DISTINCT reader_request) FILTER (WHERE reader_delivered), count(*), "
                    "(SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)) "
                    "FROM replay_exposures")

@@ -8,8 +8,10 @@
 -- Tier: the reader's transfer to that node carried fewer KV tokens than its prompt (by its own
 -- record or the sender's) is $transfer_tier; otherwise the request records alone, $request_tier.
 -- Certainty: a victim is certain where every schedule names the same (reader, victim) on that
--- node, the node's replay followed its logs ($disagreeing_nodes did not) and the row is not from
--- a seq-gap window; otherwise possible, and certainty_note says why. A pair named only under another
+-- node, the node's replay followed its logs ($disagreeing_nodes did not; on a node in
+-- `retracted_from`, up to where a request its decode retracted joined its batch: a pair first read
+-- there or after is not) and the row is not from a seq-gap window; otherwise possible, and
+-- certainty_note says why. A pair named only under another
 -- schedule is listed as possible with no pages (the page figures count the logged schedule's).
 INSERT INTO replay_exposures BY NAME
 WITH wanted AS (
@@ -43,19 +45,28 @@ WITH wanted AS (
   SELECT o.* EXCLUDE (k, pages, n_pages), NULL::VARCHAR AS pages, 0::BIGINT AS n_pages, n.others,
          FALSE AS logged_schedule
   FROM only_other o JOIN named n USING (node, reader_request, victim_request)
+), marked AS (  -- read where or after a request the node's decode retracted joined its batch
+  SELECT r.*, r.logged_schedule AND EXISTS (  -- (a pair only another schedule names is possible already)
+                SELECT 1 FROM retracted_from f
+                WHERE f.node = r.node AND (r.boot > f.boot OR (r.boot = f.boot AND r.first_seq >= f.seq)))
+              AS after_retraction
+  FROM rows r
 )
-SELECT r.* EXCLUDE (evidence, in_gap, others, logged_schedule),
+SELECT r.* EXCLUDE (evidence, in_gap, others, logged_schedule, after_retraction),
        CASE WHEN EXISTS (
          SELECT 1 FROM transfers t JOIN requests q USING (request_id)
          WHERE t.request_id = r.reader_request AND t.dst_node = r.node AND t.event = 'completed'
            AND t.tokens_sent < q.prompt_tokens)
        THEN $transfer_tier ELSE $request_tier END AS evidence,
-       CASE WHEN r.in_gap OR list_contains($disagreeing_nodes, r.node)
+       CASE WHEN r.in_gap OR list_contains($disagreeing_nodes, r.node) OR r.after_retraction
                  OR r.others + (CASE WHEN r.logged_schedule THEN 1 ELSE 0 END) < $schedules + 1
             THEN 'possible' ELSE 'certain' END AS certainty,
        CASE WHEN r.in_gap THEN 'inside a seq gap: the node''s records of this window are missing'
             WHEN list_contains($disagreeing_nodes, r.node)
               THEN 'the replay could not follow this node''s logs everywhere (replay_disagreements)'
+            WHEN r.after_retraction
+              THEN 'read after a request the node''s decode retracted under memory pressure joined its batch, '
+                   || 'which the replay does not model (replay_disagreements)'
             WHEN NOT r.logged_schedule
               THEN 'named only under ' || r.others || ' of ' || $schedules
                    || ' other schedules the logs allow, not under the logged one'
@@ -63,5 +74,5 @@ SELECT r.* EXCLUDE (evidence, in_gap, others, logged_schedule),
               THEN 'named under the logged schedule and ' || r.others || ' of ' || $schedules
                    || ' other schedules the logs allow'
        END AS certainty_note
-FROM rows r
+FROM marked r
 ORDER BY r.first_ts, r.node, r.reader_request, r.victim_request, r.logged_schedule DESC;

@@ -247,12 +247,14 @@ def _investigated(folders: list[Path], db: Path) -> Path:
     return db
 
 
-def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible(tmp_path: Path) -> None:
+def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible_from_its_start(tmp_path: Path) -> None:
     """A decode finish that says the node retracted the request under memory pressure (schema v1.1
     ``retractions``: SGLang's ``num_retractions``; its pages freed, its KV restored into pages taken
     afresh later), which the replay does not model. The replay lists it (``decode_retracted``) and
-    carries the field into its replayed logs; the job names every victim on that node possible and
-    the other decode node's certain, as before."""
+    carries the field into its replayed logs. It cannot have been retracted before it joined the
+    batch, and until then the node did what the replay did: the job names possible exactly the
+    victims on that node first read from its ``decode_started`` on (by the replayed set's order),
+    the ones read before it certain, and the other decode node's certain, as before."""
     from forensics.case import Case
     from kvforensics.job import run
 
@@ -260,7 +262,8 @@ def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible(tmp_p
     stripped = strip_pages(full, tmp_path / "stripped")
     decode = stripped / "decode-1.jsonl"
     records = [json.loads(line) for line in decode.read_text().splitlines()]
-    finish = next(r for r in records if r.get("event") == "finished" and r.get("status") == 200)
+    finishes = [r for r in records if r.get("event") == "finished" and r.get("status") == 200]
+    finish = finishes[len(finishes) // 2]  # (a request halfway: victims read on both sides of its start)
     finish["retractions"] = 1
     decode.write_text("".join(json.dumps(r) + "\n" for r in records))
     db = tmp_path / "case.duckdb"
@@ -274,8 +277,16 @@ def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible(tmp_p
     run([stripped], tmp_path / "job.duckdb", tmp_path / "report.html")
     with Case(tmp_path / "job.duckdb") as case:
         rows = case.exposures(delivered_only=True).to_dicts()
-    by_node = {node: {r["certainty"] for r in rows if r["node"] == node} for node in ("decode-0", "decode-1")}
-    assert by_node == {"decode-0": {"certain"}, "decode-1": {"possible"}}
+    start = next((r.get("boot", 0), r["seq"]) for r in replayed if r["node"] == "decode-1"
+                 and r.get("request_id") == finish["request_id"] and r.get("event") == "decode_started")
+    assert {r["certainty"] for r in rows if r["node"] == "decode-0"} == {"certain"}
+    on = [r for r in rows if r["node"] == "decode-1"]
+    before = {(r["reader_request"], r["victim_request"]) for r in on if (r["boot"], r["first_seq"]) < start}
+    assert before and len(before) < len(on)
+    assert {(r["reader_request"], r["victim_request"]) for r in on if r["certainty"] == "certain"} == before
+    assert {r["certainty_note"] for r in on if r["certainty"] == "possible"} == {
+        "read after a request the node's decode retracted under memory pressure joined its batch, which the replay "
+        "does not model (replay_disagreements)"}
     # the report says what the disagreement means, beside the replay's figures
     report = " ".join((tmp_path / "report.html").read_text().split())
     assert ("<li><code>decode_retracted</code> (1): SGLang&#39;s decode retracted the request under memory "
