@@ -221,14 +221,12 @@ def _disagreeing(confirmed: ReplayResult) -> tuple[list[str], list[tuple[str, in
         first: dict[tuple[str, str], tuple[int, int]] = {}
         for node, rid, boot, seq in found:
             first[node, rid] = min(first.get((node, rid), (boot, seq)), (boot, seq))
-        for node, rid in wanted:
-            if (node, rid) not in first:
-                retracting.discard(node)  # (no decode start to place it: the node's victims all possible)
-            elif node in retracting:
-                starts[node] = min(starts.get(node, first[node, rid]), first[node, rid])
-        retracting &= set(starts)
+        retracting -= {node for node, rid in wanted if (node, rid) not in first}  # (no start to place it by)
+        for (node, _), at in first.items():
+            if node in retracting:
+                starts[node] = min(starts.get(node, at), at)
     disagreeing = sorted(node for node in kinds if node not in retracting)
-    return disagreeing, sorted((node, boot, seq) for node, (boot, seq) in starts.items() if node in retracting)
+    return disagreeing, sorted((node, boot, seq) for node, (boot, seq) in starts.items())
 
 
 def _evidence_gaps(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], int]:

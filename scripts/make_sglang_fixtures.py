@@ -85,7 +85,6 @@ from replay.sglang_print.release import Release
 from replay.sglang_print.servers import (
     BOOTSTRAP_WAIT,
     CLOCK,
-    LAYOUTS,
     SCHEDULER,
     Lines,
     Printer,
@@ -99,6 +98,7 @@ from replay.sglang_print.servers import (
     every_scheduler_logs_decode_batches,
     flush_guarded,
     has_targets,
+    layout_lines_of,
     marks_bootstrap_done,
     retires,
     server_args_fields,
@@ -316,23 +316,21 @@ def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dic
 
 #: What each layout's server states on its configs (schema v1.1): the ``swa`` and ``unified`` pools
 #: are not the plain paged one; the ``linear`` model's requests hold recurrent state besides.
-LAYOUT_FIELDS = {"swa": {"hybrid_pool": True, "recurrent_state": False},
-                 "linear": {"hybrid_pool": False, "recurrent_state": True},
-                 "unified": {"hybrid_pool": True, "recurrent_state": False}}
+LAYOUT_EXPECTED = {"swa": {"hybrid_pool": True, "recurrent_state": False},
+                   "linear": {"hybrid_pool": False, "recurrent_state": True},
+                   "unified": {"hybrid_pool": True, "recurrent_state": False}}
 
 
 def layout_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dict[str, Any]]:
-    """The start-up of each server whose KV pool is of another layout (:data:`LAYOUTS`, as the
+    """The start-up of each server whose KV pool is of another layout (``servers.LAYOUTS``, as the
     release prints it: its model runner's lines through the release's strings and loggers, before
     the pool line), into ``out/<node>-<layout>.log``; the unified memory pool where the release has
-    it (0.5.18 on), started with ``--enable-unified-memory``. Each
-    is described in SOURCE.json's ``layout_lines`` with the fields its configs should state."""
+    it (0.5.18 on), started with ``--enable-unified-memory``. Each is described in SOURCE.json's
+    ``layout_lines`` with the fields its configs should state (:data:`LAYOUT_EXPECTED`)."""
     described = []
     fields = server_args_fields(release)
-    for layout, expected in LAYOUT_FIELDS.items():
-        printed = [marker for modules, marker, _ in LAYOUTS[layout]
-                   if any(release.has(m) and marker in release.source(m)
-                          for m in (modules if isinstance(modules, tuple) else (modules,)))]
+    for layout, expected in LAYOUT_EXPECTED.items():
+        printed = [marker for _, marker, _ in layout_lines_of(release, layout)]
         if not printed:
             continue  # (a layout the release does not have)
         args = {"enable_unified_memory": True} if layout == "unified" and "enable_unified_memory" in fields else {}

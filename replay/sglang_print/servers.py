@@ -392,11 +392,7 @@ class Printer:
     def pool_layout(self, layout: str) -> None:
         """The lines a model runner prints as it sizes and makes a KV pool of another layout than
         the plain paged one (:data:`LAYOUTS`), each through the release's own string and logger."""
-        for module, marker, values in LAYOUTS[layout]:
-            mod = next((m for m in (module if isinstance(module, tuple) else (module,))
-                        if self.r.has(m) and marker in self.r.source(m)), None)
-            if mod is None:
-                continue  # (a line the release does not print)
+        for mod, marker, values in layout_lines_of(self.r, layout):
             self.s.note(f"layout_{layout}: {marker.strip()}", mod, marker)
             logging.getLogger(mod).info(self.r.message(mod, marker)(**values))
 
@@ -659,6 +655,17 @@ LAYOUTS: dict[str, tuple[tuple[str | tuple[str, ...], str, dict[str, Any]], ...]
         ("sglang.srt.mem_cache.unified_memory_pool", "UNIFIED MEMORY POOL ENABLED -- path=SWA hybrid", {}),
     ),
 }
+
+
+def layout_lines_of(r: Release, layout: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """The lines of ``layout`` (:data:`LAYOUTS`) the release prints: each its module, marker and values."""
+    out = []
+    for modules, marker, values in LAYOUTS[layout]:
+        mod = next((m for m in (modules if isinstance(modules, tuple) else (modules,))
+                    if r.has(m) and marker in r.source(m)), None)
+        if mod is not None:  # (else a line the release does not print)
+            out.append((mod, marker, values))
+    return out
 
 
 def retractions_key(r: Release) -> str:
