@@ -317,6 +317,7 @@ def flag_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dic
 #: What each layout's server states on its configs (schema v1.1): the ``swa`` and ``unified`` pools
 #: are not the plain paged one; the ``linear`` model's requests hold recurrent state besides.
 LAYOUT_EXPECTED = {"swa": {"hybrid_pool": True, "recurrent_state": False},
+                   "swa_only": {"hybrid_pool": True, "recurrent_state": False},
                    "linear": {"hybrid_pool": False, "recurrent_state": True},
                    "unified": {"hybrid_pool": True, "recurrent_state": False}}
 

@@ -770,8 +770,9 @@ def test_a_kv_pool_of_another_layout_each_release_prints_is_stated_on_its_config
                                                                                  tmp_path: Path) -> None:
     """The lines a release's model runner prints as it makes a KV pool of another layout (lines/,
     printed by the release's own strings and loggers before the pool line): a hybrid sliding-window
-    model's pools and, from 0.5.18, the unified memory pool give ``hybrid_pool: true`` on every config
-    of the server; a hybrid linear-attention model's Mamba cache gives ``recurrent_state: true``. The
+    model's pools, from 0.5.11 an all-sliding-window model's and from 0.5.18 the unified memory pool
+    give ``hybrid_pool: true`` on every config of the server; a hybrid linear-attention model's Mamba
+    cache gives ``recurrent_state: true``. The
     replay lists a decode node's hybrid pool as a disagreement (its victims possible) and says what it
     assumed of the others."""
     from replay.configs import assumptions
@@ -780,7 +781,9 @@ def test_a_kv_pool_of_another_layout_each_release_prints_is_stated_on_its_config
 
     layouts = _source(release)["layout_lines"]
     has_unified = RELEASES.index(release) >= RELEASES.index("0.5.18")  # (--enable-unified-memory: 0.5.18 on)
-    assert sorted({d["layout"] for d in layouts}) == ["linear", "swa", *(["unified"] if has_unified else [])]
+    has_swa_only = RELEASES.index(release) >= RELEASES.index("0.5.11")  # (its pool configurator's all-SWA line)
+    assert sorted({d["layout"] for d in layouts}) == ["linear", "swa", *(["swa_only"] if has_swa_only else []),
+                                                      *(["unified"] if has_unified else [])]
     for d in layouts:
         path = ROOT / release / d["file"]
         lines = path.read_text().splitlines()
