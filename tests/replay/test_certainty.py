@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from independent_logs import Layout, generate, strip_pages
@@ -36,10 +37,9 @@ def _pairs(rows: list[dict], key: str = "victim_request") -> set[tuple[str, str]
     return {(r["reader_request"], r[key]) for r in rows}
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def named(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list, object]:
-    layout, seed = CASES[request.param]
-    tmp = tmp_path_factory.mktemp("certainty")
+def _both(tmp: Path, layout: Layout, seed: int) -> tuple[list, list, Any, Any]:
+    """A generated incident's exposures read off its page records (the truth) and named by the whole
+    job from its request records alone; the job's result and the request-level case's summary."""
     full = generate(tmp / "full", seed=seed, requests=200, layout=layout)
     forensics.investigate([full], tmp / "full.duckdb")
     with Case(tmp / "full.duckdb") as case:
@@ -48,6 +48,13 @@ def named(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     with Case(tmp / "request-level.duckdb") as case:
         rows = case.exposures(delivered_only=True).to_dicts()
         summary = case.summary()
+    return truth, rows, found, summary
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def named(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list, object]:
+    layout, seed = CASES[request.param]
+    truth, rows, found, summary = _both(tmp_path_factory.mktemp("certainty"), layout, seed)
     return truth, rows, (request.param, found, summary)
 
 
@@ -103,15 +110,9 @@ def test_after_a_retraction_the_victims_read_before_it_stay_certain_and_are_true
     not model; its finish says so. Each node's victims read before the retracted request joined the
     batch (its ``decode_started`` in the replayed set) keep their certainty (certain unless another
     schedule the times allow names another), and every certain one is true; those read from there on
-    are possible, each saying why. (From there on the replay's pages are
-    one layout of several: it names victims that are not, and misses some that are; the docs say so.)"""
-    full = generate(tmp_path / "full", seed=seed, requests=200, layout=Layout(retract=True))
-    forensics.investigate([full], tmp_path / "full.duckdb")
-    with Case(tmp_path / "full.duckdb") as case:
-        truth = case.exposures(delivered_only=True).to_dicts()
-    found = run([strip_pages(full, tmp_path / "stripped")], tmp_path / "request-level.duckdb", None)
-    with Case(tmp_path / "request-level.duckdb") as case:
-        rows = case.exposures(delivered_only=True).to_dicts()
+    are possible, each saying why. (From there on the replay's pages are one layout of several: it
+    names victims that are not, and misses some that are; the docs say so.)"""
+    truth, rows, found, _ = _both(tmp_path, Layout(retract=True), seed)
     confirm = found.replays[0]
     retracted = {(d.node, d.request_id) for d in confirm.disagreements}
     assert {d.kind for d in confirm.disagreements} == {"decode_retracted"}
