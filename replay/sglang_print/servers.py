@@ -632,15 +632,17 @@ class Printer:
 
 #: The model runner's lines of a KV pool the replay does not model, by layout: (the modules that
 #: may hold the line, a marker in its string, the values it formats). ``swa``: a hybrid
-#: sliding-window model's pools (``SWATokenToKVPoolAllocator``), sized by the model runner (0.5.5)
-#: or its pool configurator (0.5.11 on), then made (``SWAKVPool``); ``swa_only``: a model whose every
-#: layer is a sliding window's (``PureSWATokenToKVPoolAllocator``, its sizing line); ``linear``: a hybrid
-#: linear-attention model's recurrent state (SGLang's Mamba cache: the first of the release's lines,
-#: in some releases the one a server with speculative decoding prints); ``unified``: the unified
-#: memory pool (``--enable-unified-memory``, 0.5.18 on), here on a hybrid sliding-window model.
+#: sliding-window model's pools (``SWATokenToKVPoolAllocator``), sized by the model runner (0.5.5),
+#: its KV cache mixin (0.5.7, 0.5.8) or its pool configurator (0.5.11 on), then made
+#: (``SWAKVPool``); ``swa_only``: a model whose every layer is a sliding window's
+#: (``PureSWATokenToKVPoolAllocator``, its sizing line); ``linear``: a hybrid linear-attention
+#: model's recurrent state (SGLang's Mamba cache: the first of the release's lines, in some releases
+#: the one a server with speculative decoding prints); ``unified``: the unified memory pool
+#: (``--enable-unified-memory``, 0.5.18 on), here on a hybrid sliding-window model.
 LAYOUTS: dict[str, tuple[tuple[str | tuple[str, ...], str, dict[str, Any]], ...]] = {
     "swa": (
-        (("sglang.srt.model_executor.pool_configurator", "sglang.srt.model_executor.model_runner"),
+        (("sglang.srt.model_executor.pool_configurator", "sglang.srt.model_executor.model_runner_kv_cache_mixin",
+          "sglang.srt.model_executor.model_runner"),
          "window memory pool. ", {"full_tokens": 653_184, "swa_tokens": 522_496, "full_max_total_num_tokens": 653_184,
                                   "swa_max_total_num_tokens": 522_496}),
         (("sglang.srt.mem_cache.swa_memory_pool", "sglang.srt.mem_cache.memory_pool"), "SWAKVPool ",

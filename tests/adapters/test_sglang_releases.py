@@ -778,12 +778,15 @@ def test_a_kv_pool_of_another_layout_each_release_prints_is_stated_on_its_config
     from replay.configs import assumptions
     from replay.configs import node_configs as _configs
     from replay.drive import _unmodelled
+    from replay.sglang_print.servers import LAYOUTS
 
     layouts = _source(release)["layout_lines"]
     has_unified = RELEASES.index(release) >= RELEASES.index("0.5.18")  # (--enable-unified-memory: 0.5.18 on)
     has_swa_only = RELEASES.index(release) >= RELEASES.index("0.5.11")  # (its pool configurator's all-SWA line)
     assert sorted({d["layout"] for d in layouts}) == ["linear", "swa", *(["swa_only"] if has_swa_only else []),
                                                       *(["unified"] if has_unified else [])]
+    # (every line of a layout printed, in every release: its sizing line and its pool's for a hybrid one)
+    assert all(d["printed"] == [m for _, m, _ in LAYOUTS[d["layout"]]] for d in layouts), layouts
     for d in layouts:
         path = ROOT / release / d["file"]
         lines = path.read_text().splitlines()

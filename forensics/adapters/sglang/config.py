@@ -40,12 +40,13 @@ _ROLES = {"prefill": "prefill", "decode": "decode", "null": "unified"}
 #: How each line a model runner prints of a KV pool the replay does not model begins, and schema
 #: v1.1's config field it sets (docs/schema-v1.1.md). ``hybrid_pool``: a hybrid sliding-window
 #: model's pools (``SWATokenToKVPoolAllocator``): the sizing line (the model runner's in 0.5.5,
-#: ``Use Sliding window memory pool. ...``; its pool configurator's from 0.5.11, ``Use sliding
-#: window memory pool. ...`` or ``... (all SWA)``) and the pool's (``SWAKVPool mem usage: ...``;
-#: from 0.5.19 ``SWAKVPool VA upper bound: ...`` too); the unified memory pool (0.5.18 on,
-#: ``[unified-memory-pool] UNIFIED MEMORY POOL ENABLED -- path=...``). ``recurrent_state``: a hybrid
-#: linear-attention model's recurrent state (``Mamba Cache is allocated. ...``, every release).
-#: Read at the start of the message only: a request's text elsewhere in a line is not a sign.
+#: ``Use Sliding window memory pool. ...``; its KV cache mixin's in 0.5.7 and 0.5.8 and its pool
+#: configurator's from 0.5.11, ``Use sliding window memory pool. ...`` or ``... (all SWA)``) and the
+#: pool's (``SWAKVPool mem usage: ...``; from 0.5.19 ``SWAKVPool VA upper bound: ...`` too); the
+#: unified memory pool (0.5.18 on, ``[unified-memory-pool] UNIFIED MEMORY POOL ENABLED -- path=...``).
+#: ``recurrent_state``: a hybrid linear-attention model's recurrent state (``Mamba Cache is
+#: allocated. ...``, every release). Read at the start of the message only: a request's text
+#: elsewhere in a line is not a sign.
 LAYOUT_SIGNS = (("Use Sliding window memory pool", "hybrid_pool"), ("Use sliding window memory pool", "hybrid_pool"),
                 ("SWAKVPool ", "hybrid_pool"), ("[unified-memory-pool] UNIFIED MEMORY POOL ENABLED", "hybrid_pool"),
                 ("Mamba Cache is allocated", "recurrent_state"))
