@@ -196,37 +196,30 @@ def _fill(case: HeldCase, confirmed: ReplayResult, told: Phase = untold) -> Fill
                                 retracted)
 
 
-def _disagreeing(confirmed: ReplayResult) -> tuple[list[str], list[tuple[str, int, int]]]:
+def _disagreeing(confirmed: ReplayResult) -> tuple[list[str], list[tuple[str, str]]]:
     """The nodes whose replay did not follow their logs everywhere, each of whose victims is
     possible; and, where a node's only disagreements are requests its decode retracted (which the
-    replay does not model: until the first of them the node did what the replay did), where in the
-    replayed set (node, boot, seq) the first such request joined the batch: the victims read before
-    it keep their certainty. A retracted request the replayed set has no decode start of makes its
-    node's every victim possible."""
+    replay does not model: until the first of them joined the node's batch the node did what the
+    replay did), those requests, ``(node, request)``: the readers there that took their pages
+    before it keep their certainty (forensics.exposure.tiers.fill_from_replay_on). A retracted
+    request the replayed set has no decode start of makes its node's every victim possible."""
     kinds: dict[str, set[str]] = {}
     for d in confirmed.disagreements:
         kinds.setdefault(d.node, set()).add(d.kind)
     retracting = {node for node, k in kinds.items() if k == {"decode_retracted"}}
-    starts: dict[str, tuple[int, int]] = {}
-    if retracting:
-        wanted = sorted({(d.node, d.request_id) for d in confirmed.disagreements if d.node in retracting})
+    wanted = sorted({(d.node, d.request_id) for d in confirmed.disagreements if d.node in retracting})
+    if wanted:
         con = connect(confirmed.out / "replay.duckdb", read_only=True, create=False)
         try:
             con.register("retracted", pa.table({"node": [n for n, _ in wanted], "request_id": [r for _, r in wanted]}))
-            found = con.execute("SELECT r.node, r.request_id, r.boot, r.seq FROM records r JOIN retracted "
-                                "USING (node, request_id) WHERE r.kind = 'request' AND r.event = 'decode_started'"
-                                ).fetchall()
+            started = set(con.execute("SELECT DISTINCT r.node, r.request_id FROM records r JOIN retracted "
+                                      "USING (node, request_id) WHERE r.kind = 'request' "
+                                      "AND r.event = 'decode_started' AND r.seq IS NOT NULL").fetchall())
         finally:
             con.close()
-        first: dict[tuple[str, str], tuple[int, int]] = {}
-        for node, rid, boot, seq in found:
-            first[node, rid] = min(first.get((node, rid), (boot, seq)), (boot, seq))
-        retracting -= {node for node, rid in wanted if (node, rid) not in first}  # (no start to place it by)
-        for (node, _), at in first.items():
-            if node in retracting:
-                starts[node] = min(starts.get(node, at), at)
+        retracting -= {node for node, rid in wanted if (node, rid) not in started}  # (no start to place it by)
     disagreeing = sorted(node for node in kinds if node not in retracting)
-    return disagreeing, sorted((node, boot, seq) for node, (boot, seq) in starts.items())
+    return disagreeing, [(node, rid) for node, rid in wanted if node in retracting]
 
 
 def _evidence_gaps(con: duckdb.DuckDBPyConnection) -> tuple[tuple[str, ...], int]:

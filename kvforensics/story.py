@@ -17,6 +17,7 @@ from typing import Any
 import polars as pl
 
 import forensics
+from forensics.exposure import tiers
 from forensics.exposure.tiers import PAGE_EVIDENCE, REQUEST_REPLAY, SUMMARY_TIERS, TOTAL, TRANSFER_REPLAY
 from forensics.findings import SEVERITIES, Finding
 from forensics.ids import dp_pools
@@ -135,9 +136,21 @@ def _notes(found: Any) -> list[str]:
     if filled and filled.gap_windows:
         notes.append(f"page records missing in {filled.gap_windows:,} seq-gap windows: filled by replay, "
                      f"{filled.exposed_responses:,} exposed responses in all (table replay_exposures)")
+    if filled and filled.not_ruled_out:
+        notes.append(not_ruled_out_said(filled.not_ruled_out, filled.not_ruled_out_listed))
     if found.replay_skipped:
         notes.append(f"replay skipped: {found.replay_skipped}")
     return notes
+
+
+def not_ruled_out_said(pairs: int, listed: bool) -> str:
+    """What a retraction left undecided: the (reader, request) pairs the evidence does not rule out."""
+    if listed:
+        return (f"after decode retractions: {pairs:,} (reader, request) pairs not ruled out by the evidence, each "
+                "a possible victim (certainty_note 'not ruled out')")
+    return (f"after decode retractions: {pairs:,} (reader, request) pairs not ruled out by the evidence, past "
+            f"{tiers.NOT_RULED_OUT_PAIRS:,}: not listed; the victims named after the retractions are possible and "
+            "others there may be missed")
 
 
 def disagreements_said(r: Any) -> list[str]:

@@ -249,9 +249,11 @@ DISAGREEMENTS = {
                           "named on that node are possible",
     "decode_retracted": "SGLang's decode retracted the request under memory pressure (its finish says how many "
                         "times: SGLang's num_retractions): its pages were freed and its KV restored into pages taken "
-                        "afresh later, which the replay does not model: the victims read on that node from the moment "
-                        "the request joined its batch are possible, and others there may be missed (those read before "
-                        "it stay certain)",
+                        "afresh later, which the replay does not model: on that node, the victims of a reader that "
+                        "took its pages from the moment the request joined its batch are possible and, unless too "
+                        "many to list (the job then says so), every request whose data may have been in the node's "
+                        "pool then is named beside them as a possible victim (readers that took their pages before "
+                        "it keep their certainty)",
     "flush_not_idle": "a node's caches were flushed (SGLang's flush_cache, which only an idle node does) while the "
                       "replay still held the request's pages there: it lets them go at the flush",
     "beyond_replay_bound": "the request's pages are beyond the replay's bounds (2^22 pages a request, 2^25 distinct "

@@ -117,6 +117,10 @@ class ReportData:
     #: victim requests named by page records (certain) and by the replay alone (possible)
     certain_victims: int = 0
     possible_victims: int = 0
+    #: after decode retractions: (reader, request) pairs the evidence does not rule out, and whether
+    #: they are listed as possible victims (forensics.exposure.tiers.not_ruled_out_figures)
+    not_ruled_out: tuple[int, bool] = (0, True)
+    not_ruled_out_budget: int = 0
     #: whether a replay under the engine the logs were made with confirmed the case
     confirmed: bool = False
     #: whether any node logged page records (kv records)
@@ -284,6 +288,8 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         prompt_limit=limit, naming=names.mode, findings=found, prompt_every=prompt_every,
         tiers=evidence_tiers.by_tier(con), filled=filled, tier_figures=tier_figures, shown_figures=shown,
         certain_victims=n_certain, possible_victims=len(victims) - n_certain,
+        not_ruled_out=evidence_tiers.not_ruled_out_figures(con),
+        not_ruled_out_budget=evidence_tiers.NOT_RULED_OUT_PAIRS,
         without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],
         unseen_late_writes=evidence_tiers.unseen_late_writes(con),
         confirmed=any(r.get("mode") == "confirm" for r in replays),

@@ -12,8 +12,8 @@ servers log (each server in a process of its own, text form, gzipped) into ``OUT
 source line behind each line type) and ``tenants.json``. The same bytes on every run. Needs
 uvicorn (``pip install -e '.[sglang]'``), not torch.
 
-tests/replay/test_cache_flush.py makes each run's canonical log set again and holds the replay of
-the printed logs to its page records.
+tests/replay/test_cache_flush.py (the flush runs) and tests/replay/test_certainty.py (the retraction
+runs) make each run's canonical log set again and hold what the printed logs give to its page records.
 """
 
 from __future__ import annotations
@@ -31,13 +31,19 @@ from replay.sglang_print.run import write
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Each run: the release that prints it, the generator's seed and requests, its layout. Every node's
-#: caches are flushed halfway (``flush``); 0.5.11 prints ``Cache flushed successfully!`` on every
-#: scheduler, 0.5.19 on each DP rank's first only. Both hand a length-rejected prompt off (the
-#: generator's placeholder runs: from 0.5.21 no release does, and the printer refuses them).
+#: Each run: the release that prints it, the generator's seed and requests, its layout. In the flush
+#: runs every node's caches are flushed halfway (``flush``); 0.5.11 prints ``Cache flushed
+#: successfully!`` on every scheduler, 0.5.19 on each DP rank's first only. Both hand a
+#: length-rejected prompt off (the generator's placeholder runs: from 0.5.21 no release does, and the
+#: printer refuses them). tests/replay/test_cache_flush.py reads the flush runs,
+#: tests/replay/test_certainty.py the retraction runs.
 RUNS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
     "0.5.11-flush-step-records": ("0.5.11", 3, 160, {"flush": True, "step_log": 40}),
     "0.5.19-flush-prefix-cache": ("0.5.19", 11, 160, {"flush": True, "prefix_cache": True}),
+    # each decode node retracts a request at its 1,500th step (its finish's meta_info says so:
+    # total_retractions to 0.5.11, num_retractions from 0.5.12)
+    "0.5.11-retract": ("0.5.11", 14, 200, {"retract": True}),
+    "0.5.19-retract-step-records": ("0.5.19", 12, 200, {"retract": True, "step_log": 40}),
 }
 
 

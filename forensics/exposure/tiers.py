@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from forensics.exposure.figures import DEFINITIONS, summary
 from forensics.ids import NodeId
-from forensics.store import HeldCase, connect, has_table, one, roll_back, rows, sql_text
+from forensics.store import HeldCase, connect, has_table, one, roll_back, rows, sql_blocks, sql_text
 
 PAGE_RECORDS = "page records"
 PAGE_RECORDS_INFERRED = "page records, read inferred"  # the read was inferred at decode_started
@@ -32,6 +32,12 @@ TIERS = (PAGE_RECORDS, PAGE_RECORDS_INFERRED, TRANSFER_REPLAY, REQUEST_REPLAY)
 #: The tiers on which a victim is certain: page records show what each page held. A victim the
 #: replay names is possible: it rests on the reference engine's reconstruction of the pages.
 CERTAIN = (PAGE_RECORDS, PAGE_RECORDS_INFERRED)
+#: After decode retractions, at most this many (reader, request) pairs not ruled out by the evidence
+#: are listed in a case (:func:`_not_ruled_out`: they grow as readers times requests); past it none
+#: is, and the job and the report say so with their count.
+NOT_RULED_OUT_PAIRS = 5_000_000
+#: The ``case_meta`` keys of the last fill's pairs not ruled out, and whether they are listed.
+NOT_RULED_OUT_META = ("not_ruled_out_pairs", "not_ruled_out_listed")
 
 
 @dataclass(frozen=True)
@@ -43,38 +49,52 @@ class Filled:
     gap_windows: int
     exposed_responses: int
     rows: int
+    #: after retractions: (reader, request) pairs that the evidence does not rule out, each a row
+    #: (possible) where no schedule names it already; or, past :data:`NOT_RULED_OUT_PAIRS`, not
+    #: listed (``not_ruled_out_listed`` False: those victims are possible and others may be missed)
+    not_ruled_out: int = 0
+    not_ruled_out_listed: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """The fill as JSON-ready data."""
         return {"nodes": list(self.nodes), "gap_windows": self.gap_windows,
-                "exposed_responses": self.exposed_responses, "rows": self.rows}
+                "exposed_responses": self.exposed_responses, "rows": self.rows,
+                "not_ruled_out": self.not_ruled_out, "not_ruled_out_listed": self.not_ruled_out_listed}
 
 
 def fill_from_replay(db: Path | str | HeldCase, replayed: Path, alternatives: Sequence[tuple[str, Path]] = (),
                      disagreeing_nodes: Sequence[str] = (), varied_nodes: Sequence[str] = (),
-                     retracted_from: Sequence[tuple[str, int, int]] = ()) -> Filled:
+                     retracted: Sequence[tuple[str, str]] = ()) -> Filled:
     """:func:`fill_from_replay_on` the case ``db``: its path, or the case a long job holds open."""
     con = connect(db)
     try:
-        return fill_from_replay_on(con, replayed, alternatives, disagreeing_nodes, varied_nodes, retracted_from)
+        return fill_from_replay_on(con, replayed, alternatives, disagreeing_nodes, varied_nodes, retracted)
     finally:
         con.close()
 
 
 def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
                         alternatives: Sequence[tuple[str, Path]] = (), disagreeing_nodes: Sequence[str] = (),
-                        varied_nodes: Sequence[str] = (), retracted_from: Sequence[tuple[str, int, int]] = ()
+                        varied_nodes: Sequence[str] = (), retracted: Sequence[tuple[str, str]] = ()
                         ) -> Filled:
     """Replace the ``replay_exposures`` of the case open on ``con`` by the exposures of the replay
     case ``replayed`` (the replay under the engine that made the logs, on the logged schedule) where
     page records are missing, each victim certain or possible: certain where every one of the
     ``alternatives`` (``(schedule, replay case)``: the other schedules the evidence allows, replayed
     on the ``varied_nodes`` only, where they differ) names it too, on a node whose replay followed
-    its logs (none of ``disagreeing_nodes``) and misses no records. ``retracted_from``: ``(node,
-    boot, seq)`` of the replayed set, where a request that node's decode retracted (which the replay
-    does not model) joined its batch: a pair first read there or after is possible, one read before
-    keeps its certainty (what the node had done until then is the replay's)."""
+    its logs (none of ``disagreeing_nodes``) and misses no records.
+
+    ``retracted``: ``(node, request)`` of the requests a node's decode retracted under memory
+    pressure (which the replay does not model), each node's every disagreement one of them. Until
+    the first of them joined the node's batch (its ``decode_started`` in the replayed set, on its
+    boot) the node did what the replay did; after it, its pages are one layout of several. So a
+    reader whose pages were taken before that keeps its certainty; one whose pages were taken
+    there or after (or that was retracted itself) has its victims possible, and every request
+    whose data may have been in the node's pool when the reader took its pages is named beside
+    them as a possible victim (:func:`_not_ruled_out`): the replay's own names may miss the true
+    ones there."""
     base = _exposures_of(replayed)
+    bounds, candidates, pairs = _not_ruled_out(replayed, retracted)
     tables = []
     for name, path in alternatives:
         t = _exposures_of(path)
@@ -84,12 +104,14 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     missing = missing_page_records(con)
     con.register("replayed_exposures", base)
     con.register("alternative_exposures", alternative)
-    con.register("retracted_from", pa.table({"node": pa.array([n for n, _, _ in retracted_from], pa.string()),
-                                             "boot": pa.array([b for _, b, _ in retracted_from], pa.int64()),
-                                             "seq": pa.array([q for _, _, q in retracted_from], pa.int64())}))
+    con.register("retraction_bounds", bounds)
+    con.register("not_ruled_out", candidates)
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM replay_exposures")
+        con.executemany("INSERT INTO case_meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        [[NOT_RULED_OUT_META[0], str(pairs)],
+                         [NOT_RULED_OUT_META[1], str(candidates.num_rows == pairs).lower()]])
         con.execute(sql_text("fill_from_replay.sql"), {
             "missing_nodes": list(missing), "transfer_tier": TRANSFER_REPLAY, "request_tier": REQUEST_REPLAY,
             "schedules": len(alternatives), "disagreeing_nodes": list(disagreeing_nodes),
@@ -101,12 +123,47 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     finally:
         con.unregister("replayed_exposures")
         con.unregister("alternative_exposures")
-        con.unregister("retracted_from")
+        con.unregister("retraction_bounds")
+        con.unregister("not_ruled_out")
     row = one(con, "SELECT count(DISTINCT reader_request) FILTER (WHERE reader_delivered), count(*), "
                    "(SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)) "
                    "FROM replay_exposures")
     assert row is not None
-    return Filled(missing, int(row[2]), int(row[0]), int(row[1]))
+    return Filled(missing, int(row[2]), int(row[0]), int(row[1]), pairs, candidates.num_rows == pairs)
+
+
+def not_ruled_out_figures(con: duckdb.DuckDBPyConnection) -> tuple[int, bool]:
+    """The last fill's (reader, request) pairs not ruled out after retractions, and whether they are
+    listed (``replay_exposures``): (0, True) where none, or the case was never filled."""
+    found = dict(con.execute("SELECT key, value FROM case_meta WHERE key IN (?, ?)", list(NOT_RULED_OUT_META))
+                 .fetchall())
+    return int(found.get(NOT_RULED_OUT_META[0], 0)), found.get(NOT_RULED_OUT_META[1], "true") == "true"
+
+
+def _not_ruled_out(case: Path, retracted: Sequence[tuple[str, str]], budget: int | None = None
+                   ) -> tuple[pa.Table, pa.Table, int]:
+    """Where a node's decode retracted requests (``retracted``: ``(node, request)``), from the
+    replay case ``case`` (``sql/not_ruled_out.sql``): each reader there, with whether its pages
+    were taken where the node's layout is no longer the replay's (node, boot, reader_request,
+    taken_seq, after); for each such reader, the requests whose data may have been in the node's
+    pool when it took them (node, boot, reader_request, victim_request, victim_tenant); and how
+    many such pairs there are. Past ``budget`` pairs (:data:`NOT_RULED_OUT_PAIRS`) none is listed
+    (each reader's are all the requests that let their pages go on its node's boot before it took
+    its own, since the first retracted request joined the batch: they grow as readers times
+    requests)."""
+    blocks = {b.name: b.sql for b in sql_blocks("not_ruled_out.sql")}
+    source = connect(case, read_only=True, create=False)
+    try:
+        source.register("retracted", pa.table({"node": pa.array([n for n, _ in retracted], pa.string()),
+                                               "request_id": pa.array([r for _, r in retracted], pa.string())}))
+        source.execute(blocks["prepare"])
+        bounds = source.sql("SELECT * FROM retraction_bounds ORDER BY ALL").to_arrow_table()
+        pairs = int((one(source, blocks["not_ruled_out_pairs"]) or (0,))[0])
+        listed = source.sql(blocks["not_ruled_out"] if pairs <= (NOT_RULED_OUT_PAIRS if budget is None else budget)
+                            else blocks["not_ruled_out"] + " LIMIT 0").to_arrow_table()
+        return bounds, listed, pairs
+    finally:
+        source.close()
 
 
 def _exposures_of(case: Path) -> pa.Table:

@@ -8,11 +8,13 @@
 -- Tier: the reader's transfer to that node carried fewer KV tokens than its prompt (by its own
 -- record or the sender's) is $transfer_tier; otherwise the request records alone, $request_tier.
 -- Certainty: a victim is certain where every schedule names the same (reader, victim) on that
--- node, the node's replay followed its logs ($disagreeing_nodes did not; on a node in
--- `retracted_from`, up to where a request its decode retracted joined its batch: a pair first read
--- there or after is not) and the row is not from a seq-gap window; otherwise possible, and
--- certainty_note says why. A pair named only under another
--- schedule is listed as possible with no pages (the page figures count the logged schedule's).
+-- node, the node's replay followed its logs ($disagreeing_nodes did not; on a node whose decode
+-- retracted requests, only the readers that took their pages before the first of them joined its
+-- batch: `retraction_bounds`, sql/not_ruled_out.sql) and the row is not from a seq-gap window;
+-- otherwise possible, and certainty_note says why. A pair named only under another schedule is
+-- listed as possible with no pages (the page figures count the logged schedule's); so is each
+-- request of `not_ruled_out` that no schedule names: after a retraction, data the reader's pages
+-- may have held on a layout the replay cannot name.
 INSERT INTO replay_exposures BY NAME
 WITH wanted AS (
   SELECT e.*, NOT list_contains($missing_nodes, e.node) AS in_gap
@@ -37,36 +39,55 @@ WITH wanted AS (
       AND NOT EXISTS (SELECT 1 FROM base b WHERE b.node = w.node AND b.reader_request = w.reader_request
                                             AND b.victim_request = w.victim_request))
   WHERE k = 1
+), reader_rows AS (  -- each reader's first row on a node (a pair not ruled out takes its place and time)
+  SELECT * EXCLUDE (k) FROM (
+    SELECT b.*, row_number() OVER (PARTITION BY b.node, b.reader_request
+                                   ORDER BY b.first_seq, b.first_ts, b.victim_request) AS k
+    FROM base b)
+  WHERE k = 1
+), candidates AS (  -- after a retraction: requests whose data the reader's pages may have held, no schedule naming them
+  SELECT r.* EXCLUDE (victim_request, victim_tenant, pages, n_pages), c.victim_request, c.victim_tenant,
+         NULL::VARCHAR AS pages, 0::BIGINT AS n_pages
+  FROM not_ruled_out c
+  JOIN reader_rows r ON r.node = c.node AND r.boot = c.boot AND r.reader_request = c.reader_request
+  WHERE NOT EXISTS (SELECT 1 FROM wanted w WHERE w.node = c.node AND w.reader_request = c.reader_request
+                                            AND w.victim_request = c.victim_request)
 ), rows AS (
   SELECT b.*, CASE WHEN list_contains($varied_nodes, b.node) THEN coalesce(n.others, 0) ELSE $schedules END AS others,
-         TRUE AS logged_schedule FROM base b
+         TRUE AS logged_schedule, FALSE AS not_ruled_out FROM base b
   LEFT JOIN named n USING (node, reader_request, victim_request)
   UNION ALL BY NAME
   SELECT o.* EXCLUDE (k, pages, n_pages), NULL::VARCHAR AS pages, 0::BIGINT AS n_pages, n.others,
-         FALSE AS logged_schedule
+         FALSE AS logged_schedule, FALSE AS not_ruled_out
   FROM only_other o JOIN named n USING (node, reader_request, victim_request)
-), marked AS (  -- read where or after a request the node's decode retracted joined its batch
+  UNION ALL BY NAME
+  SELECT c.*, $schedules AS others, FALSE AS logged_schedule, TRUE AS not_ruled_out FROM candidates c
+), marked AS (  -- a reader that took its pages where or after a request the node's decode retracted joined its batch
   SELECT r.*, r.logged_schedule AND EXISTS (  -- (a pair only another schedule names is possible already)
-                SELECT 1 FROM retracted_from f
-                WHERE f.node = r.node AND (r.boot > f.boot OR (r.boot = f.boot AND r.first_seq >= f.seq)))
+                SELECT 1 FROM retraction_bounds f
+                WHERE f.node = r.node AND f.boot = r.boot AND f.reader_request = r.reader_request AND f.after)
               AS after_retraction
   FROM rows r
 )
-SELECT r.* EXCLUDE (evidence, in_gap, others, logged_schedule, after_retraction),
+SELECT r.* EXCLUDE (evidence, in_gap, others, logged_schedule, not_ruled_out, after_retraction),
        CASE WHEN EXISTS (
          SELECT 1 FROM transfers t JOIN requests q USING (request_id)
          WHERE t.request_id = r.reader_request AND t.dst_node = r.node AND t.event = 'completed'
            AND t.tokens_sent < q.prompt_tokens)
        THEN $transfer_tier ELSE $request_tier END AS evidence,
-       CASE WHEN r.in_gap OR list_contains($disagreeing_nodes, r.node) OR r.after_retraction
+       CASE WHEN r.in_gap OR list_contains($disagreeing_nodes, r.node) OR r.after_retraction OR r.not_ruled_out
                  OR r.others + (CASE WHEN r.logged_schedule THEN 1 ELSE 0 END) < $schedules + 1
             THEN 'possible' ELSE 'certain' END AS certainty,
        CASE WHEN r.in_gap THEN 'inside a seq gap: the node''s records of this window are missing'
             WHEN list_contains($disagreeing_nodes, r.node)
               THEN 'the replay could not follow this node''s logs everywhere (replay_disagreements)'
+            WHEN r.not_ruled_out
+              THEN 'not ruled out: the reader took its pages after a request the node''s decode retracted under '
+                   || 'memory pressure joined its batch (replay_disagreements), where the node''s pages are not the '
+                   || 'replay''s; this request''s data may have been in the node''s pool then'
             WHEN r.after_retraction
-              THEN 'read after a request the node''s decode retracted under memory pressure joined its batch, '
-                   || 'which the replay does not model (replay_disagreements)'
+              THEN 'the reader took its pages after a request the node''s decode retracted under memory pressure '
+                   || 'joined its batch, which the replay does not model (replay_disagreements)'
             WHEN NOT r.logged_schedule
               THEN 'named only under ' || r.others || ' of ' || $schedules
                    || ' other schedules the logs allow, not under the logged one'

@@ -79,6 +79,7 @@ class Timeline:
     reason: str | None = None
     output: int = 0
     router_rejected: bool = False
+    retractions: int = 0  # times the node's decode retracted it (its finish's, schema v1.1)
 
 
 def _seconds(ts: str, epoch: dt.datetime) -> float:
@@ -123,6 +124,7 @@ def timelines(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> l
             t.tokens = r["tokens"]
         if name == "finished":
             t.status, t.reason, t.output = r.get("status"), r.get("finish_reason"), r.get("output_tokens") or 0
+            t.retractions = r.get("retractions") or 0
     return sorted(out.values(), key=lambda t: (t.arrived, t.rid))
 
 
@@ -280,7 +282,8 @@ class SimulatedServer(Printer):
             for prefix in s.schedulers():
                 s.configure(prefix)
                 self._log_time_stats(req)
-            self._finish(obj, t.rid, t.prompt, t.output, None, end, stop=t.reason == "stop", latency=latency)
+            self._finish(obj, t.rid, t.prompt, t.output, None, end, stop=t.reason == "stop", latency=latency,
+                         retractions=t.retractions)
             return
         if t.reason == "transfer_timeout":
             CLOCK.at(end)

@@ -341,5 +341,6 @@ def test_each_kind_of_disagreement_is_said_with_what_it_means(told: dict[tuple[s
     text = " ".join(said.split())
     assert ("decode_retracted (1): SGLang's decode retracted the request under memory pressure (its finish says "
             "how many times: SGLang's num_retractions)") in text
-    assert "the victims read on that node from the moment the request joined its batch are possible" in text
+    assert ("the victims of a reader that took its pages from the moment the request joined its batch are "
+            "possible") in text
     assert "decode_retracted" not in told["pages", 160][1]

@@ -253,8 +253,9 @@ def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible_from_
     afresh later), which the replay does not model. The replay lists it (``decode_retracted``) and
     carries the field into its replayed logs. It cannot have been retracted before it joined the
     batch, and until then the node did what the replay did: the job names possible exactly the
-    victims on that node first read from its ``decode_started`` on (by the replayed set's order),
-    the ones read before it certain, and the other decode node's certain, as before."""
+    victims on that node of the readers that took their pages from its ``decode_started`` on (by
+    the replayed set's order), with every request not ruled out beside them; the victims of the
+    readers that took theirs before it certain, and the other decode node's certain, as before."""
     from forensics.case import Case
     from kvforensics.job import run
 
@@ -279,14 +280,25 @@ def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible_from_
         rows = case.exposures(delivered_only=True).to_dicts()
     start = next((r.get("boot", 0), r["seq"]) for r in replayed if r["node"] == "decode-1"
                  and r.get("request_id") == finish["request_id"] and r.get("event") == "decode_started")
+    taken: dict[str, tuple[int, int]] = {}  # where each request took its pages on decode-1
+    for r in replayed:
+        if r["node"] == "decode-1" and r.get("op") == "alloc":
+            taken.setdefault(r["request_id"], (r.get("boot", 0), r["seq"]))
     assert {r["certainty"] for r in rows if r["node"] == "decode-0"} == {"certain"}
     on = [r for r in rows if r["node"] == "decode-1"]
-    before = {(r["reader_request"], r["victim_request"]) for r in on if (r["boot"], r["first_seq"]) < start}
+    before = {(r["reader_request"], r["victim_request"]) for r in on if taken[r["reader_request"]] < start}
     assert before and len(before) < len(on)
     assert {(r["reader_request"], r["victim_request"]) for r in on if r["certainty"] == "certain"} == before
-    assert {r["certainty_note"] for r in on if r["certainty"] == "possible"} == {
-        "read after a request the node's decode retracted under memory pressure joined its batch, which the replay "
-        "does not model (replay_disagreements)"}
+    after = [r for r in on if taken[r["reader_request"]] >= start]
+    named = [r for r in after if r["pages"] is not None]
+    assert named and {r["certainty_note"] for r in named} == {
+        "the reader took its pages after a request the node's decode retracted under memory pressure joined its "
+        "batch, which the replay does not model (replay_disagreements)"}
+    # beside them, every request whose data its pages may have held (a retracted request's own among them)
+    beside = [r for r in after if r["pages"] is None]
+    assert beside and all(r["certainty"] == "possible" and r["n_pages"] == 0
+                          and r["certainty_note"].startswith("not ruled out: ") for r in beside)
+    assert finish["request_id"] in {r["victim_request"] for r in beside}
     # the report says what the disagreement means, beside the replay's figures
     report = " ".join((tmp_path / "report.html").read_text().split())
     assert ("<li><code>decode_retracted</code> (1): SGLang&#39;s decode retracted the request under memory "
