@@ -35,10 +35,12 @@ PLAUSIBLE_COUNT = 2**40
 
 @dataclass(frozen=True)
 class Variant:
-    """The fields a record needs beyond the common ones, for one kind and event/op."""
+    """The fields a record needs beyond the common ones, for one kind and event/op; ``unless``:
+    ``(field, other)`` pairs, each an optional field required where the other is absent."""
 
     required: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
+    unless: tuple[tuple[str, str], ...] = ()
 
 
 class Reason(StrEnum):
@@ -130,8 +132,9 @@ FIELDS: Final[dict[str, Field]] = {
         # step (v1.1)
         Field("running", FieldType.INT, min_value=0, max_value=PLAUSIBLE_COUNT),
         Field("steps", FieldType.INT, min_value=1, max_value=PLAUSIBLE_COUNT),
-        # the node's caches were emptied here (SGLang's flush_cache): its pool starts afresh, its step count from 0
-        Field("cache", FieldType.STR, ("flushed",)),
+        # what befell the node's KV cache here: "flushed", emptied while idle (SGLang's flush_cache: its pool
+        # afresh, its step count from 0); "retracted", running requests' pages freed under memory pressure
+        Field("cache", FieldType.STR, ("flushed", "retracted")),
     )
 }
 
@@ -173,8 +176,10 @@ KIND_FIELDS: Final[dict[str, Variant]] = {
         optional=("src_pages", "dst_pages", "tokens", "bytes"),
     ),
     # a decode loop's progress (v1.1): the running batch, and the steps since the node's last one; or,
-    # with ``cache: "flushed"``, the node's caches emptied while it was idle (its pool afresh, its count from 0)
-    "step": Variant(required=("running",), optional=("steps", "cache")),
+    # with ``cache: "flushed"``, the node's caches emptied while it was idle (its pool afresh, its count from 0),
+    # or with ``cache: "retracted"``, running requests' pages freed under memory pressure (the engine's line
+    # says no batch: ``running`` is required only where ``cache`` is absent)
+    "step": Variant(optional=("running", "steps", "cache"), unless=(("running", "cache"),)),
 }
 
 #: Per kind, the variants by event or op, with the fields each adds.
@@ -220,6 +225,11 @@ def fields_of(kind: str, variant: str | None) -> tuple[tuple[str, ...], tuple[st
     required = COMMON_REQUIRED + base.required + extra.required
     optional = COMMON_OPTIONAL + base.optional + extra.optional
     return required, tuple(f for f in optional if f not in required)
+
+
+def required_unless(kind: str, variant: str | None) -> tuple[tuple[str, str], ...]:
+    """``(field, other)``: each optional field of this kind and event/op required where the other is absent."""
+    return KIND_FIELDS[kind].unless + VARIANTS[kind].get(variant or "", Variant()).unless
 
 
 def own_fields(kind: str, variant: str | None) -> tuple[str, ...]:

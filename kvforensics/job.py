@@ -198,11 +198,12 @@ def _fill(case: HeldCase, confirmed: ReplayResult, told: Phase = untold) -> Fill
 
 def _disagreeing(confirmed: ReplayResult) -> tuple[list[str], list[tuple[str, str]]]:
     """The nodes whose replay did not follow their logs everywhere, each of whose victims is
-    possible; and, where a node's only disagreements are requests its decode retracted (which the
-    replay does not model: until the first of them joined the node's batch the node did what the
-    replay did), those requests, ``(node, request)``: the readers there that took their pages
-    before it keep their certainty (forensics.exposure.tiers.fill_from_replay_on). A retracted
-    request the replayed set has no decode start of makes its node's every victim possible."""
+    possible; and, where a node's only disagreements are its decode's retractions (which the replay
+    does not model: until the first of them the node did what the replay did), the requests it
+    retracted, ``(node, request)``, and ``(node, "")`` where its scheduler logged retractions: the
+    readers there that took their pages before the first keep their certainty
+    (forensics.exposure.tiers.fill_from_replay_on). A retracted request the replayed set has no
+    decode start of makes its node's every victim possible."""
     kinds: dict[str, set[str]] = {}
     for d in confirmed.disagreements:
         kinds.setdefault(d.node, set()).add(d.kind)
@@ -217,7 +218,7 @@ def _disagreeing(confirmed: ReplayResult) -> tuple[list[str], list[tuple[str, st
                                       "AND r.event = 'decode_started' AND r.seq IS NOT NULL").fetchall())
         finally:
             con.close()
-        retracting -= {node for node, rid in wanted if (node, rid) not in started}  # (no start to place it by)
+        retracting -= {node for node, rid in wanted if rid and (node, rid) not in started}  # (no start to place it by)
     disagreeing = sorted(node for node in kinds if node not in retracting)
     return disagreeing, [(node, rid) for node, rid in wanted if node in retracting]
 

@@ -218,6 +218,19 @@ def replay_node(
         deferred.clear()
         e.handle(_logged(event))
 
+    def retraction(event: dict[str, Any]) -> None:
+        """The node's scheduler retracted running requests under memory pressure here (SGLang's ``KV
+        cache pool is full. Retract requests.`` line, which names none of them): their pages freed,
+        taken afresh later, which the replay does not model. Confirming, it is listed
+        (``decode_retracted``, no request: the job makes the victims of the readers that take their
+        pages from here on possible); either way the record is carried, placed among the events by
+        its time as any other."""
+        if confirm:
+            label = f"seq {event['seq']}" if event["seq"] is not None else f"at {event['ts']}"
+            disagreements.append(Disagreement("", node, "decode_retracted", f"boot {event['boot']}, {label}: the "
+                                              "node's scheduler retracted running requests under memory pressure"))
+        feed(_logged(event), event["_ns"], None, event["_i"])
+
     unmodelled: set[tuple[int, str]] = set()  # (boot, what the replay does not model there), listed
 
     def configure(boot: int, i: int) -> None:
@@ -259,7 +272,9 @@ def replay_node(
                 continue
             if role != "decode" or node_engine is None or event["boot"] != node_engine.boot:
                 continue
-            if confirm:
+            if event.get("cache") == "retracted":
+                retraction(event)
+            elif confirm:
                 step_record(event)
             else:  # (a what-if's batch is not the logged one: its records are carried, placed by time, not read)
                 feed(_logged(event), event["_ns"], None, event["_i"])

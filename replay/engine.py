@@ -247,13 +247,14 @@ DISAGREEMENTS = {
                           "(SGLang's hybrid sliding-window pools, SWATokenToKVPoolAllocator, or its unified memory "
                           "pool, --enable-unified-memory): its pages there are one layout of several, and the victims "
                           "named on that node are possible",
-    "decode_retracted": "SGLang's decode retracted the request under memory pressure (its finish says how many "
-                        "times: SGLang's num_retractions): its pages were freed and its KV restored into pages taken "
-                        "afresh later, which the replay does not model: on that node, the victims of a reader that "
-                        "took its pages from the moment the request joined its batch are possible and, unless too "
-                        "many to list (the job then says so), every request whose data may have been in the node's "
-                        "pool then is named beside them as a possible victim (readers that took their pages before "
-                        "it keep their certainty)",
+    "decode_retracted": "SGLang's decode retracted running requests under memory pressure (a finish says how many "
+                        "times: SGLang's num_retractions; the scheduler's line says when: \"KV cache pool is full. "
+                        "Retract requests.\"): their pages were freed and their KV restored into pages taken afresh "
+                        "later, which the replay does not model: on that node, the victims of a reader that took its "
+                        "pages from the first retraction on (its line, or the retracted request's join of the batch) "
+                        "are possible and, unless too many to list (the job then says so), every request whose data "
+                        "may have been in the node's pool then is named beside them as a possible victim (readers "
+                        "that took their pages before it keep their certainty)",
     "flush_not_idle": "a node's caches were flushed (SGLang's flush_cache, which only an idle node does) while the "
                       "replay still held the request's pages there: it lets them go at the flush",
     "beyond_replay_bound": "the request's pages are beyond the replay's bounds (2^22 pages a request, 2^25 distinct "

@@ -193,6 +193,7 @@ def run(release: Release, out: Path) -> None:
     flags = flag_lines(release, folder / "lines", sources)
     layouts = layout_lines(release, folder / "lines", sources)
     flushes = flush_lines(release, folder / "lines", sources)
+    retractions = retract_lines(release, folder / "lines", sources)
     rotation = rotated_run(release, folder / "json-rotated", sources) if release.version in ROTATED else None
     hostile = hostile_runs(release, folder, sources)
     reuse = reuse_run(release, folder / REUSE_FOLDER, sources) if release.version in REUSE_RELEASES else None
@@ -227,6 +228,8 @@ def run(release: Release, out: Path) -> None:
         "layout_lines": layouts,
         # each server's cache flush: its warning while busy, then its flush, on the schedulers that print it
         "flush_lines": flushes,
+        # a decode server's retraction under memory pressure, on every scheduler of its first DP rank
+        "retract_lines": retractions,
         # the scenario again, its target files rotated by SGLang's handler and gzipped (0.5.8 on)
         **({"rotated": rotation} if rotation else {}),
         # the hostile run: server-assigned rids, user text like log lines at levels 2 and 3
@@ -383,6 +386,27 @@ def flush_lines(release: Release, out: Path, sources: dict[str, str]) -> list[di
                           if guarded else "every scheduler",
                           "flushed": [spec.node if dp is None else f"{spec.node}.dp{dp}" for dp in ranks]})
     return described
+
+
+def retract_lines(release: Release, out: Path, sources: dict[str, str]) -> list[dict[str, Any]]:
+    """``Scheduler.update_running_batch``'s line where it retracts running requests under memory
+    pressure (``out/decode-0-retract.log``, after the decode server's start-up): built and logged by
+    the release's own statements (``Printer.retracted``: ``KV cache pool is full. Retract requests.
+    #retracted_reqs: 1, ...``), on every scheduler of its first DP rank. Outside the scripted run: a
+    retraction there would change every page after it. Described in SOURCE.json's
+    ``retract_lines``: the node whose pool it freed pages of (a DP rank's pool is a node of its own)."""
+    spec = SPECS["decode"]
+    server = Server(release, spec, SETUP, "text", None)
+    CLOCK.at(0.0)
+    printer = Printer(server)
+    printer.startup()
+    CLOCK.at(3.0)
+    printer.retracted()
+    name = f"{spec.node}-retract.log"
+    (out / name).write_text(server.out.getvalue(), encoding="utf-8")
+    sources.update(server.sources)
+    return [{"file": f"lines/{name}", "role": "decode", "printed_by": "every scheduler of the DP rank",
+             "retracted": [spec.node if spec.dp_size <= 1 else f"{spec.node}.dp0"]}]
 
 
 class Scenario(Printer):
@@ -714,21 +738,10 @@ class Scenario(Printer):
 
     def _retracted(self, schedulers: list[str], at: float) -> None:
         """The decode scheduler retracts one request because its pool is full
-        (``Scheduler.update_running_batch``): its line, on every scheduler of the DP rank (no rank
-        guard), as the release assembles it: one f-string logged at INFO (0.5.5), or a prefix and
-        its details' f-strings logged as a warning (0.5.7 on)."""
-        mod = SCHEDULER
-        values = {"retracted_reqs": [None], "new_token_gained": 1024, "old_ratio": 0.7, "new_token_ratio": 0.35}
-        text = self.r.message(mod, "KV cache pool is full. Retract requests. ")(**values)
-        if "#retracted_reqs" not in text:
-            for marker in ("#retracted_reqs: ", "#new_token_ratio: "):
-                text += self.r.message(mod, marker)(**values)
-        info = re.search(r'logger\.info\(\s*"KV cache pool is full', self.r.source(mod)) is not None
-        self.s.note("retracted", mod, "KV cache pool is full. Retract requests. ")
+        (``Scheduler.update_running_batch``): its line, on every scheduler of the DP rank
+        (``Printer.retracted``)."""
         CLOCK.at(at)
-        for name in schedulers:
-            self.s.configure(name)
-            logging.getLogger(mod).log(logging.INFO if info else logging.WARNING, text)
+        self.retracted(1, schedulers)
         self.s.configure("")
 
     def _note_prefix_cache(self) -> None:

@@ -53,7 +53,9 @@ Layouts (how a deployment logs, all valid under the schema), chosen per log set:
 - ``retract``: once on each decode node, at its :data:`RETRACT_AT`-th step with two requests or more decoding, the one
   that joined last is retracted (as SGLang's decode does under memory pressure): its pages freed,
   out of the batch for 20 steps, then its KV restored into pages taken afresh (allocated, written)
-  and back in the batch at the next step; its finish says ``retractions: 1`` (schema v1.1).
+  and back in the batch at the next step; its finish says ``retractions: 1``, and the node logs a
+  ``step`` record with ``cache: "retracted"`` where it happens (schema v1.1; not with
+  ``unlogged_retraction``).
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ class Layout:
     step_log: int = 0
     flush: bool = False
     retract: bool = False
+    #: with ``retract``: no ``step`` record with ``cache: "retracted"`` where it happens (SGLang's
+    #: scheduler prints its line on every retraction; logs filtered above its level lack it)
+    unlogged_retraction: bool = False
 
 
 
@@ -318,6 +323,8 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
                 x = running.pop()  # (the last to join: out of the batch, its pages freed, restored later)
                 d.retracted = True
                 retracted.add(x)
+                if not layout.unlogged_retraction:  # (the scheduler's line, which names no request)
+                    emit(d, t, {"kind": "step", "cache": "retracted"})
                 pages = held.pop((d.name, x))
                 kv(d, t, x, "free", pages)
                 d.pool.give_back(pages)

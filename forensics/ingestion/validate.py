@@ -27,6 +27,7 @@ from forensics.schema import (
     Reason,
     fields_of,
     own_fields,
+    required_unless,
 )
 
 #: RFC 3339's date-time (section 5.6), every part in its range: ``T`` or ``t`` (or a space, which
@@ -251,6 +252,9 @@ def _variant_checks(kind: str, variant: str | None, fields: _Fields) -> _Chain:
     for name in own:
         if name in required:
             chain.add(f"NOT {fields.present(name)}", Reason.MISSING_FIELD, lit(f"missing field '{name}'"))
+    for name, other in required_unless(kind, variant):
+        chain.add(f"NOT {fields.present(name)} AND NOT {fields.present(other)}", Reason.MISSING_FIELD,
+                  lit(f"missing field '{name}'"))
     for name in own:
         chain.add(
             f"{name} IS NULL AND {fields.present(name)} AND NOT {fields.type_ok(name)}",

@@ -1,26 +1,50 @@
 -- Where a node's decode retracted requests under memory pressure, which the replay does not model
 -- (forensics/exposure/tiers.py, _not_ruled_out), on the replay case: `retracted` (registered) holds
--- each such (node, request_id). A request cannot be retracted before it joins the running batch, so
--- until the first of them did (its decode_started, each boot: retraction_splits) the node did what
--- the replay did; from there on its pages are one layout of several, the same requests writing
--- and freeing them at the same moments, on pages the replay cannot name.
+-- each such (node, request_id), and (node, '') where the node's scheduler logged retractions (step
+-- records with cache 'retracted': SGLang's "KV cache pool is full. Retract requests." line, which
+-- names no request). A request's pages went at the first such line while it ran (from its
+-- decode_started to its finish), or, where none was logged then, at a moment the logs do not give
+-- from its decode_started on (retraction_of). Until the first retraction (each boot:
+-- retraction_splits) the node did what the replay did; from there on its pages are one layout of
+-- several, the same requests writing and freeing them at the same moments, on pages the replay
+-- cannot name.
 --
 -- retraction_bounds: each reader on such a boot, with where it took its pages (its first page
 -- alloc there; a reader the node retracted itself may have taken others up to its last page
 -- record) and whether that was at the split or after (`after`): its victims then rest on pages
 -- the replay cannot name.
 --
--- not_ruled_out: for each such reader, every request whose data may have been in the node's pool
--- when it took its pages: what a page held at the split (its last writer there, as replayed: the
--- node did what the replay did until then) or what was written after it, by a request that had let
--- its pages go before the reader took them (a retracted one from its join of the batch: its pages
--- went at a moment the logs do not give). The reader itself is left out: its own data is no exposure.
+-- admitted, not_ruled_out: for each such reader, every request whose data may have been in the
+-- node's pool when it took its pages: what a page held at the split (its last writer there, as
+-- replayed: the node did what the replay did until then) or what was written after it, by a request
+-- that had let its pages go before the reader took them (a retracted one from its retraction). The
+-- reader itself is left out: its own data is no exposure.
 
 -- name: prepare
+CREATE OR REPLACE TEMP TABLE retraction_lines AS
+SELECT r.node, r.boot, r.seq
+FROM records r
+WHERE r.kind = 'step' AND r.cache = 'retracted' AND r.seq IS NOT NULL
+  AND r.node IN (SELECT node FROM retracted);
+
+CREATE OR REPLACE TEMP TABLE retraction_of AS
+WITH runs AS (
+  SELECT s.node, s.boot, s.request_id, s.seq AS started,
+         (SELECT min(f.seq) FROM records f
+          WHERE f.node = s.node AND f.boot = s.boot AND f.request_id = s.request_id AND f.kind = 'request'
+            AND f.event = 'finished' AND f.seq > s.seq) AS finished
+  FROM records s JOIN retracted USING (node, request_id)
+  WHERE s.kind = 'request' AND s.event = 'decode_started' AND s.seq IS NOT NULL
+)
+SELECT u.node, u.boot, u.request_id,
+       coalesce((SELECT min(l.seq) FROM retraction_lines l
+                 WHERE l.node = u.node AND l.boot = u.boot AND l.seq > u.started
+                   AND l.seq < coalesce(u.finished, 9223372036854775807)), u.started) AS seq
+FROM runs u;
+
 CREATE OR REPLACE TEMP TABLE retraction_splits AS
-SELECT r.node, r.boot, min(r.seq) AS seq
-FROM records r JOIN retracted USING (node, request_id)
-WHERE r.kind = 'request' AND r.event = 'decode_started' AND r.seq IS NOT NULL
+SELECT node, boot, min(seq) AS seq
+FROM (SELECT node, boot, seq FROM retraction_of UNION ALL SELECT node, boot, seq FROM retraction_lines)
 GROUP BY ALL;
 
 CREATE OR REPLACE TEMP TABLE retraction_bounds AS
@@ -59,9 +83,7 @@ WITH residue AS (
   FROM kv_ops k JOIN retraction_splits USING (node, boot)
   WHERE k.op = 'free'
   UNION ALL
-  SELECT r.node, r.boot, r.request_id, r.seq
-  FROM records r JOIN retracted USING (node, request_id)
-  WHERE r.kind = 'request' AND r.event = 'decode_started' AND r.seq IS NOT NULL
+  SELECT node, boot, request_id, seq FROM retraction_of
 )
 SELECT p.node, p.boot, p.request_id, greatest(min(p.since), any_value(f.seq)) AS seq
 FROM in_pool p

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -245,6 +246,37 @@ class Release:
             raise LookupError(f"no string holding {marker!r} in {self.path_of(module)} of {self.version}")
         return self.message_of(module, node)
 
+    def logged(self, module: str, marker: str, *, within: str) -> Callable[..., tuple[str, str]]:
+        """The line function ``within`` of the module logs where a string holds ``marker``: the
+        statements from the one holding it to the first logging call at or after it in the same
+        block (``msg = ...; if ...: msg += ...; logger.warning(msg)``), run on keyword values as
+        :meth:`message` renders one (a name with no value a :class:`Facts`); the level it logged
+        at (``info`` or ``warning``) and what."""
+        scope = next(n for n in ast.walk(self.tree(module))
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == within)
+        block = _logging_block(scope, marker)
+        if block is None:
+            raise LookupError(f"no logged string holding {marker!r} in {within} of {self.path_of(module)} of "
+                              f"{self.version}")
+        code = compile(block, self.path_of(module), "exec")
+        names = {n.id for n in ast.walk(block) if isinstance(n, ast.Name)} - {"logger"}
+
+        def render(**values: Any) -> tuple[str, str]:
+            said: list[tuple[str, str]] = []
+            logger = types.SimpleNamespace(**{level: functools.partial(_said, said, level)
+                                              for level in ("info", "warning")})
+            run: dict[str, Any] = {"__builtins__": __builtins__, "logger": logger}
+            for n in names:
+                if n in values:
+                    run[n] = values[n]
+                elif not hasattr(builtins, n):
+                    run[n] = Facts(values, n)
+            exec(code, run)  # noqa: S102 (the release's own statements)
+            assert len(said) == 1, said
+            return said[0]
+
+        return render
+
     def percent_message(self, module: str, marker: str) -> Callable[..., str]:
         """A logging call with %-style arguments (``logger.warning("KV pool holds %d ...", a, b)``)
         whose format holds ``marker``: a function of keyword values, as :meth:`message`, giving
@@ -338,6 +370,32 @@ def _global_names(tree: ast.Module, wanted: set[str]) -> set[str]:
 
 def _is_type_checking(stmt: ast.If) -> bool:
     return isinstance(stmt.test, ast.Name) and stmt.test.id == "TYPE_CHECKING"
+
+
+def _logging_block(scope: ast.AST, marker: str) -> ast.Module | None:
+    """The statements of the innermost block of ``scope`` from a simple statement holding a string
+    with ``marker`` to the first logging call at or after it."""
+    for node in ast.walk(scope):
+        for body in (getattr(node, "body", None), getattr(node, "orelse", None)):
+            if not isinstance(body, list):
+                continue
+            first = next((k for k, stmt in enumerate(body) if isinstance(stmt, (ast.Assign, ast.Expr))
+                          and _string_holding(stmt, marker) is not None), None)
+            last = None if first is None else next((k for k in range(first, len(body)) if _logs(body[k])), None)
+            if first is not None and last is not None:
+                return ast.fix_missing_locations(ast.Module(body=body[first:last + 1], type_ignores=[]))
+    return None
+
+
+def _said(said: list[tuple[str, str]], level: str, text: str) -> None:
+    said.append((level, text))
+
+
+def _logs(stmt: ast.stmt) -> bool:
+    """Whether the statement is a call of ``logger.info`` or ``logger.warning``."""
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr in ("info", "warning")
+            and isinstance(stmt.value.func.value, ast.Name) and stmt.value.func.value.id == "logger")
 
 
 def _string_holding(scope: ast.AST, marker: str) -> ast.expr | None:

@@ -135,6 +135,13 @@ def steps(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> list[
             if r["node"] == node and r["kind"] == "step" and r.get("cache") is None]
 
 
+def retractions(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> list[float]:
+    """When ``node``'s scheduler retracted running requests (v1.1: a ``step`` with ``cache:
+    "retracted"``, where SGLang's prints ``KV cache pool is full. Retract requests.``)."""
+    return [_seconds(r["ts"], epoch) for r in records
+            if r["node"] == node and r["kind"] == "step" and r.get("cache") == "retracted"]
+
+
 def flushes(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> list[float]:
     """When ``node``'s caches were flushed (v1.1: a ``step`` with ``cache: "flushed"``, where SGLang's
     scheduler prints ``Cache flushed successfully!``)."""
@@ -166,7 +173,8 @@ def print_server(logs: Path, out: Path, wheel: Path, node: str, form: str) -> di
     start_clock(setup)
     server = Server(release, spec, setup, form, None, out=Lines())
     printer = SimulatedServer(server, address)
-    printer.play(timelines(records, node, epoch), steps(records, node, epoch), flushes(records, node, epoch))
+    printer.play(timelines(records, node, epoch), steps(records, node, epoch), flushes(records, node, epoch),
+                 retractions(records, node, epoch))
     (out / f"{node}.log").write_text(server.out.getvalue(), encoding="utf-8")
     return server.sources
 
@@ -181,9 +189,10 @@ class SimulatedServer(Printer):
         self.aborts = aborts_after_forward(self.r)
 
     def play(self, requests: list[Timeline], steps: Sequence[tuple[float, int]] = (),
-             flushes: Sequence[float] = ()) -> None:
+             flushes: Sequence[float] = (), retractions: Sequence[float] = ()) -> None:
         """Print the requests' lines, a decode server's batch lines at its ``steps`` (each its
-        time and running batch: the step records of the run), and its cache flushes at theirs."""
+        time and running batch: the step records of the run), its cache flushes at theirs, and its
+        retractions (one request each) at theirs."""
         CLOCK.at(0.0)
         self.startup()
         for at, running in steps:
@@ -191,6 +200,9 @@ class SimulatedServer(Printer):
         for at in flushes:
             CLOCK.at(at)
             self.cache_flushed()
+        for at in retractions:
+            CLOCK.at(at)
+            self.retracted()
         for t in requests:
             obj = self._obj(t.rid, t.prompt, t.max_new, room_of(t.rid), self.address[t.prefill_node])
             if t.router_rejected:

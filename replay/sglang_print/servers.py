@@ -90,6 +90,8 @@ CLOCK = Clock()
 #: The scheduler's module, which flushes the caches (``Scheduler.flush_cache``) and says so
 SCHEDULER = "sglang.srt.managers.scheduler"
 FLUSHED = "Cache flushed successfully!"
+#: Its line where it retracts running requests under memory pressure (``update_running_batch``)
+RETRACTED = "Retract requests"
 #: From 0.5.18 only the stats-logging rank prints it (each DP rank's attention-TP rank 0)
 _FLUSH_GUARD = re.compile(
     r"if self\.(?:metrics_reporter\.)?is_stats_logging_rank:\s*\n\s*logger\.info\(\"Cache flushed")
@@ -432,6 +434,22 @@ class Printer:
             for prefix in printers[:1] if guarded else printers:
                 self.s.configure(prefix)
                 logging.getLogger(SCHEDULER).info(FLUSHED)
+
+    def retracted(self, count: int = 1, schedulers: list[str] | None = None, gained: int = 1024,
+                  ratios: tuple[float, float] = (0.7, 0.35)) -> None:
+        """``Scheduler.update_running_batch`` retracted ``count`` running requests under memory
+        pressure (``gained`` tokens freed, its new-token ratio from one value to the other): its
+        ``KV cache pool is full. Retract requests. #retracted_reqs: N, ...``, built and logged by the
+        release's own statements (at INFO in 0.5.5, a warning from 0.5.7), on every scheduler of
+        the DP rank (no rank guard): ``schedulers``, else the server's (its first DP rank's)."""
+        level, text = self.r.logged(SCHEDULER, RETRACTED, within="update_running_batch")(
+            retracted_reqs=[None] * count, new_token_gained=gained, mamba_num_gained=None,
+            kv_full_retract_flag=True, old_ratio=ratios[0], new_token_ratio=ratios[1])
+        self.s.note("retracted", SCHEDULER, RETRACTED)
+        for prefix in schedulers if schedulers is not None else self.s.schedulers(
+                0 if self.s.spec.dp_size > 1 else None):
+            self.s.configure(prefix)
+            getattr(logging.getLogger(SCHEDULER), level)(text)
 
     def _pool_warning(self) -> None:
         """0.5.23 on: the warning that the pool cannot hold one full-context request."""

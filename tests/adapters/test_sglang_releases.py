@@ -72,9 +72,13 @@ def _source(release: str) -> dict[str, Any]:
 
 def retractions(source: dict[str, Any]) -> set[tuple[str, str, str]]:
     """The ``decode_retracted`` disagreements a replay of the scripted run lists: (request, its decode
-    DP rank's node, kind) of each request the run's decode scheduler retracted (SOURCE.json)."""
+    DP rank's node, kind) of each request the run's decode scheduler retracted (SOURCE.json), by its
+    finish's count; and ("", that node, kind) by the scheduler's line there (``KV cache pool is
+    full. Retract requests.``, which names no request)."""
     rank = {s["rid"]: s["decode_dp_rank"] for s in source["scenario"]}
-    return {(r["rid"], f"decode-0.dp{rank[r['rid']]}", "decode_retracted") for r in source["retracted"]}
+    nodes = {r["rid"]: f"decode-0.dp{rank[r['rid']]}" for r in source["retracted"]}
+    return ({(rid, node, "decode_retracted") for rid, node in nodes.items()}
+            | {("", node, "decode_retracted") for node in nodes.values()})
 
 
 def _ingest(release: str, form: str, tmp_path: Path) -> tuple[duckdb.DuckDBPyConnection, Any, dict[str, Any]]:
@@ -509,7 +513,7 @@ def test_the_replay_of_each_release_run_follows_its_logs_without_disagreement(re
     assert result.outcomes_changed == 0
     # every decode batch line's step record is held to the replay's steps (none disagrees: above)
     with duckdb.connect(str(case), read_only=True) as con:
-        logged = con.execute("SELECT count(*) FROM step_records").fetchone()
+        logged = con.execute("SELECT count(*) FROM step_records WHERE cache IS NULL").fetchone()
     assert logged is not None and result.step_records == logged[0] > 0 and result.step_records_unchecked == 0
 
 
@@ -524,7 +528,7 @@ def test_a_decode_servers_log_alone_leaves_its_step_records_unchecked(release: s
     forensics.investigate([ROOT / release / "text-all-schedulers"], case)
     result = replay(case, "sglang-placeholder", tmp_path / "replay")
     with duckdb.connect(str(case), read_only=True) as con:
-        logged = con.execute("SELECT count(*) FROM step_records").fetchone()
+        logged = con.execute("SELECT count(*) FROM step_records WHERE cache IS NULL").fetchone()
     assert logged is not None and result.step_records_unchecked == logged[0] > 0
     assert result.step_records == 0
     assert {(d.request_id, d.node, d.kind) for d in result.disagreements} == retractions(_source(release))
@@ -835,6 +839,34 @@ def test_a_cache_flush_each_release_prints_is_a_flush_record_on_each_pool(releas
         assert [(node.replace(file_node, d["flushed"][0].split(".")[0]), running, n, cache)
                 for node, _, running, n, cache in steps] == [(node, 0, None, "flushed") for node in d["flushed"]]
         assert {ts.strftime("%H:%M:%S") for _, ts, *_ in steps} == {"08:00:02"}
+
+
+@pytest.mark.parametrize("release", sorted({r for r, _ in SETS}, key=RELEASES.index))
+def test_a_retraction_each_release_prints_is_a_retraction_record_on_its_pool(release: str, tmp_path: Path) -> None:
+    """``update_running_batch``'s line where the decode scheduler retracts running requests under
+    memory pressure, built and logged by the release's own statements (``KV cache pool is full.
+    Retract requests. #retracted_reqs: 1, ...``: lines/, after the decode server's start-up; at INFO
+    in 0.5.5, a warning from 0.5.7), on every scheduler of the DP rank. The pool it freed pages of
+    gets one ``step`` record with ``cache: "retracted"`` and no ``running`` at the line's time; the
+    scripted run's line, where req-a2 was retracted, one on req-a2's DP rank."""
+    (d,) = _source(release)["retract_lines"]
+    path = ROOT / release / d["file"]
+    text = path.read_text()
+    assert text.count("] KV cache pool is full. Retract requests. #retracted_reqs: 1, ") >= 1
+    case = tmp_path / "lines.duckdb"
+    result = forensics.ingest([path], case)
+    assert result.records.quarantined == 0
+    with duckdb.connect(str(case), read_only=True) as con:
+        steps = con.execute("SELECT node, ts, running, steps, cache FROM step_records").fetchall()
+    file_node = path.name.removesuffix(".log")  # (a node is named after its file)
+    assert [(node.replace(file_node, "decode-0"), running, n, cache) for node, _, running, n, cache in steps] == [
+        (node, None, None, "retracted") for node in d["retracted"]]
+    assert {ts.strftime("%H:%M:%S") for _, ts, *_ in steps} == {"08:00:03"}
+    con, _, _ = _ingest(release, "text", tmp_path)
+    retracted = {(node, cache) for node, cache in con.execute("SELECT node, cache FROM step_records "
+                                                              "WHERE cache IS NOT NULL").fetchall()}
+    con.close()
+    assert retracted == {(node, "retracted") for _, node, _ in retractions(_source(release))}
 
 
 _DECODE_STATS = re.compile(r"rid=(?P<rid>[\w-]+),.*type=decode\): (?:prealloc_queue_duration=(?P<whole>[\d.]+)ms|"

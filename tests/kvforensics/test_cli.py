@@ -339,8 +339,10 @@ def test_each_kind_of_disagreement_is_said_with_what_it_means(told: dict[tuple[s
     an operator need not look it up; page records alone, with nothing disagreeing, say nothing of it."""
     _, said = told["sglang", 160]
     text = " ".join(said.split())
-    assert ("decode_retracted (1): SGLang's decode retracted the request under memory pressure (its finish says "
-            "how many times: SGLang's num_retractions)") in text
-    assert ("the victims of a reader that took its pages from the moment the request joined its batch are "
-            "possible") in text
+    # (its finish's count, and the scheduler's line: two)
+    assert ("decode_retracted (2): SGLang's decode retracted running requests under memory pressure (a finish says "
+            "how many times: SGLang's num_retractions; the scheduler's line says when: \"KV cache pool is full. "
+            "Retract requests.\")") in text
+    assert ("the victims of a reader that took its pages from the first retraction on (its line, or the retracted "
+            "request's join of the batch) are possible") in text
     assert "decode_retracted" not in told["pages", 160][1]

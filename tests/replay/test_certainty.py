@@ -120,11 +120,13 @@ def test_after_a_retraction_the_victims_before_it_stay_certain_and_those_not_rul
     confirm = found.replays[0]
     retracted = {(d.node, d.request_id) for d in confirm.disagreements}
     assert {d.kind for d in confirm.disagreements} == {"decode_retracted"}
-    assert {node for node, _ in retracted} == {"decode-0", "decode-1"}
+    assert {node for node, _ in retracted} == {"decode-0", "decode-1"}  # (each its finish's and its line's)
+    assert sum(1 for _, rid in retracted if rid == "") == 2
     replayed = [json.loads(line) for f in sorted((confirm.out / "logs").glob("*.jsonl"))
                 for line in f.read_text().splitlines()]
-    start = {r["node"]: (r.get("boot", 0), r["seq"]) for r in replayed
-             if (r["node"], r.get("request_id")) in retracted and r.get("event") == "decode_started"}
+    # where each node retracted: its scheduler's line (the retracted request joined the batch before it)
+    start = {r["node"]: (r.get("boot", 0), r["seq"]) for r in replayed if r.get("cache") == "retracted"}
+    assert start.keys() == {"decode-0", "decode-1"}
     taken: dict[tuple[str, str], tuple[int, int]] = {}  # where each request took its pages on a node
     for r in replayed:
         if r.get("op") == "alloc":
@@ -141,7 +143,7 @@ def test_after_a_retraction_the_victims_before_it_stay_certain_and_those_not_rul
         assert any(r["certainty_note"].startswith("not ruled out: ") and r["pages"] is None for r in after)
         # the requests not ruled out, as a brute force over the replayed set works them out
         readers = {r["reader_request"] for r in rows if r["node"] == node}
-        gone = {rid for n, rid in retracted if n == node}
+        gone = {rid for n, rid in retracted if n == node and rid}
         brute = {(reader, w) for reader in readers if taken[node, reader] >= start[node]
                  for w in _not_ruled_out(replayed, node, start[node], reader, gone)}
         beside = _pairs([r for r in after if r["certainty_note"].startswith("not ruled out: ")])
@@ -163,6 +165,35 @@ def test_after_a_retraction_the_victims_before_it_stay_certain_and_those_not_rul
         assert (f"{found.filled.not_ruled_out:,} (reader, request) pairs are not ruled out by the evidence: each "
                 "request is among the possible victims, &ldquo;not ruled out&rdquo;") in text
 
+
+def test_a_retraction_no_finish_counts_is_read_from_the_schedulers_line(tmp_path: Path) -> None:
+    """Where no finish carries the retraction count (a request log without it), the line SGLang's
+    scheduler prints at every retraction (``KV cache pool is full. Retract requests.``: a step with
+    ``cache: "retracted"``) is what says the node's pages are no longer the replay's: one
+    ``decode_retracted`` a node, naming no request, and from there on every victim possible, the
+    requests not ruled out beside them; no certain victim wrong, every true one named. Without the
+    line either, nothing says so: at seed 13 the job names 112 certain victims that are not."""
+    full = generate(tmp_path / "full", seed=13, requests=200, layout=Layout(retract=True))
+    forensics.investigate([full], tmp_path / "full.duckdb")
+    with Case(tmp_path / "full.duckdb") as case:
+        truth = _pairs(case.exposures(delivered_only=True).to_dicts())
+    for lines in (True, False):
+        folder = strip_pages(full, tmp_path / f"stripped-{lines}")
+        for f in folder.glob("*.jsonl"):
+            kept = [{k: v for k, v in r.items() if k != "retractions"}
+                    for r in map(json.loads, f.read_text().splitlines()) if lines or r.get("cache") != "retracted"]
+            f.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        found = run([folder], tmp_path / f"case-{lines}.duckdb", None)
+        with Case(tmp_path / f"case-{lines}.duckdb") as case:
+            rows = case.exposures(delivered_only=True).to_dicts()
+        certain = _pairs([r for r in rows if r["certainty"] == "certain"])
+        said = sorted((d.request_id, d.node, d.kind) for d in found.replays[0].disagreements)
+        if lines:
+            assert said == [("", "decode-0", "decode_retracted"), ("", "decode-1", "decode_retracted")]
+            assert certain <= truth and truth <= _pairs(rows)
+            assert any(r["certainty_note"].startswith("not ruled out: ") for r in rows if r["certainty_note"])
+        else:
+            assert said == [] and len(certain - truth) == 112
 
 def test_past_the_budget_the_requests_not_ruled_out_are_counted_and_said_not_listed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,8 +254,9 @@ def test_a_retraction_in_logs_sglang_printed_leaves_every_true_victim_named_and_
     with Case(tmp_path / "sglang.duckdb") as case:
         rows = case.exposures(delivered_only=True).to_dicts()
     confirm = found.replays[0]
-    assert sorted((d.kind, d.node) for d in confirm.disagreements) == [("decode_retracted", "decode-0"),
-                                                                       ("decode_retracted", "decode-1")]
+    # (each decode node's: its finish's count, and its scheduler's line)
+    assert sorted((d.kind, d.node) for d in confirm.disagreements) == [("decode_retracted", "decode-0")] * 2 + [
+        ("decode_retracted", "decode-1")] * 2
     assert {r["reader_request"] for r in rows} == {r["reader_request"] for r in truth}
     certain = _pairs([r for r in rows if r["certainty"] == "certain"])
     assert certain <= _pairs(truth), sorted(certain - _pairs(truth))[:5]
@@ -245,7 +277,8 @@ def _not_ruled_out(replayed: list[dict], node: str, split: tuple[int, int], read
     """The requests whose data ``reader``'s pages may have held on ``node``, by their definition
     (forensics/sql/not_ruled_out.sql), walked record by record: what each page held at the split,
     or was written after it, by a request that let its pages go before the reader took its own
-    (a retracted request: from its start; a retracted reader took them up to its last page record)."""
+    (a retracted request: at the first retraction line while it ran, else from its start; a
+    retracted reader took them up to its last page record)."""
     boot, at = split
     on = sorted((r for r in replayed if r["node"] == node and r.get("boot", 0) == boot and r.get("seq") is not None),
                 key=lambda r: r["seq"])
@@ -263,8 +296,13 @@ def _not_ruled_out(replayed: list[dict], node: str, split: tuple[int, int], read
                 since.setdefault(r["request_id"], r["seq"])
         elif r.get("kind") == "kv" and r["op"] == "free":
             released.setdefault(r["request_id"], r["seq"])
-        elif r.get("event") == "decode_started" and r["request_id"] in retracted:
-            released[r["request_id"]] = min(released.get(r["request_id"], r["seq"]), r["seq"])
+    lines = [r["seq"] for r in on if r.get("cache") == "retracted"]
+    for w in retracted:
+        began = next(r["seq"] for r in on if r.get("event") == "decode_started" and r.get("request_id") == w)
+        ended = next((r["seq"] for r in on if r.get("event") == "finished" and r.get("request_id") == w
+                      and r["seq"] > began), 1 << 62)
+        gone = min((q for q in lines if began < q < ended), default=began)
+        released[w] = min(released.get(w, gone), gone)
     for w in held.values():
         since[w] = at
     return {w for w, s in since.items() if w != reader and w in released and max(s, released[w]) < taken}

@@ -301,5 +301,5 @@ def test_a_request_decode_retracted_makes_the_victims_on_its_node_possible_from_
     assert finish["request_id"] in {r["victim_request"] for r in beside}
     # the report says what the disagreement means, beside the replay's figures
     report = " ".join((tmp_path / "report.html").read_text().split())
-    assert ("<li><code>decode_retracted</code> (1): SGLang&#39;s decode retracted the request under memory "
+    assert ("<li><code>decode_retracted</code> (1): SGLang&#39;s decode retracted running requests under memory "
             "pressure") in report

@@ -13,11 +13,13 @@ from forensics.adapters.sglang.flush import FlushFormat
 from forensics.adapters.sglang.log import Facts, LogLine, split
 from forensics.adapters.sglang.mooncake import FailureFormat
 from forensics.adapters.sglang.requests import RequestFormat
+from forensics.adapters.sglang.retract import RetractFormat
 from forensics.adapters.sglang.timestats import TimeStatsFormat
 
 #: The line formats, in the order a line is offered to them (a line's format is its index here).
 FORMATS: tuple[LineFormat[LogLine, Facts, Any], ...] = (
-    RequestFormat(), TimeStatsFormat(), FailureFormat(), ErrorFormat(), ConfigFormat(), BatchFormat(), FlushFormat())
+    RequestFormat(), TimeStatsFormat(), FailureFormat(), ErrorFormat(), ConfigFormat(), BatchFormat(), FlushFormat(),
+    RetractFormat())
 REQUESTS = 0
 CONFIG = 4
 assert isinstance(FORMATS[REQUESTS], RequestFormat) and isinstance(FORMATS[CONFIG], ConfigFormat)

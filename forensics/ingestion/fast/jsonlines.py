@@ -22,7 +22,17 @@ from numba import njit
 
 from forensics.ingestion.fast import rechash
 from forensics.ingestion.validate import PLAIN_SOURCE, PLAUSIBLE_TIMES
-from forensics.schema import DISCRIMINATOR, FIELD_ORDER, FIELDS, KINDS, VARIANTS, FieldType, fields_of, own_fields
+from forensics.schema import (
+    DISCRIMINATOR,
+    FIELD_ORDER,
+    FIELDS,
+    KINDS,
+    VARIANTS,
+    FieldType,
+    fields_of,
+    own_fields,
+    required_unless,
+)
 
 #: How a field's value is written on a line of the fast path (``kinds`` array).
 ABSENT, STRING, INTEGER = 0, 1, 2
@@ -636,11 +646,12 @@ def rules(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
           var_kind: np.ndarray, var_text: np.ndarray, req_at: np.ndarray, req: np.ndarray,
           own_at: np.ndarray, own: np.ndarray, choice_at: np.ndarray, choice_text: np.ndarray,
           mins: np.ndarray, maxs: np.ndarray, is_pages: np.ndarray,
-          common: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+          common: np.ndarray, unless_at: np.ndarray, unless: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Whether each row meets every rule of the schema but the time's (see :data:`RULES`), and
     its kind: an index of ``schema.KINDS``, or ``len(KINDS)`` for a kind that is none of them.
 
-    ``common`` holds the indices of kind, seq and boot.
+    ``common`` holds the indices of kind, seq and boot; ``unless`` (by variant, from ``unless_at``)
+    pairs of field indices, the first required where the second is absent.
     """
     f_kind, f_seq, f_boot = common[0], common[1], common[2]
     ok = np.zeros(len(rows), np.bool_)
@@ -674,6 +685,9 @@ def rules(buf: np.ndarray, rows: np.ndarray, kinds: np.ndarray, vstart: np.ndarr
         good = True
         for r in range(req_at[var], req_at[var + 1]):
             if kinds[req[r], i] == ABSENT:
+                good = False
+        for r in range(unless_at[var], unless_at[var + 1]):
+            if kinds[unless[2 * r], i] == ABSENT and kinds[unless[2 * r + 1], i] == ABSENT:
                 good = False
         for r in range(own_at[var], own_at[var + 1]):
             f = own[r]
@@ -743,7 +757,7 @@ def _rule_tables() -> tuple[np.ndarray, ...]:
     kind_text = np.array([texts.add(k) for k in KINDS], np.int64)
     discs = [DISCRIMINATOR[k] for k in KINDS]
     kind_disc = np.array([-1 if d is None else _INDEX[d] for d in discs], np.int64)
-    var_kind, var_text, required, owned = [], [], [], []
+    var_kind, var_text, required, owned, unless = [], [], [], [], []
     for ki, kind in enumerate(KINDS):
         variants: list[str | None] = [*VARIANTS[kind]] or [None]
         for variant in variants:
@@ -751,6 +765,7 @@ def _rule_tables() -> tuple[np.ndarray, ...]:
             var_text.append(texts.add(variant) if variant is not None else -1)
             required.append([_INDEX[n] for n in fields_of(kind, variant)[0]])
             owned.append([_INDEX[n] for n in own_fields(kind, variant)])
+            unless.append([_INDEX[n] for pair in required_unless(kind, variant) for n in pair])
     choices = [[texts.add(c) for c in FIELDS[n].choices] for n in FIELD_ORDER]
     mins = np.array([NO_MIN if FIELDS[n].min_value is None else FIELDS[n].min_value for n in FIELD_ORDER],
                     np.int64)
@@ -760,8 +775,10 @@ def _rule_tables() -> tuple[np.ndarray, ...]:
     pool, pool_at = texts.arrays()
     common = np.array([_INDEX["kind"], _INDEX["seq"], _INDEX["boot"]], np.int64)
     choice_at, choice_text = _csr(choices)
+    unless_at, unless_fields = _csr(unless)
     return (pool, pool_at, kind_text, kind_disc, np.array(var_kind, np.int64), np.array(var_text, np.int64),
-            *_csr(required), *_csr(owned), choice_at, choice_text, mins, maxs, is_pages, common)
+            *_csr(required), *_csr(owned), choice_at, choice_text, mins, maxs, is_pages, common,
+            unless_at // 2, unless_fields)
 
 
 #: The rules of log-schema.md section 4 that a plain line can break, but the time's: a known
