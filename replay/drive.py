@@ -144,7 +144,7 @@ def replay_node(
         e = node_engine
         clock = clock_of(e.boot)
         when = _stamps(clock, clock.steps, event["_ns"], event["ts"])
-        label = f"seq {event['seq']}" if event["seq"] is not None else f"at {event['ts']}"
+        label = _named(event)
         step = clock.reported(event["steps"] or e.config.step_log_interval, event["running"], event["seq"],
                               event["_ns"], label)
         pinned = False
@@ -226,7 +226,7 @@ def replay_node(
         pages from here on possible); either way the record is carried, placed among the events by
         its time as any other."""
         if confirm:
-            label = f"seq {event['seq']}" if event["seq"] is not None else f"at {event['ts']}"
+            label = _named(event)
             disagreements.append(Disagreement("", node, "decode_retracted", f"boot {event['boot']}, {label}: the "
                                               "node's scheduler retracted running requests under memory pressure"))
         feed(_logged(event), event["_ns"], None, event["_i"])
@@ -359,6 +359,11 @@ def _unmodelled(config: NodeConfig) -> list[tuple[str, str]]:
         out.append(("decode_hybrid_pool", "decode's KV pool is not the plain paged one (SGLang's hybrid "
                                           "sliding-window pools or its unified memory pool)"))
     return out
+
+
+def _named(event: dict[str, Any]) -> str:
+    """How a step record is named where it is listed: its seq, else its time."""
+    return f"seq {event['seq']}" if event["seq"] is not None else f"at {event['ts']}"
 
 
 def _ok(status: Any) -> bool:

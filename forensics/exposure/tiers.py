@@ -93,8 +93,12 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     whose data may have been in the node's pool when the reader took its pages is named beside
     them as a possible victim (:func:`_not_ruled_out`): the replay's own names may miss the true
     ones there."""
-    base = _exposures_of(replayed)
-    bounds, candidates, pairs = _not_ruled_out(replayed, retracted)
+    source = connect(replayed, read_only=True, create=False)
+    try:
+        base = _exposures_on(source)
+        bounds, candidates, pairs = _not_ruled_out(source, retracted)
+    finally:
+        source.close()
     tables = []
     for name, path in alternatives:
         t = _exposures_of(path)
@@ -140,39 +144,43 @@ def not_ruled_out_figures(con: duckdb.DuckDBPyConnection) -> tuple[int, bool]:
     return int(found.get(NOT_RULED_OUT_META[0], 0)), found.get(NOT_RULED_OUT_META[1], "true") == "true"
 
 
-def _not_ruled_out(case: Path, retracted: Sequence[tuple[str, str]], budget: int | None = None
+def _not_ruled_out(source: duckdb.DuckDBPyConnection, retracted: Sequence[tuple[str, str]]
                    ) -> tuple[pa.Table, pa.Table, int]:
     """Where a node's decode retracted requests (``retracted``: ``(node, request)``), from the
-    replay case ``case`` (``sql/not_ruled_out.sql``): each reader there, with whether its pages
-    were taken where the node's layout is no longer the replay's (node, boot, reader_request,
+    replay case open on ``source`` (``sql/not_ruled_out.sql``): each reader there, with whether its
+    pages were taken where the node's layout is no longer the replay's (node, boot, reader_request,
     taken_seq, after); for each such reader, the requests whose data may have been in the node's
     pool when it took them (node, boot, reader_request, victim_request, victim_tenant); and how
-    many such pairs there are. Past ``budget`` pairs (:data:`NOT_RULED_OUT_PAIRS`) none is listed
-    (each reader's are all the requests that let their pages go on its node's boot before it took
-    its own, since the first retracted request joined the batch: they grow as readers times
-    requests)."""
+    many such pairs there are. Past :data:`NOT_RULED_OUT_PAIRS` none is listed, and they are only
+    counted (each reader's are all the requests that let their pages go on its node's boot before it
+    took its own, since the first retraction: they grow as readers times requests)."""
     blocks = {b.name: b.sql for b in sql_blocks("not_ruled_out.sql")}
-    source = connect(case, read_only=True, create=False)
+    budget = NOT_RULED_OUT_PAIRS
+    source.register("retracted", pa.table({"node": pa.array([n for n, _ in retracted], pa.string()),
+                                           "request_id": pa.array([r for _, r in retracted], pa.string())}))
     try:
-        source.register("retracted", pa.table({"node": pa.array([n for n, _ in retracted], pa.string()),
-                                               "request_id": pa.array([r for _, r in retracted], pa.string())}))
         source.execute(blocks["prepare"])
         bounds = source.sql("SELECT * FROM retraction_bounds ORDER BY ALL").to_arrow_table()
-        pairs = int((one(source, blocks["not_ruled_out_pairs"]) or (0,))[0])
-        listed = source.sql(blocks["not_ruled_out"] if pairs <= (NOT_RULED_OUT_PAIRS if budget is None else budget)
-                            else blocks["not_ruled_out"] + " LIMIT 0").to_arrow_table()
-        return bounds, listed, pairs
+        listed = source.sql(f"{blocks['not_ruled_out']} LIMIT {budget + 1}").to_arrow_table()
+        if listed.num_rows <= budget:
+            return bounds, listed, listed.num_rows
+        return bounds, listed.slice(0, 0), int((one(source, blocks["not_ruled_out_pairs"]) or (0,))[0])
     finally:
-        source.close()
+        source.unregister("retracted")
 
 
 def _exposures_of(case: Path) -> pa.Table:
     """The exposures table of the case ``case`` (a replay's)."""
     source = connect(case, read_only=True, create=False)
     try:
-        return source.sql("SELECT * FROM exposures").to_arrow_table()
+        return _exposures_on(source)
     finally:
         source.close()
+
+
+def _exposures_on(source: duckdb.DuckDBPyConnection) -> pa.Table:
+    """The exposures table of the case open on ``source``."""
+    return source.sql("SELECT * FROM exposures").to_arrow_table()
 
 
 def by_tier(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

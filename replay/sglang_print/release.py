@@ -265,13 +265,7 @@ class Release:
             said: list[tuple[str, str]] = []
             logger = types.SimpleNamespace(**{level: functools.partial(_said, said, level)
                                               for level in ("info", "warning")})
-            run: dict[str, Any] = {"__builtins__": __builtins__, "logger": logger}
-            for n in names:
-                if n in values:
-                    run[n] = values[n]
-                elif not hasattr(builtins, n):
-                    run[n] = Facts(values, n)
-            exec(code, run)  # noqa: S102 (the release's own statements)
+            exec(code, {**_scope(names, values), "logger": logger})  # noqa: S102 (the release's own statements)
             assert len(said) == 1, said
             return said[0]
 
@@ -297,13 +291,7 @@ class Release:
         names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
         def render(**values: Any) -> str:
-            scope: dict[str, Any] = {"__builtins__": __builtins__}
-            for n in names:
-                if n in values:
-                    scope[n] = values[n]
-                elif not hasattr(builtins, n):
-                    scope[n] = Facts(values, n)
-            return eval(expr, scope)  # noqa: S307 (the release's own f-string)
+            return eval(expr, _scope(names, values))  # noqa: S307 (the release's own f-string)
 
         return render
 
@@ -385,6 +373,18 @@ def _logging_block(scope: ast.AST, marker: str) -> ast.Module | None:
             if first is not None and last is not None:
                 return ast.fix_missing_locations(ast.Module(body=body[first:last + 1], type_ignores=[]))
     return None
+
+
+def _scope(names: set[str], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Globals for a release's expression or statements naming ``names``: each from ``values``,
+    else a :class:`Facts` (a builtin as it is)."""
+    scope: dict[str, Any] = {"__builtins__": __builtins__}
+    for n in names:
+        if n in values:
+            scope[n] = values[n]
+        elif not hasattr(builtins, n):
+            scope[n] = Facts(values, n)
+    return scope
 
 
 def _said(said: list[tuple[str, str]], level: str, text: str) -> None:

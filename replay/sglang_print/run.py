@@ -135,18 +135,12 @@ def steps(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> list[
             if r["node"] == node and r["kind"] == "step" and r.get("cache") is None]
 
 
-def retractions(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> list[float]:
-    """When ``node``'s scheduler retracted running requests (v1.1: a ``step`` with ``cache:
-    "retracted"``, where SGLang's prints ``KV cache pool is full. Retract requests.``)."""
+def cache_events(records: list[dict[str, Any]], node: str, epoch: dt.datetime, cache: str) -> list[float]:
+    """When ``node``'s caches were flushed (``cache`` "flushed": where SGLang's scheduler prints
+    ``Cache flushed successfully!``), or its scheduler retracted running requests ("retracted":
+    ``KV cache pool is full. Retract requests.``): its v1.1 ``step`` records with that ``cache``."""
     return [_seconds(r["ts"], epoch) for r in records
-            if r["node"] == node and r["kind"] == "step" and r.get("cache") == "retracted"]
-
-
-def flushes(records: list[dict[str, Any]], node: str, epoch: dt.datetime) -> list[float]:
-    """When ``node``'s caches were flushed (v1.1: a ``step`` with ``cache: "flushed"``, where SGLang's
-    scheduler prints ``Cache flushed successfully!``)."""
-    return [_seconds(r["ts"], epoch) for r in records
-            if r["node"] == node and r["kind"] == "step" and r.get("cache") == "flushed"]
+            if r["node"] == node and r["kind"] == "step" and r.get("cache") == cache]
 
 
 def print_server(logs: Path, out: Path, wheel: Path, node: str, form: str) -> dict[str, str]:
@@ -173,8 +167,8 @@ def print_server(logs: Path, out: Path, wheel: Path, node: str, form: str) -> di
     start_clock(setup)
     server = Server(release, spec, setup, form, None, out=Lines())
     printer = SimulatedServer(server, address)
-    printer.play(timelines(records, node, epoch), steps(records, node, epoch), flushes(records, node, epoch),
-                 retractions(records, node, epoch))
+    printer.play(timelines(records, node, epoch), steps(records, node, epoch),
+                 cache_events(records, node, epoch, "flushed"), cache_events(records, node, epoch, "retracted"))
     (out / f"{node}.log").write_text(server.out.getvalue(), encoding="utf-8")
     return server.sources
 
