@@ -193,7 +193,7 @@ def _fill(case: HeldCase, confirmed: ReplayResult, told: Phase = untold) -> Fill
                     alternatives.append((schedule.name, other.out / "replay.duckdb"))
         disagreeing, retracted = _disagreeing(confirmed)
         return fill_from_replay(case, confirmed.out / "replay.duckdb", alternatives, disagreeing, sorted(varied),
-                                retracted)
+                                retracted, confirmed.unsupplied)
 
 
 def _disagreeing(confirmed: ReplayResult) -> tuple[list[str], list[tuple[str, str]]]:

@@ -68,7 +68,16 @@ def verdict(found: Any, findings: list[Finding]) -> str:
     if exposed:
         return (f"Possibly exposed: {render.plural(exposed, 'delivered response')} may have read other requests' KV "
                 f"pages: {_victims(victims, tenants)} (named by the replay on only some of the schedules the "
-                f"logs allow, or where records are missing), on {' and '.join(on) or PAGE_EVIDENCE}{unmeasured}.")
+                f"logs allow, where records are missing, or where it could not follow the logs), on "
+                f"{' and '.join(on) or PAGE_EVIDENCE}{unmeasured}.")
+    readers = found.filled.possible_readers if found.filled is not None else 0
+    if readers:  # (their victims past the budget: no row names them, and nothing may say "not exposed")
+        their, them = ("its", "it") if readers == 1 else ("their", "them")
+        return (f"Possibly exposed: {render.plural(readers, 'delivered response')} read pages {their} transfer did "
+                f"not write, on {nodes or 'nodes without page records'}, where the replay could not follow the logs "
+                f"and names no victim of {them}: whose data those pages held the evidence does not say "
+                f"({found.filled.not_ruled_out:,} (reader, request) pairs not ruled out, too many to list)"
+                f"{unmeasured}{but}.")
     if not_replayed:
         return (f"Not known: {nodes} logged no page records and {'was' if len(missing) == 1 else 'were'} not "
                 f"replayed ({found.replay_skipped or 'no replay'}), so what {'it' if len(missing) == 1 else 'they'} "
@@ -136,6 +145,8 @@ def _notes(found: Any) -> list[str]:
     if filled and filled.gap_windows:
         notes.append(f"page records missing in {filled.gap_windows:,} seq-gap windows: filled by replay, "
                      f"{filled.exposed_responses:,} exposed responses in all (table replay_exposures)")
+    if filled and filled.possible_readers:
+        notes.append(possible_readers_said(filled.possible_readers))
     if filled and filled.not_ruled_out:
         notes.append(not_ruled_out_said(filled.not_ruled_out, filled.not_ruled_out_listed))
     if found.replay_skipped:
@@ -144,13 +155,27 @@ def _notes(found: Any) -> list[str]:
 
 
 def not_ruled_out_said(pairs: int, listed: bool) -> str:
-    """What a retraction left undecided: the (reader, request) pairs the evidence does not rule out."""
+    """What the evidence leaves undecided where a node's pages are not the replay's (after decode
+    retractions; on a node whose replay did not follow its logs): the (reader, request) pairs it
+    does not rule out."""
+    where = "where a node's pages are not the replay's (decode retractions, or logs it could not follow)"
     if listed:
-        return (f"after decode retractions: {pairs:,} (reader, request) pairs not ruled out by the evidence, each "
-                "a possible victim (certainty_note 'not ruled out')")
-    return (f"after decode retractions: {pairs:,} (reader, request) pairs not ruled out by the evidence, past "
-            f"{tiers.NOT_RULED_OUT_PAIRS:,}: not listed; the victims named after the retractions are possible and "
-            "others there may be missed")
+        return (f"{where}: {pairs:,} (reader, request) pairs not ruled out by the evidence, each a possible victim "
+                "(certainty_note 'not ruled out')")
+    return (f"{where}: {pairs:,} (reader, request) pairs not ruled out by the evidence, past "
+            f"{tiers.NOT_RULED_OUT_PAIRS:,}: not listed; the victims named there are possible and others there may "
+            "be missed")
+
+
+def possible_readers_said(readers: int) -> str:
+    """The delivered responses that read pages they did not write where the replay could not follow
+    the logs, and that it names no victim of."""
+    one = readers == 1
+    return (f"{render.plural(readers, 'delivered response')} read pages {'its' if one else 'their'} transfer did not "
+            f"write where the replay could not follow the logs, and it names no victim of {'it' if one else 'them'} "
+            f"(it gave {'it' if one else 'them'} no pages, or pages that held nothing in it): possibly exposed, every "
+            "request whose data may have been in the node's pool then a possible victim (certainty_note 'not ruled "
+            "out')")
 
 
 def disagreements_said(r: Any) -> list[str]:

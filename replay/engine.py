@@ -314,6 +314,11 @@ class NodeEngine:
     bounded: bool = False
     #: the node's caches flushed (SGLang's flush_cache): its pool started afresh this many times
     flushes: int = 0
+    #: confirmation, decode: requests the logs show served that started decoding here holding no
+    #: pages in the replay (its pool could not supply them, or past its bounds; each listed as a
+    #: disagreement) although their transfer carried fewer pages than their prompt: they read pages
+    #: they did not write, whose content the replay cannot name
+    unsupplied: list[str] = field(default_factory=list)
     pool: PagePool = field(init=False)
     held: dict[str, _Held] = field(init=False)
     #: decode: the running batch, in the order its requests joined
@@ -748,6 +753,9 @@ class NodeEngine:
             return self._take_prompt_pages(record, h, self.requests[rid].prompt_tokens, log_rejection=True)
         if event == "decode_started" and h.prompt is not None:
             return self._decode_start(record, rid, p, h)
+        if event == "decode_started" and self.served is not None and rid in self.served and \
+                pages_for(p.kv_tokens, page_size) < pages_for(self.requests[rid].prompt_tokens, page_size):
+            self.unsupplied.append(rid)
         self._emit(record)
         if event in ("finished", "rejected"):  # as logged: later logged events still apply
             self._free(ts, rid)

@@ -83,6 +83,8 @@ class Tally:
     step_records_undecided: int = 0
     guesses: dict[str, int] = field(default_factory=dict)  # prefill: cached prompts guessed, by node
     cache_flushes: int = 0  # SGLang's flush_cache read and applied: a node's pool started afresh
+    #: (node, request) of the readers the replay could not give their pages (NodeEngine.unsupplied)
+    unsupplied: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
         self.records += other.records
@@ -93,6 +95,7 @@ class Tally:
         self.step_records_unchecked += other.step_records_unchecked
         self.step_records_undecided += other.step_records_undecided
         self.cache_flushes += other.cache_flushes
+        self.unsupplied += other.unsupplied
         for node, n in other.guesses.items():
             self.guesses[node] = self.guesses.get(node, 0) + n
 
@@ -105,7 +108,8 @@ class Tally:
                 guesses[e.config.node] = guesses.get(e.config.node, 0) + e.prefix_guesses
         return cls(records, disagreements, sum(c.ambiguous for c in clocks), {c.node for c in clocks if c.ambiguous},
                    sum(c.step_records for c in clocks), sum(c.step_records_unchecked for c in clocks),
-                   sum(c.step_records_undecided for c in clocks), guesses, sum(e.flushes for e in engines))
+                   sum(c.step_records_undecided for c in clocks), guesses, sum(e.flushes for e in engines),
+                   [(e.config.node, rid) for e in engines for rid in e.unsupplied])
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,11 @@ class ReplayResult:
     step_records_undecided: int = 0
     #: cache flushes (schema v1.1, SGLang's flush_cache) the replay applied: a node's pool started afresh there
     cache_flushes: int = 0
+    #: confirming: (node, request) of the requests the logs show served that the replay could not give
+    #: their pages on a decode node (each a disagreement) although their transfer carried fewer pages
+    #: than their prompt: they read pages they did not write, possibly other requests' (the job names
+    #: the requests not ruled out)
+    unsupplied: tuple[tuple[str, str], ...] = ()
 
     def disagreement_kinds(self) -> dict[str, int]:
         """How many disagreements of each kind the replay listed, by kind in order."""
@@ -107,6 +112,7 @@ class ReplayResult:
             "step_records_unchecked": self.step_records_unchecked,
             "step_records_undecided": self.step_records_undecided,
             "cache_flushes": self.cache_flushes,
+            "unsupplied_readers": len(self.unsupplied),
             "disagreements": {"count": len(self.disagreements), "by_kind": self.disagreement_kinds(),
                               "list": [d.as_dict() for d in self.disagreements]},
         }
@@ -171,7 +177,8 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
     case = out / "replay.duckdb"
     result = forensics.investigate([logs], case)
     figures = (schedule, tally.ambiguous, tuple(sorted(tally.ambiguous_nodes)), assumed, tally.step_records,
-               tally.step_records_unchecked, tally.step_records_undecided, tally.cache_flushes)
+               tally.step_records_unchecked, tally.step_records_undecided, tally.cache_flushes,
+               tuple(sorted(set(tally.unsupplied))))
     if only is not None:
         return ReplayResult(engine, what_if, out, tally.records, result.exposure, not_replayed, None, mode,
                             tuple(disagreements), 0, *figures)

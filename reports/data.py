@@ -121,6 +121,9 @@ class ReportData:
     #: they are listed as possible victims (forensics.exposure.tiers.not_ruled_out_figures)
     not_ruled_out: tuple[int, bool] = (0, True)
     not_ruled_out_budget: int = 0
+    #: delivered responses that read pages they did not write where a node's pages are not the
+    #: replay's, and that it names no victim of: possibly exposed (tiers.possible_readers_figure)
+    possible_readers: int = 0
     #: whether a replay under the engine the logs were made with confirmed the case
     confirmed: bool = False
     #: whether any node logged page records (kv records)
@@ -290,6 +293,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         certain_victims=n_certain, possible_victims=len(victims) - n_certain,
         not_ruled_out=evidence_tiers.not_ruled_out_figures(con),
         not_ruled_out_budget=evidence_tiers.NOT_RULED_OUT_PAIRS,
+        possible_readers=evidence_tiers.possible_readers_figure(con),
         without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],
         unseen_late_writes=evidence_tiers.unseen_late_writes(con),
         confirmed=any(r.get("mode") == "confirm" for r in replays),

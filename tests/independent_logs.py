@@ -55,7 +55,11 @@ Layouts (how a deployment logs, all valid under the schema), chosen per log set:
   out of the batch for 20 steps, then its KV restored into pages taken afresh (allocated, written)
   and back in the batch at the next step; its finish says ``retractions: 1``, and the node logs a
   ``step`` record with ``cache: "retracted"`` where it happens (schema v1.1; not with
-  ``unlogged_retraction``).
+  ``unlogged_retraction``);
+- ``capped_prompt_pages``: a decode node preallocates at most this many pages for a prompt (as
+  ``bench/generate.py``'s does a quarter of its pool), the first of its prompt's pages: an over-long
+  prompt's placeholder reads those, where the spec's engine would take the whole prompt's pages (and,
+  the pool short, could not).
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ class Layout:
     #: with ``retract``: no ``step`` record with ``cache: "retracted"`` where it happens (SGLang's
     #: scheduler prints its line on every retraction; logs filtered above its level lack it)
     unlogged_retraction: bool = False
+    #: the most pages a decode node preallocates for a prompt (0: all of them)
+    capped_prompt_pages: int = 0
 
 
 
@@ -293,6 +299,11 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
     decoding: dict[tuple[str, str], list[int]] = {}  # (decode node, request): [slots held, steps left]
     retracted: set[str] = set()  # requests a decode node retracted (layout.retract)
 
+    def prompt_pages(r: dict[str, Any]) -> int:
+        """The pages decode preallocates for ``r``'s prompt."""
+        need = ceil_div(r["prompt"], page_size)
+        return min(need, layout.capped_prompt_pages) if layout.capped_prompt_pages else need
+
     def output_pages(r: dict[str, Any]) -> int:
         return ceil_div(r["prompt"] + r["max_new"] + 1, page_size) - ceil_div(r["prompt"], page_size)
 
@@ -385,7 +396,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
         if what == "arrive":
             request(router, t, rid, "received", tenant_id=r["tenant"], prompt_tokens=r["prompt"],
                     max_new_tokens=r["max_new"], prefill_node=p.name, decode_node=d.name)
-            need = ceil_div(r["prompt"], page_size)
+            need = prompt_pages(r)
             # decode cannot preallocate with room for every admitted request's output: it rejects
             if need + output_pages(r) + d.reserved > d.pool.available():
                 request(d, t, rid, "rejected", reason="kv_pool_exhausted")
@@ -398,7 +409,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
                 at(t + 30_000, "restart", rid)
         elif what == "admit":
             request(d, t, rid, "admitted")
-            held[(d.name, rid)] = d.pool.take_prompt(ceil_div(r["prompt"], page_size), r["prompt"], page_size)
+            held[(d.name, rid)] = d.pool.take_prompt(prompt_pages(r), r["prompt"], page_size)
             kv(d, t, rid, "alloc", held[(d.name, rid)])
             at(t + 1000, "prefill", rid)
         elif what == "prefill":
@@ -462,7 +473,7 @@ def generate(out: Path, *, seed: int, requests: int = 160, layout: Layout = Layo
             steps = r["max_new"] if r["max_new"] > 1 else 0  # the tokens after prefill's, and one more
             if steps:
                 d.batch.append(rid)
-                decoding[(d.name, rid)] = [r["prompt"], steps]
+                decoding[(d.name, rid)] = [min(r["prompt"], len(held[(d.name, rid)]) * page_size), steps]
                 if not d.stepping:
                     d.stepping, d.next_step = True, t
                     at(t, "step", d.name, phase=1)

@@ -18,6 +18,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from forensics.exposure.figures import DEFINITIONS, summary
 from forensics.ids import NodeId
@@ -32,12 +33,14 @@ TIERS = (PAGE_RECORDS, PAGE_RECORDS_INFERRED, TRANSFER_REPLAY, REQUEST_REPLAY)
 #: The tiers on which a victim is certain: page records show what each page held. A victim the
 #: replay names is possible: it rests on the reference engine's reconstruction of the pages.
 CERTAIN = (PAGE_RECORDS, PAGE_RECORDS_INFERRED)
-#: After decode retractions, at most this many (reader, request) pairs not ruled out by the evidence
-#: are listed in a case (:func:`_not_ruled_out`: they grow as readers times requests); past it none
-#: is, and the job and the report say so with their count.
+#: Where a node's pages are not the replay's (after decode retractions, on a node whose replay did
+#: not follow its logs), at most this many (reader, request) pairs not ruled out by the evidence are
+#: listed in a case (:func:`_not_ruled_out`: they grow as readers times requests); past it none is,
+#: and the job and the report say so with their count.
 NOT_RULED_OUT_PAIRS = 5_000_000
-#: The ``case_meta`` keys of the last fill's pairs not ruled out, and whether they are listed.
-NOT_RULED_OUT_META = ("not_ruled_out_pairs", "not_ruled_out_listed")
+#: The ``case_meta`` keys of the last fill's pairs not ruled out, whether they are listed, and the
+#: delivered responses possibly exposed that the replay names no victim of (:attr:`Filled.possible_readers`).
+NOT_RULED_OUT_META = ("not_ruled_out_pairs", "not_ruled_out_listed", "possible_readers")
 
 
 @dataclass(frozen=True)
@@ -54,29 +57,38 @@ class Filled:
     #: listed (``not_ruled_out_listed`` False: those victims are possible and others may be missed)
     not_ruled_out: int = 0
     not_ruled_out_listed: bool = True
+    #: delivered responses that read pages they did not write where a node's pages are not the
+    #: replay's, and that the replay names no victim of: it could not give them their pages (its pool
+    #: could not supply them, or past its bounds) although their transfer carried fewer pages than
+    #: their prompt, or their pages held nothing in it. Each is possibly exposed (its victims, the
+    #: requests not ruled out, are listed as possible within the budget)
+    possible_readers: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The fill as JSON-ready data."""
         return {"nodes": list(self.nodes), "gap_windows": self.gap_windows,
                 "exposed_responses": self.exposed_responses, "rows": self.rows,
-                "not_ruled_out": self.not_ruled_out, "not_ruled_out_listed": self.not_ruled_out_listed}
+                "not_ruled_out": self.not_ruled_out, "not_ruled_out_listed": self.not_ruled_out_listed,
+                "possible_readers": self.possible_readers}
 
 
 def fill_from_replay(db: Path | str | HeldCase, replayed: Path, alternatives: Sequence[tuple[str, Path]] = (),
                      disagreeing_nodes: Sequence[str] = (), varied_nodes: Sequence[str] = (),
-                     retracted: Sequence[tuple[str, str]] = ()) -> Filled:
+                     retracted: Sequence[tuple[str, str]] = (), unsupplied: Sequence[tuple[str, str]] = ()
+                     ) -> Filled:
     """:func:`fill_from_replay_on` the case ``db``: its path, or the case a long job holds open."""
     con = connect(db)
     try:
-        return fill_from_replay_on(con, replayed, alternatives, disagreeing_nodes, varied_nodes, retracted)
+        return fill_from_replay_on(con, replayed, alternatives, disagreeing_nodes, varied_nodes, retracted,
+                                   unsupplied)
     finally:
         con.close()
 
 
 def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
                         alternatives: Sequence[tuple[str, Path]] = (), disagreeing_nodes: Sequence[str] = (),
-                        varied_nodes: Sequence[str] = (), retracted: Sequence[tuple[str, str]] = ()
-                        ) -> Filled:
+                        varied_nodes: Sequence[str] = (), retracted: Sequence[tuple[str, str]] = (),
+                        unsupplied: Sequence[tuple[str, str]] = ()) -> Filled:
     """Replace the ``replay_exposures`` of the case open on ``con`` by the exposures of the replay
     case ``replayed`` (the replay under the engine that made the logs, on the logged schedule) where
     page records are missing, each victim certain or possible: certain where every one of the
@@ -92,11 +104,18 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     there or after (or that was retracted itself) has its victims possible, and every request
     whose data may have been in the node's pool when the reader took its pages is named beside
     them as a possible victim (:func:`_not_ruled_out`): the replay's own names may miss the true
-    ones there."""
+    ones there.
+
+    On each of the ``disagreeing_nodes`` the replay cannot say from where its pages are no longer
+    the node's: every reader there has the requests not ruled out since its boot's start named
+    beside its own victims. ``unsupplied``: ``(node, request)`` of the requests the replay could not
+    give their pages although the logs show them served and their transfer carried fewer pages than
+    their prompt (``ReplayResult.unsupplied``): each read pages it did not write, and is a possible
+    exposed response with those requests as its possible victims."""
     source = connect(replayed, read_only=True, create=False)
     try:
         base = _exposures_on(source)
-        bounds, candidates, pairs = _not_ruled_out(source, retracted)
+        bounds, candidates, pairs = _not_ruled_out(source, retracted, disagreeing_nodes, unsupplied)
     finally:
         source.close()
     tables = []
@@ -113,9 +132,15 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM replay_exposures")
+        # (a possible reader the replay names no victim of: on a node without page records, or inside a seq gap)
+        possible_readers = int(con.execute(f"""
+            SELECT count(DISTINCT b.reader_request) FROM retraction_bounds b
+            WHERE NOT b.named AND b.reader_delivered AND b.pairs > 0
+              AND ({_FILLED_WHERE.format(t='b', ts='first_ts')})""", {"missing_nodes": list(missing)}).fetchall()[0][0])
         con.executemany("INSERT INTO case_meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                         [[NOT_RULED_OUT_META[0], str(pairs)],
-                         [NOT_RULED_OUT_META[1], str(candidates.num_rows == pairs).lower()]])
+                         [NOT_RULED_OUT_META[1], str(candidates.num_rows == pairs).lower()],
+                         [NOT_RULED_OUT_META[2], str(possible_readers)]])
         con.execute(sql_text("fill_from_replay.sql"), {
             "missing_nodes": list(missing), "transfer_tier": TRANSFER_REPLAY, "request_tier": REQUEST_REPLAY,
             "schedules": len(alternatives), "disagreeing_nodes": list(disagreeing_nodes),
@@ -133,40 +158,68 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
                    "(SELECT count(*) FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)) "
                    "FROM replay_exposures")
     assert row is not None
-    return Filled(missing, int(row[2]), int(row[0]), int(row[1]), pairs, candidates.num_rows == pairs)
+    return Filled(missing, int(row[2]), int(row[0]), int(row[1]), pairs, candidates.num_rows == pairs,
+                  possible_readers)
+
+
+#: SQL: a row of table ``t`` (its ``node``, its time ``ts``) is one the fill takes from the replay: on
+#: a node without page records ($missing_nodes), or inside a seq-gap window of a node with them.
+_FILLED_WHERE = ("list_contains($missing_nodes, {t}.node) OR EXISTS (SELECT 1 FROM seq_gaps w WHERE w.node = {t}.node "
+                 "AND w.node IN (SELECT node FROM kv_ops) AND {t}.{ts} BETWEEN w.window_start AND w.window_end)")
 
 
 def not_ruled_out_figures(con: duckdb.DuckDBPyConnection) -> tuple[int, bool]:
-    """The last fill's (reader, request) pairs not ruled out after retractions, and whether they are
-    listed (``replay_exposures``): (0, True) where none, or the case was never filled."""
-    found = dict(con.execute("SELECT key, value FROM case_meta WHERE key IN (?, ?)", list(NOT_RULED_OUT_META))
-                 .fetchall())
+    """The last fill's (reader, request) pairs not ruled out, and whether they are listed
+    (``replay_exposures``): (0, True) where none, or the case was never filled."""
+    found = _meta(con)
     return int(found.get(NOT_RULED_OUT_META[0], 0)), found.get(NOT_RULED_OUT_META[1], "true") == "true"
 
 
-def _not_ruled_out(source: duckdb.DuckDBPyConnection, retracted: Sequence[tuple[str, str]]
+def possible_readers_figure(con: duckdb.DuckDBPyConnection) -> int:
+    """The last fill's delivered responses possibly exposed that the replay names no victim of
+    (:attr:`Filled.possible_readers`); 0 where none, or the case was never filled."""
+    return int(_meta(con).get(NOT_RULED_OUT_META[2], 0))
+
+
+def _meta(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """The last fill's :data:`NOT_RULED_OUT_META` kept in ``case_meta``."""
+    return dict(con.execute("SELECT key, value FROM case_meta WHERE list_contains($keys, key)",
+                            {"keys": list(NOT_RULED_OUT_META)}).fetchall())
+
+
+def _not_ruled_out(source: duckdb.DuckDBPyConnection, retracted: Sequence[tuple[str, str]],
+                   whole_nodes: Sequence[str] = (), unsupplied: Sequence[tuple[str, str]] = ()
                    ) -> tuple[pa.Table, pa.Table, int]:
-    """Where a node's decode retracted requests (``retracted``: ``(node, request)``), from the
-    replay case open on ``source`` (``sql/not_ruled_out.sql``): each reader there, with whether its
-    pages were taken where the node's layout is no longer the replay's (node, boot, reader_request,
-    taken_seq, after); for each such reader, the requests whose data may have been in the node's
-    pool when it took them (node, boot, reader_request, victim_request, victim_tenant); and how
-    many such pairs there are. Past :data:`NOT_RULED_OUT_PAIRS` none is listed, and they are only
-    counted (each reader's are all the requests that let their pages go on its node's boot before it
-    took its own, since the first retraction: they grow as readers times requests)."""
+    """Where a node's pages are not the replay's, from the replay case open on ``source``
+    (``sql/not_ruled_out.sql``): after the retractions of ``retracted`` (``(node, request)``), on the
+    ``whole_nodes`` from each boot's start, and for the readers of ``unsupplied`` (``(node,
+    request)``: the replay gave them no pages). Each reader there, with whether its pages were taken
+    where the node's layout is no longer the replay's (node, boot, reader_request, taken_seq, after,
+    unsupplied, whole, named, reader_tenant, reader_delivered, first_ts, and its pairs); for each such reader, the
+    requests whose data may have been in the node's pool when it took them (node, boot,
+    reader_request, victim_request, victim_tenant); and how many such
+    pairs there are. They are counted first, cheaply; past :data:`NOT_RULED_OUT_PAIRS` none is
+    listed (each reader's are all the requests that let their pages go on its node's boot before it
+    took its own, since the split: they grow as readers times requests)."""
     blocks = {b.name: b.sql for b in sql_blocks("not_ruled_out.sql")}
-    budget = NOT_RULED_OUT_PAIRS
-    source.register("retracted", pa.table({"node": pa.array([n for n, _ in retracted], pa.string()),
-                                           "request_id": pa.array([r for _, r in retracted], pa.string())}))
+    pairs_of = {"retracted": retracted, "unsupplied": unsupplied}
+    for name, pairs in pairs_of.items():
+        source.register(name, pa.table({"node": pa.array([n for n, _ in pairs], pa.string()),
+                                        "request_id": pa.array([r for _, r in pairs], pa.string())}))
+    source.register("whole_nodes", pa.table({"node": pa.array(list(whole_nodes), pa.string())}))
     try:
         source.execute(blocks["prepare"])
-        bounds = source.sql("SELECT * FROM retraction_bounds ORDER BY ALL").to_arrow_table()
-        listed = source.sql(f"{blocks['not_ruled_out']} LIMIT {budget + 1}").to_arrow_table()
-        if listed.num_rows <= budget:
-            return bounds, listed, listed.num_rows
-        return bounds, listed.slice(0, 0), int((one(source, blocks["not_ruled_out_pairs"]) or (0,))[0])
+        bounds = source.sql(f"""
+            SELECT b.*, coalesce(p.pairs, 0) AS pairs FROM retraction_bounds b
+            LEFT JOIN ({blocks["not_ruled_out_pairs"]}) p USING (node, boot, reader_request)
+            ORDER BY ALL""").to_arrow_table()
+        count = int(pc.sum(bounds.column("pairs")).as_py() or 0)
+        listed = source.sql(blocks["not_ruled_out"]).to_arrow_table() if 0 < count <= NOT_RULED_OUT_PAIRS \
+            else source.sql(f"{blocks['not_ruled_out']} LIMIT 0").to_arrow_table()
+        return bounds, listed, count
     finally:
-        source.unregister("retracted")
+        for name in (*pairs_of, "whole_nodes"):
+            source.unregister(name)
 
 
 def _exposures_of(case: Path) -> pa.Table:

@@ -13,8 +13,12 @@
 -- batch: `retraction_bounds`, sql/not_ruled_out.sql) and the row is not from a seq-gap window;
 -- otherwise possible, and certainty_note says why. A pair named only under another schedule is
 -- listed as possible with no pages (the page figures count the logged schedule's); so is each
--- request of `not_ruled_out` that no schedule names: after a retraction, data the reader's pages
--- may have held on a layout the replay cannot name.
+-- request of `not_ruled_out` that no schedule names: where the node's pages are not the replay's
+-- (after a retraction; on a node whose replay did not follow its logs), data the reader's pages may
+-- have held on a layout the replay cannot name. A reader the replay names no victim of (it could not
+-- give it its pages, `why` 'unsupplied': its transfer carried fewer pages than its prompt, so it read
+-- pages it did not write; or they held nothing in the replay) has no row of its own: its pairs not
+-- ruled out are its rows, where it took its pages.
 INSERT INTO replay_exposures BY NAME
 WITH wanted AS (
   SELECT e.*, NOT list_contains($missing_nodes, e.node) AS in_gap
@@ -45,13 +49,28 @@ WITH wanted AS (
                                    ORDER BY b.first_seq, b.first_ts, b.victim_request) AS k
     FROM base b)
   WHERE k = 1
-), candidates AS (  -- after a retraction: requests whose data the reader's pages may have held, no schedule naming them
-  SELECT r.* EXCLUDE (victim_request, victim_tenant, pages, n_pages), c.victim_request, c.victim_tenant,
-         NULL::VARCHAR AS pages, 0::BIGINT AS n_pages
+), pairs AS (  -- each pair not ruled out with its reader's facts, and why its pages are not the replay's
+  SELECT c.*, CASE WHEN b.unsupplied THEN 'unsupplied' WHEN b.whole THEN 'disagreeing' ELSE 'retracted' END AS why,
+         b.reader_tenant, b.reader_delivered, b.taken_seq AS first_seq, b.first_ts
   FROM not_ruled_out c
+  JOIN retraction_bounds b ON b.node = c.node AND b.boot = c.boot AND b.reader_request = c.reader_request
+), candidates AS (  -- requests whose data the reader's pages may have held, no schedule naming them
+  SELECT r.* EXCLUDE (victim_request, victim_tenant, pages, n_pages), c.victim_request, c.victim_tenant,
+         NULL::VARCHAR AS pages, 0::BIGINT AS n_pages, c.why
+  FROM pairs c
   JOIN reader_rows r ON r.node = c.node AND r.boot = c.boot AND r.reader_request = c.reader_request
   WHERE NOT EXISTS (SELECT 1 FROM wanted w WHERE w.node = c.node AND w.reader_request = c.reader_request
                                             AND w.victim_request = c.victim_request)
+  UNION ALL BY NAME  -- (a reader the replay names no victim of: no row to take its place and time from)
+  SELECT c.reader_request, c.victim_request, c.node, c.boot, NULL::VARCHAR AS pages, 0::BIGINT AS n_pages,
+         c.first_seq, c.first_ts, FALSE AS inferred, c.reader_tenant, c.victim_tenant, c.reader_delivered,
+         NOT list_contains($missing_nodes, c.node) AS in_gap, c.why
+  FROM pairs c
+  WHERE NOT EXISTS (SELECT 1 FROM reader_rows r WHERE r.node = c.node AND r.boot = c.boot
+                                                  AND r.reader_request = c.reader_request)
+    AND (list_contains($missing_nodes, c.node)
+         OR EXISTS (SELECT 1 FROM seq_gaps w WHERE w.node = c.node AND w.node IN (SELECT node FROM kv_ops)
+                      AND c.first_ts BETWEEN w.window_start AND w.window_end))
 ), rows AS (
   SELECT b.*, CASE WHEN list_contains($varied_nodes, b.node) THEN coalesce(n.others, 0) ELSE $schedules END AS others,
          TRUE AS logged_schedule, FALSE AS not_ruled_out FROM base b
@@ -69,7 +88,7 @@ WITH wanted AS (
               AS after_retraction
   FROM rows r
 )
-SELECT r.* EXCLUDE (evidence, in_gap, others, logged_schedule, not_ruled_out, after_retraction),
+SELECT r.* EXCLUDE (evidence, in_gap, others, logged_schedule, not_ruled_out, after_retraction, why),
        CASE WHEN EXISTS (
          SELECT 1 FROM transfers t JOIN requests q USING (request_id)
          WHERE t.request_id = r.reader_request AND t.dst_node = r.node AND t.event = 'completed'
@@ -78,7 +97,17 @@ SELECT r.* EXCLUDE (evidence, in_gap, others, logged_schedule, not_ruled_out, af
        CASE WHEN r.in_gap OR list_contains($disagreeing_nodes, r.node) OR r.after_retraction OR r.not_ruled_out
                  OR r.others + (CASE WHEN r.logged_schedule THEN 1 ELSE 0 END) < $schedules + 1
             THEN 'possible' ELSE 'certain' END AS certainty,
-       CASE WHEN r.in_gap THEN 'inside a seq gap: the node''s records of this window are missing'
+       CASE WHEN r.not_ruled_out AND r.why = 'unsupplied'
+              THEN 'not ruled out: the replay could not give the reader its pages (replay_disagreements), and its '
+                   || 'transfer carried fewer pages than its prompt: it read pages it did not write, on a layout the '
+                   || 'replay cannot name; this request''s data may have been in the node''s pool then'
+                   || CASE WHEN r.in_gap THEN ' (inside a seq gap: the node''s records of this window are missing)'
+                           ELSE '' END
+            WHEN r.in_gap THEN 'inside a seq gap: the node''s records of this window are missing'
+            WHEN r.not_ruled_out AND r.why = 'disagreeing'
+              THEN 'not ruled out: the replay could not follow this node''s logs everywhere (replay_disagreements), '
+                   || 'so from the boot''s start its pages may not be the replay''s; this request''s data may have '
+                   || 'been in the node''s pool when the reader took its pages'
             WHEN list_contains($disagreeing_nodes, r.node)
               THEN 'the replay could not follow this node''s logs everywhere (replay_disagreements)'
             WHEN r.not_ruled_out

@@ -15,7 +15,8 @@ import pytest
 from conftest import FIXTURES
 from rich.cells import cell_len
 
-from forensics.exposure.tiers import PAGE_EVIDENCE, REQUEST_REPLAY, TOTAL, TRANSFER_REPLAY
+from forensics.exposure.tiers import PAGE_EVIDENCE, REQUEST_REPLAY, TOTAL, TRANSFER_REPLAY, Filled
+from forensics.ids import NodeId
 from kvforensics import render
 from kvforensics.story import verdict
 
@@ -83,8 +84,9 @@ def test_a_command_is_quoted_and_continued_with_a_backslash_where_it_is_too_wide
 
 
 def _found(exposed: int, victims: tuple[int, int], tenants: tuple[int, int], *, missing: tuple[str, ...] = (),
-           filled: bool = True) -> Any:
-    """A whole job's result as the verdict reads it: figures by tier and the victims' certainty."""
+           filled: bool = True, readers: int = 0, pairs: int = 0) -> Any:
+    """A whole job's result as the verdict reads it: figures by tier and the victims' certainty
+    (``readers``: possible readers the replay names no victim of, ``pairs`` not ruled out, not listed)."""
     tier = REQUEST_REPLAY if missing else PAGE_EVIDENCE
     figures = {"exposed_responses": exposed, "victim_requests": sum(victims), "affected_tenants": sum(tenants)}
     zero = dict.fromkeys(figures, 0)
@@ -92,7 +94,8 @@ def _found(exposed: int, victims: tuple[int, int], tenants: tuple[int, int], *, 
                                                                      TOTAL)}
     return SimpleNamespace(
         tiers=tiers, investigation=SimpleNamespace(exposure=tiers[PAGE_EVIDENCE]), without_page_records=missing,
-        filled=object() if filled and missing else None, replay_skipped=None if filled else "no prefill config",
+        filled=Filled(tuple(NodeId(m) for m in missing), 0, exposed, exposed, pairs, not pairs, readers)
+        if filled and missing else None, replay_skipped=None if filled else "no prefill config",
         certainty={"victim_requests": {"certain": victims[0], "possible": victims[1]},
                    "affected_tenants": {"certain": tenants[0], "possible": tenants[1]}})
 
@@ -119,6 +122,24 @@ def test_the_verdict_says_on_what_evidence_nothing_was_exposed() -> None:
     assert replayed.endswith("; but 1 critical finding stands (below).")
     unknown = verdict(_found(0, (0, 0), (0, 0), missing=("decode-0",), filled=False), [])
     assert unknown.startswith("Not known: decode-0 logged no page records and was not replayed (no prefill config)")
+
+
+def test_the_verdict_never_says_not_exposed_of_readers_the_replay_names_no_victim_of() -> None:
+    """Readers that read pages they did not write where the replay could not follow the logs, and that
+    it names no victim of (it gave them no pages): with their requests not ruled out too many to list
+    (no row names them), the verdict says they are possibly exposed, on which nodes and why, never
+    "Not exposed"."""
+    said = verdict(_found(0, (0, 0), (0, 0), missing=("decode-0",), readers=75, pairs=12_000_000), [])
+    assert said.startswith("Possibly exposed: 75 delivered responses read pages their transfer did not write, "
+                           "on decode-0, where the replay could not follow the logs and names no victim of them")
+    assert "12,000,000 (reader, request) pairs not ruled out, too many to list" in said
+    one = verdict(_found(0, (0, 0), (0, 0), missing=("decode-0",), readers=1, pairs=6_000_000), [])
+    assert one.startswith("Possibly exposed: 1 delivered response read pages its transfer did not write")
+    assert "Not exposed" not in said + one
+    # (listed, they are exposed responses with possible victims: the verdict names them as such)
+    listed = verdict(_found(75, (0, 2_911), (0, 12), missing=("decode-0",), readers=75, pairs=55_372), [])
+    assert listed.startswith("Possibly exposed: 75 delivered responses may have read other requests' KV pages: "
+                             "2,911 victim requests of 12 tenants, all possible (none certain)")
 
 
 def test_the_story_is_told_of_a_parquet_case_as_spark_leaves_it(tmp_path: Path) -> None:

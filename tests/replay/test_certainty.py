@@ -155,8 +155,9 @@ def test_after_a_retraction_the_victims_before_it_stay_certain_and_those_not_rul
         true = _pairs(truth, key)
         assert true <= _pairs(rows, key), sorted(true - _pairs(rows, key))[:5]
     assert found.filled is not None and found.filled.not_ruled_out_listed and found.filled.not_ruled_out > 0
-    assert (f"after decode retractions: {found.filled.not_ruled_out:,} (reader, request) pairs not ruled out by the "
-            "evidence, each a possible victim (certainty_note 'not ruled out')") in _notes(found)
+    assert (f"where a node's pages are not the replay's (decode retractions, or logs it could not follow): "
+            f"{found.filled.not_ruled_out:,} (reader, request) pairs not ruled out by the evidence, each a possible "
+            "victim (certainty_note 'not ruled out')") in _notes(found)
     if seed == 14:  # (the report says so too)
         from reports.render import report
 
@@ -209,16 +210,17 @@ def test_past_the_budget_the_requests_not_ruled_out_are_counted_and_said_not_lis
     assert any("retracted" in (r["certainty_note"] or "") for r in rows)
     said = found.as_dict()["filled_by_replay"]
     assert (said["not_ruled_out"], said["not_ruled_out_listed"]) == (found.filled.not_ruled_out, False)
-    assert (f"after decode retractions: {found.filled.not_ruled_out:,} (reader, request) pairs not ruled out by the "
-            "evidence, past 10: not listed; the victims named after the retractions are possible and others there may "
-            "be missed") in _notes(found)
+    assert (f"where a node's pages are not the replay's (decode retractions, or logs it could not follow): "
+            f"{found.filled.not_ruled_out:,} (reader, request) pairs not ruled out by the evidence, past 10: not "
+            "listed; the victims named there are possible and others there may be missed") in _notes(found)
     # the report says so too (the case keeps the count)
     from reports.render import report
 
     report(tmp_path / "request-level.duckdb", tmp_path / "report.html")
     text = " ".join((tmp_path / "report.html").read_text().split())
-    assert (f"After decode retractions, which the replay does not model, {found.filled.not_ruled_out:,} (reader, "
-            "request) pairs are not ruled out by the evidence: past 10, they are not listed") in text
+    assert (f"Where a node's pages are not the replay's (after decode retractions, which it does not model, or where "
+            f"it could not follow the node's logs), {found.filled.not_ruled_out:,} (reader, request) pairs are not "
+            "ruled out by the evidence: past 10, they are not listed") in text
 
 PRINTED = Path(__file__).resolve().parents[1] / "adapters" / "printed"
 
@@ -263,6 +265,62 @@ def test_a_retraction_in_logs_sglang_printed_leaves_every_true_victim_named_and_
     for key in ("victim_request", "victim_tenant"):
         assert _pairs(truth, key) <= _pairs(rows, key), sorted(_pairs(truth, key) - _pairs(rows, key))[:5]
     assert any((r["certainty_note"] or "").startswith("not ruled out: ") for r in rows)
+
+@pytest.mark.parametrize("seed", [12, 13])
+def test_where_the_pool_could_not_supply_a_reader_every_true_reader_and_victim_is_named(
+        seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generator's decode nodes preallocate at most 2,000 pages for a prompt
+    (``Layout(capped_prompt_pages=2000)``; ``bench/generate.py``'s do a quarter of their pool), where
+    the spec's engine takes the whole prompt's pages: an over-long prompt's placeholder reads those
+    2,000, stale. Following the logs, the replay then cannot supply some of them
+    (``pool_cannot_supply``), gives them no pages, and its pages part from the node's. Before, it
+    named none of those readers and missed true victims: at seed 12, 10 of 13 true readers, 48 of 205
+    true (reader, victim) pairs and 45 of 65 (reader, tenant) pairs; at seed 13, 10 of 14, 133 of
+    242, 56 of 79. Now every reader that read pages it did not write on such a node (one it gave no
+    pages, or whose pages held nothing in it) is named, with every request whose data may have been
+    in the node's pool then a possible victim, "not ruled out": every true reader, victim and tenant
+    is named, none certain. Past the budget, none is listed, and the readers the replay names no
+    victim of are still counted and said possibly exposed (never "not exposed")."""
+    truth, rows, found, _ = _both(tmp_path, Layout(capped_prompt_pages=2000), seed)
+    confirm = found.replays[0]
+    assert {d.kind for d in confirm.disagreements} == {"pool_cannot_supply"}
+    assert confirm.unsupplied and {n for n, _ in confirm.unsupplied} <= {"decode-0", "decode-1"}
+    assert {(n, rid) for n, rid in confirm.unsupplied} <= {(d.node, d.request_id) for d in confirm.disagreements}
+    assert {r["reader_request"] for r in truth} <= {r["reader_request"] for r in rows}
+    for key in ("victim_request", "victim_tenant"):
+        assert _pairs(truth, key) <= _pairs(rows, key), sorted(_pairs(truth, key) - _pairs(rows, key))[:5]
+    assert all(r["certainty"] == "possible" for r in rows)
+    unsupplied = {rid for _, rid in confirm.unsupplied}
+    assert all(r["certainty_note"].startswith("not ruled out: the replay could not give the reader its pages")
+               for r in rows if r["reader_request"] in unsupplied)
+    assert any(r["certainty_note"].startswith("not ruled out: the replay could not follow this node's logs")
+               for r in rows)
+    # the readers it names no victim of: the unsupplied ones, and those whose pages held nothing in it
+    without = {r["reader_request"] for r in rows} - {r["reader_request"] for r in rows if r["pages"] is not None}
+    assert unsupplied & without and found.filled is not None and found.filled.possible_readers == len(without)
+    assert any(line.startswith(f"{len(without)} delivered responses read pages their transfer did not write where "
+                               "the replay could not follow the logs") for line in _notes(found))
+    # past the budget: no pair listed, the readers still counted and said possibly exposed
+    from forensics.exposure import tiers
+    from kvforensics.story import verdict
+
+    monkeypatch.setattr(tiers, "NOT_RULED_OUT_PAIRS", 10)
+    found = run([tmp_path / "stripped"], tmp_path / "budget.duckdb", None)
+    assert found.filled is not None and not found.filled.not_ruled_out_listed
+    assert found.filled.possible_readers == len(without)
+    with Case(tmp_path / "budget.duckdb") as case:
+        listed = case.exposures(delivered_only=True).to_dicts()
+    assert not any((r["certainty_note"] or "").startswith("not ruled out") for r in listed)
+    said = verdict(found, [])
+    assert said.startswith("Possibly exposed: ") and "Not exposed" not in said
+    from reports.render import report
+
+    report(tmp_path / "budget.duckdb", tmp_path / "report.html")
+    text = " ".join((tmp_path / "report.html").read_text().split())
+    assert (f"{len(without)} delivered responses may have read other requests' content</b> on nodes without page "
+            "records where the replay could not follow the logs") in text
+    assert "No delivered response attended to another request's pages in this case." not in text
+
 
 def _pages(text: str) -> list[int]:
     out: list[int] = []
