@@ -61,9 +61,13 @@ class Summary(dict[str, int]):
             table += f"<p>Without page records: {html.escape(', '.join(missing))}.</p>"
         if tiers:
             v, t = self.certainty["victim_requests"], self.certainty["affected_tenants"]
+            pairs = self.certainty.get("exposure_pairs")
             table += (f"<p>Victims: {v['certain']:,} certain, {v['possible']:,} possible (named by the replay "
-                      f"under some of the schedules the logs allow, or where records are missing); tenants: "
-                      f"{t['certain']:,} certain, {t['possible']:,} possible.</p>")
+                      f"under some of the schedules the logs allow, where records are missing, or not ruled out "
+                      f"where it could not follow the logs); tenants: {t['certain']:,} certain, "
+                      f"{t['possible']:,} possible"
+                      + (f"; (reader, victim) pairs: {pairs['certain']:,} certain, {pairs['possible']:,} possible"
+                         if pairs else "") + ".</p>")
         unseen = getattr(self, "unseen_late_writes", 0)
         if unseen:
             table += (f"<p>{unseen:,} transfer(s) sent by prefill and given up by a node without page records: "

@@ -119,9 +119,11 @@ def _notes(found: Any) -> list[str]:
         notes.append("(- : not measured by that evidence; total: the union of every tier)")
         if replay_backed and found.certainty:
             v, t = found.certainty["victim_requests"], found.certainty["affected_tenants"]
+            pairs = found.certainty.get("exposure_pairs") or {"certain": 0, "possible": 0}
             notes.append(f"victims: {v['certain']:,} certain, {v['possible']:,} possible; tenants: {t['certain']:,} "
-                         f"certain, {t['possible']:,} possible (certain: named by page records, or by the replay "
-                         "under every schedule the logs allow)")
+                         f"certain, {t['possible']:,} possible; (reader, victim) pairs: {pairs['certain']:,} certain, "
+                         f"{pairs['possible']:,} possible (certain: named by page records, or by the replay under "
+                         "every schedule the logs allow)")
     for r in found.replays:
         agreement = ""
         if r.agreement:

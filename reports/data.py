@@ -117,6 +117,8 @@ class ReportData:
     #: victim requests named by page records (certain) and by the replay alone (possible)
     certain_victims: int = 0
     possible_victims: int = 0
+    #: (reader, victim) pairs of delivered responses named certain (tiers.certainty)
+    certain_pairs: int = 0
     #: after decode retractions: (reader, request) pairs the evidence does not rule out, and whether
     #: they are listed as possible victims (forensics.exposure.tiers.not_ruled_out_figures)
     not_ruled_out: tuple[int, bool] = (0, True)
@@ -291,6 +293,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         prompt_limit=limit, naming=names.mode, findings=found, prompt_every=prompt_every,
         tiers=evidence_tiers.by_tier(con), filled=filled, tier_figures=tier_figures, shown_figures=shown,
         certain_victims=n_certain, possible_victims=len(victims) - n_certain,
+        certain_pairs=evidence_tiers.certainty(con)["exposure_pairs"]["certain"] if filled else 0,
         not_ruled_out=evidence_tiers.not_ruled_out_figures(con),
         not_ruled_out_budget=evidence_tiers.NOT_RULED_OUT_PAIRS,
         possible_readers=evidence_tiers.possible_readers_figure(con),

@@ -283,19 +283,22 @@ def replay_rows(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def certainty(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int]]:
-    """Victim requests and affected tenants of delivered responses, certain (named by page
-    records, or by the replay under every schedule the evidence allows) and possible (the rest:
-    named by the replay under some of them, or where its evidence is incomplete); a victim or
-    tenant certain anywhere is certain."""
+    """Victim requests, affected tenants and (reader, victim) pairs of delivered responses, certain
+    (named by page records, or by the replay under every schedule the evidence allows) and possible
+    (the rest: named by the replay under some of them, where its evidence is incomplete, or not ruled
+    out where it could not follow the logs); one certain anywhere is certain."""
     row = one(con, f"""
         SELECT count(DISTINCT victim_request) FILTER (WHERE certainty = 'certain'),
                count(DISTINCT victim_request),
                count(DISTINCT victim_tenant) FILTER (WHERE certainty = 'certain'),
-               count(DISTINCT victim_tenant)
+               count(DISTINCT victim_tenant),
+               count(DISTINCT (reader_request, victim_request)) FILTER (WHERE certainty = 'certain'),
+               count(DISTINCT (reader_request, victim_request))
         FROM ({every_exposure(con)}) WHERE reader_delivered""")
-    v_certain, v_all, t_certain, t_all = (int(x or 0) for x in (row or (0, 0, 0, 0)))
+    v_certain, v_all, t_certain, t_all, p_certain, p_all = (int(x or 0) for x in (row or (0,) * 6))
     return {"victim_requests": {"certain": v_certain, "possible": v_all - v_certain},
-            "affected_tenants": {"certain": t_certain, "possible": t_all - t_certain}}
+            "affected_tenants": {"certain": t_certain, "possible": t_all - t_certain},
+            "exposure_pairs": {"certain": p_certain, "possible": p_all - p_certain}}
 
 
 def missing_page_records(con: duckdb.DuckDBPyConnection) -> tuple[NodeId, ...]:

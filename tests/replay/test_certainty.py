@@ -102,6 +102,12 @@ def test_every_summary_counts_certain_and_possible_as_the_rows_say(named: tuple)
     assert summary.certainty["victim_requests"] == expected
     assert found.certainty is not None and found.certainty["victim_requests"] == expected
     assert found.as_dict()["certainty"]["victim_requests"] == expected
+    # (and the pairs: a figure of pairs counts possible ones too, and says how many are certain)
+    pairs = _pairs([r for r in rows if r["certainty"] == "certain"])
+    split = {"certain": len(pairs), "possible": len(_pairs(rows) - pairs)}
+    assert summary.certainty["exposure_pairs"] == found.certainty["exposure_pairs"] == split
+    assert (f"(reader, victim) pairs: {split['certain']:,} certain, {split['possible']:,} possible"
+            in " ".join(_notes(found)))
 
 
 @pytest.mark.parametrize("seed", [12, 13, 14, 15])
@@ -281,7 +287,8 @@ def test_where_the_pool_could_not_supply_a_reader_every_true_reader_and_victim_i
     in the node's pool then a possible victim, "not ruled out": every true reader, victim and tenant
     is named, none certain. Past the budget, none is listed, and the readers the replay names no
     victim of are still counted and said possibly exposed (never "not exposed")."""
-    truth, rows, found, _ = _both(tmp_path, Layout(capped_prompt_pages=2000), seed)
+    truth, rows, found, summary = _both(tmp_path, Layout(capped_prompt_pages=2000), seed)
+    assert f"(reader, victim) pairs: 0 certain, {len(_pairs(rows)):,} possible" in summary._repr_html_()
     confirm = found.replays[0]
     assert {d.kind for d in confirm.disagreements} == {"pool_cannot_supply"}
     assert confirm.unsupplied and {n for n, _ in confirm.unsupplied} <= {"decode-0", "decode-1"}
@@ -320,6 +327,7 @@ def test_where_the_pool_could_not_supply_a_reader_every_true_reader_and_victim_i
     assert (f"{len(without)} delivered responses may have read other requests' content</b> on nodes without page "
             "records where the replay could not follow the logs") in text
     assert "No delivered response attended to another request's pages in this case." not in text
+    assert "0 of all the pairs, page records' included, are certain" in text
 
 
 def _pages(text: str) -> list[int]:
