@@ -119,8 +119,9 @@ class ReportData:
     possible_victims: int = 0
     #: (reader, victim) pairs of delivered responses named certain (tiers.certainty)
     certain_pairs: int = 0
-    #: after decode retractions: (reader, request) pairs the evidence does not rule out, and whether
-    #: they are listed as possible victims (forensics.exposure.tiers.not_ruled_out_figures)
+    #: where a node's pages are not the replay's (after decode retractions, or logs it could not
+    #: follow): (reader, request) pairs the evidence does not rule out, and whether they are listed
+    #: as possible victims (forensics.exposure.tiers.not_ruled_out_figures)
     not_ruled_out: tuple[int, bool] = (0, True)
     not_ruled_out_budget: int = 0
     #: delivered responses that read pages they did not write where a node's pages are not the

@@ -195,12 +195,12 @@ def _not_ruled_out(source: duckdb.DuckDBPyConnection, retracted: Sequence[tuple[
     ``whole_nodes`` from each boot's start, and for the readers of ``unsupplied`` (``(node,
     request)``: the replay gave them no pages). Each reader there, with whether its pages were taken
     where the node's layout is no longer the replay's (node, boot, reader_request, taken_seq, after,
-    unsupplied, whole, named, reader_tenant, reader_delivered, first_ts, and its pairs); for each such reader, the
-    requests whose data may have been in the node's pool when it took them (node, boot,
-    reader_request, victim_request, victim_tenant); and how many such
-    pairs there are. They are counted first, cheaply; past :data:`NOT_RULED_OUT_PAIRS` none is
-    listed (each reader's are all the requests that let their pages go on its node's boot before it
-    took its own, since the split: they grow as readers times requests)."""
+    unsupplied, whole, named, reader_tenant, reader_delivered, first_ts, and its pairs); for each
+    such reader, the requests whose data may have been in the node's pool when it took them (node,
+    boot, reader_request, victim_request, victim_tenant); and how many such pairs there are. They
+    are counted first, cheaply; past :data:`NOT_RULED_OUT_PAIRS` none is listed (each reader's are
+    all the requests that let their pages go on its node's boot before it took its own, since the
+    split: they grow as readers times requests)."""
     blocks = {b.name: b.sql for b in sql_blocks("not_ruled_out.sql")}
     pairs_of = {"retracted": retracted, "unsupplied": unsupplied}
     for name, pairs in pairs_of.items():
