@@ -385,7 +385,16 @@ def _cadences(rows: Iterator[tuple[Any, ...]], resolution: int, configs: dict[in
     return {boot: c for boot, c in fitted.items() if c is not None}
 
 
+#: The replay's own marks on a record it reads (replay.events, replay.carried): where it comes in
+#: the node's order, its time in ns, the node that logged a carried transfer end.
+_MARKS = ("_ns", "_i", "_finish_i", "_carried", "_seq_key")
+
+
 def _logged(record: dict[str, Any]) -> dict[str, Any]:
     """A record as the engine is handed it: the replay's own marks left out (a copy)."""
-    return {k: v for k, v in record.items() if k[0] != "_"}
+    out = record.copy()  # (a copy and a few deletions: a comprehension over every field cost twice as much)
+    for mark in _MARKS:
+        if mark in out:
+            del out[mark]
+    return out
 
