@@ -32,7 +32,7 @@ from forensics.investigation import Investigation, Phase, investigate, untold
 from forensics.store import HeldCase, connect, one
 from kvforensics.story import Story, tell
 from replay.configs import logged_engine, node_configs
-from replay.replay import ReplayResult, WhatIf, default_out, replay
+from replay.replay import ReplayResult, WhatIf, default_out, replay, replay_schedules
 from replay.schedule import ALTERNATIVES
 from reports.render import ReportResult, check_outputs, report
 
@@ -192,10 +192,10 @@ def _fill(case: HeldCase, confirmed: ReplayResult, told: Phase = untold) -> Fill
         if varied:
             nodes = f"{len(varied):,} decode node{'' if len(varied) == 1 else 's'}"
             with told(f"the other schedules the logs allow ({len(ALTERNATIVES)}, on {nodes})"):
-                for schedule in ALTERNATIVES:
-                    other = replay(case, confirmed.engine, Path(folder) / schedule.name, schedule=schedule,
-                                   only=varied)
-                    alternatives.append((schedule.name, other.out / "replay.duckdb"))
+                others = replay_schedules(case, confirmed.engine, [(s, Path(folder) / s.name) for s in ALTERNATIVES],
+                                          only=varied)
+                alternatives = [(s.name, other.out / "replay.duckdb") for s, other in zip(ALTERNATIVES, others,
+                                                                                          strict=True)]
         return fill_from_replay(case, confirmed.out / "replay.duckdb", alternatives, disagreeing, sorted(varied),
                                 retracted, confirmed.unsupplied)
 

@@ -15,12 +15,13 @@ with the case's database open in it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import forkserver
@@ -43,8 +44,9 @@ from replay.scratch import BATCH, reader
 
 #: A chunk of nodes is closed once it holds this many records (request, transfer and step).
 CHUNK_ROWS = 1 << 14
-#: Below this many records in all, the nodes are replayed in this process: a worker's start (a
-#: fresh interpreter importing the engine) costs about a second.
+#: Below this much work in all (records weighted by their node's role, :data:`_WEIGHT`: about 3 s
+#: of it), the nodes are replayed in this process: a worker's start (a fresh interpreter importing
+#: the engine) costs about a second.
 PARALLEL_FROM = 1 << 17
 #: The environment variable that sets how many processes replay a case's nodes (default: one a core).
 JOBS_VARIABLE = "KVFORENSICS_JOBS"
@@ -134,6 +136,7 @@ class Chunk:
     roles: dict[str, str | None]
     extra: dict[str, list[dict[str, Any]]]
     weight: int  # records, weighted by role (_WEIGHT): the order chunks are handed out in
+    run: int = 0  # which of the replays run together it is a chunk of (replay_nodes's ``runs``)
 
 
 def chunked(nodes: list[str], rows: dict[str, int]) -> list[list[str]]:
@@ -152,10 +155,20 @@ def chunked(nodes: list[str], rows: dict[str, int]) -> list[list[str]]:
     return chunks
 
 
-def spreads(rows: dict[str, int], jobs: int) -> bool:
-    """Whether a case whose nodes hold ``rows`` records is replayed over worker processes (where
-    ``jobs`` allows more than one, and its nodes make more than one chunk)."""
-    return jobs > 1 and sum(rows.values()) >= PARALLEL_FROM and len(chunked(sorted(rows), rows)) > 1
+def work(nodes: list[str], rows: dict[str, int], roles: dict[str, str]) -> int:
+    """The work of replaying ``nodes`` (``rows``: each one's records; ``roles``: the engine nodes'
+    roles): their records, weighted by role (:data:`_WEIGHT`)."""
+    return sum(rows.get(n, 0) * _WEIGHT.get(roles.get(n, ""), 1) for n in nodes)
+
+
+def spreads(nodes: list[str], rows: dict[str, int], roles: dict[str, str], jobs: int, runs: int = 1) -> bool:
+    """Whether ``nodes`` (in order; ``rows``: each one's records), replayed ``runs`` times (under as
+    many schedules), are replayed over worker processes: where ``jobs`` allows more than one, their
+    :func:`work` is :data:`PARALLEL_FROM` or more, and they make more than one chunk. (A replay under
+    another schedule of two decode nodes of 31,000 records each and the router's 25,000 had taken
+    8.5 s in one process, by their records alone.)"""
+    return (jobs > 1 and runs * work(nodes, rows, roles) >= PARALLEL_FROM
+            and runs * len(chunked(nodes, rows)) > 1)
 
 
 def start_fork_server() -> None:
@@ -170,37 +183,41 @@ def start_fork_server() -> None:
 
 def replay_nodes(con: duckdb.DuckDBPyConnection, nodes: list[str], rows: dict[str, int],
                  configs: dict[str, list[tuple[int, int, str, NodeConfig]]], roles: dict[str, str],
-                 common: Common, extra: dict[str, list[dict[str, Any]]], logs: Path, jobs: int) -> Tally:
-    """Replay ``nodes`` (in order; ``rows``: each one's records) of the case open on ``con`` into
-    the folder ``logs``: in this process where ``jobs`` is 1 or the case is small, else over
-    ``jobs`` worker processes."""
+                 runs: Sequence[tuple[Common, Path]], extra: dict[str, list[dict[str, Any]]], jobs: int
+                 ) -> list[Tally]:
+    """Replay ``nodes`` (in order; ``rows``: each one's records) of the case open on ``con`` once for
+    each of ``runs`` (what it is given alike, and the folder it writes into): in this process where
+    ``jobs`` is 1 or the case is small, else over ``jobs`` worker processes, the chunks of every run
+    in one pool (the nodes' rows read and written out for the workers once). What each run found."""
     chunks = [Chunk(i, tuple(run), {n: configs.get(n, []) for n in run}, {n: roles.get(n) for n in run},
-                    {n: extra.get(n, []) for n in run},
-                    sum(rows.get(n, 0) * _WEIGHT.get(roles.get(n, ""), 1) for n in run))
+                    {n: extra.get(n, []) for n in run}, work(run, rows, roles))
               for i, run in enumerate(chunked(nodes, rows))]
-    workers = min(jobs, len(chunks))
-    tally = Tally()
-    if workers <= 1 or sum(rows.get(n, 0) for n in nodes) < PARALLEL_FROM:  # (as :func:`spreads` says, on these nodes)
-        queries = NodeQueries(con, roles, common.resolution)
-        try:
-            for chunk in chunks:
-                tally.add(replay_chunk(queries, chunk, common, logs))
-        finally:
-            queries.close()
-        return tally
-    inputs = logs.parent / INPUTS
+    tallies = [Tally() for _ in runs]
+    if not spreads(nodes, rows, roles, min(jobs, len(runs) * len(chunks)), len(runs)):
+        for tally, (common, logs) in zip(tallies, runs, strict=True):
+            queries = NodeQueries(con, roles, common.resolution)
+            try:
+                for chunk in chunks:
+                    tally.add(replay_chunk(queries, chunk, common, logs))
+            finally:
+                queries.close()
+        return tallies
+    inputs = runs[0][1].parent / INPUTS
     try:
         files = _export(con, roles, chunks, inputs)
         start_fork_server()  # (where the replay has not already)
         context = multiprocessing.get_context("forkserver")
         pool: ProcessPoolExecutor | None = None
+        every = [dataclasses.replace(c, run=r) for r in range(len(runs)) for c in chunks]
         try:
             with _stops_held():  # (every worker is started, and known to the pool, before a stop is taken)
-                pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start, initargs=(common,))
-                handed = sorted(chunks, key=lambda c: (-c.weight, c.index))  # the largest first: the runs even out
-                futures = {c.index: pool.submit(_replay_from_files, c, files[c.index], logs) for c in handed}
-            for chunk in chunks:
-                tally.add(futures[chunk.index].result())
+                pool = ProcessPoolExecutor(min(jobs, len(every)), mp_context=context, initializer=_start,
+                                           initargs=(tuple(common for common, _ in runs),))
+                handed = sorted(every, key=lambda c: (-c.weight, c.run, c.index))  # the largest first: they even out
+                futures = {(c.run, c.index): pool.submit(_replay_from_files, c, files[c.index], runs[c.run][1])
+                           for c in handed}
+            for c in every:
+                tallies[c.run].add(futures[c.run, c.index].result())
         except BaseException:  # (stopped, or a chunk failed: the others are not waited for)
             if pool is not None:
                 _stop(pool)
@@ -208,7 +225,7 @@ def replay_nodes(con: duckdb.DuckDBPyConnection, nodes: list[str], rows: dict[st
         pool.shutdown()
     finally:
         shutil.rmtree(inputs, ignore_errors=True)
-    return tally
+    return tallies
 
 
 @contextlib.contextmanager
@@ -272,11 +289,14 @@ def _export(con: duckdb.DuckDBPyConnection, roles: dict[str, str], chunks: list[
     prepare(con, roles)
     files: list[dict[str, Path]] = [{} for _ in chunks]
     last = [chunk.nodes[-1] for chunk in chunks]
+    # the rows of the nodes replayed only: a replay of some nodes (``only``) reads no other's
+    wanted = pa.array(sorted({node for chunk in chunks for node in chunk.nodes}), pa.string())
     for name, sql_name in _QUERIES:
         cur = reader(con)
         try:
             j, writer = 0, None
             for batch in cur.sql(node_statement(sql_name)).to_arrow_reader(BATCH):
+                batch = batch.filter(pc.is_in(batch.column(0), value_set=wanted))
                 while batch.num_rows and j < len(chunks):
                     # (the rows are in node order: those of chunk j come first, up to its last node)
                     n = pc.sum(pc.cast(pc.less_equal(batch.column(0), last[j]), pa.int64())).as_py() or 0
@@ -336,20 +356,20 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         process.join()
 
 
-_COMMON: Common | None = None
+_COMMONS: tuple[Common, ...] = ()
 
 
-def _start(common: Common) -> None:
-    """A worker's start: what every chunk is given alike, once. A worker ignores the stop signals
-    (SIGINT, SIGTERM): a Ctrl-C reaches the whole process group, and the replay's own process, which
-    says what was stopped, ends its workers (``_stop``)."""
-    global _COMMON
-    _COMMON = common
+def _start(commons: tuple[Common, ...]) -> None:
+    """A worker's start: what every chunk of each run is given alike, once. A worker ignores the
+    stop signals (SIGINT, SIGTERM): a Ctrl-C reaches the whole process group, and the replay's own
+    process, which says what was stopped, ends its workers (``_stop``)."""
+    global _COMMONS
+    _COMMONS = commons
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, signal.SIG_IGN)
 
 
 def _replay_from_files(chunk: Chunk, files: dict[str, Path], logs: Path) -> Tally:
-    """A worker's task: :func:`replay_chunk` of ``chunk``, its rows read from ``files``."""
-    assert _COMMON is not None
-    return replay_chunk(_FileQueries(files, _COMMON.resolution), chunk, _COMMON, logs)
+    """A worker's task: :func:`replay_chunk` of ``chunk`` (of its run), its rows read from ``files``."""
+    common = _COMMONS[chunk.run]
+    return replay_chunk(_FileQueries(files, common.resolution), chunk, common, logs)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from replay.statements import statement
 
 #: What callers import from here (the parts are the modules beside it).
 __all__ = ["Agreement", "ReplayResult", "WhatIf", "default_out", "logged_engine", "logged_engine_of", "replay",
-           "replay_on"]
+           "replay_on", "replay_schedules"]
 
 #: What a replay folder holds; only such a folder is replaced by the next replay.
 _REPLAY_FILES = {"logs", "replay.duckdb", "replay.duckdb.wal", INPUTS}
@@ -126,6 +127,17 @@ def replay(db: Path | str | HeldCase, engine: str, out: Path | str, *, what_if: 
         return replay_on(case, engine, out, what_if=what_if, schedule=schedule, only=only, jobs=jobs)
 
 
+def replay_schedules(db: Path | str | HeldCase, engine: str, outs: Sequence[tuple[Schedule, Path | str]], *,
+                     only: frozenset[str], jobs: int | None = None) -> list[ReplayResult]:
+    """The replays of the nodes ``only`` of the case ``db`` under ``engine`` as configured, one under
+    each schedule of ``outs`` into its folder, in one pass: the requests planned and the nodes'
+    records read once, every replay's chunks replayed in one pool. Each is the replay
+    ``replay(db, engine, out, schedule=schedule, only=only)`` gives, the same files, byte for byte,
+    and the same figures."""
+    with held(db, create=False) as case:
+        return _replay_on(case, engine, [(s, Path(out)) for s, out in outs], AS_CONFIGURED, only, jobs)
+
+
 def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf = AS_CONFIGURED,
               schedule: Schedule = LOGGED, only: frozenset[str] | None = None, jobs: int | None = None
               ) -> ReplayResult:
@@ -145,10 +157,16 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
     meanwhile (spilled to disk past it: replay.scratch), each node's records are read in batches in
     the node's order, the engine holds a request only while it is in flight on the node, and the
     replayed records go to their files as they are made."""
+    return _replay_on(held, engine, [(schedule, Path(out))], what_if, only, jobs)[0]
+
+
+def _replay_on(held: HeldCase, engine: str, runs: list[tuple[Schedule, Path]], what_if: WhatIf,
+               only: frozenset[str] | None, jobs: int | None) -> list[ReplayResult]:
+    """:func:`replay_on` under each schedule of ``runs`` into its folder (several: of some nodes only)."""
     if engine not in BEHAVIOURS:
         raise CaseError(f"unknown engine {engine!r}; one of: {', '.join(BEHAVIOURS)}")
+    assert len(runs) == 1 or only is not None, "a whole replay is kept in the case's replays: one at a time"
     jobs = default_jobs() if jobs is None else jobs  # (told wrong, refused before any work)
-    out = Path(out)
     with scratch(held.connection) as con:  # (its cursor closed, its catalog detached, at the block's end)
         configs = node_configs(con)
         assumed = assumptions(configs)
@@ -157,43 +175,49 @@ def replay_on(held: HeldCase, engine: str, out: Path | str, *, what_if: WhatIf =
             raise CaseError(f"{held}: no prefill or decode config records, nothing to replay")
         roles = {node: per[-1][3].role for node, per in configs.items() if per}
         rows = node_rows(con)
-        if spreads(rows, jobs):  # (the workers' interpreter imports the engine while the requests are planned)
+        nodes = [node for node in sorted(set(configs) | set(rows))
+                 if only is None or node in only or roles.get(node) not in ("prefill", "decode")]
+        if spreads(nodes, rows, roles, jobs, len(runs)):  # (the workers import the engine while requests are planned)
             start_fork_server()
         confirming = what_if == AS_CONFIGURED and engine == (logged_engine(configs) or "sglang-placeholder")
         mode = "confirm" if confirming else "what-if"
-        disagreements: list[Disagreement] = []
-        unlogged = plan_requests(con, configs, roles, engine, what_if, mode == "confirm", disagreements)
+        planned: list[Disagreement] = []
+        unlogged = plan_requests(con, configs, roles, engine, what_if, mode == "confirm", planned)
         served_table(con, mode == "confirm")
         extra, not_replayed = arrival_events(unlogged, configs)
-        _make_room(out)
+        for _, out in runs:
+            _make_room(out)
+        resolution = resolutions(con)
+        tallies = replay_nodes(con, nodes, rows, configs, roles,
+                               [(Common(engine, what_if, unlogged, mode == "confirm", schedule, resolution),
+                                 out / "logs") for schedule, out in runs], extra, jobs)
+    results = []
+    for (schedule, out), tally in zip(runs, tallies, strict=True):
         logs = out / "logs"
-        nodes = [node for node in sorted(set(configs) | set(rows))
-                 if only is None or node in only or roles.get(node) not in ("prefill", "decode")]
-        common = Common(engine, what_if, unlogged, mode == "confirm", schedule, resolutions(con))
-        tally = replay_nodes(con, nodes, rows, configs, roles, common, extra, logs, jobs)
-        disagreements += tally.disagreements
         logs.mkdir(parents=True, exist_ok=True)
-        assumed += prefix_guesses(tally.guesses)
-    case = out / "replay.duckdb"
-    result = forensics.investigate([logs], case)
-    figures = (schedule, tally.ambiguous, tuple(sorted(tally.ambiguous_nodes)), assumed, tally.step_records,
-               tally.step_records_unchecked, tally.step_records_undecided, tally.cache_flushes,
-               tuple(sorted(set(tally.unsupplied))))
-    if only is not None:
-        return ReplayResult(engine, what_if, out, tally.records, result.exposure, not_replayed, None, mode,
-                            tuple(disagreements), 0, *figures)
-    with beside(held.connection, case) as both:
-        agreed = agreement(both) if has_pages else None
-        changed = outcomes_changed(both)
-    if mode == "confirm":  # following the logs, the replay should answer as they do: say where not
-        disagreements += [Disagreement(rid, "replay", "model_outcome_differs",
-                                       "delivered in the logs, not in the replay" if delivered
-                                       else "delivered in the replay, not in the logs")
-                          for rid, delivered in changed]
-    done = ReplayResult(engine, what_if, out, tally.records, result.exposure, not_replayed, agreed, mode,
-                        tuple(disagreements), len(changed), *figures)
-    _remember(held.connection, done)
-    return done
+        disagreements = planned + tally.disagreements
+        case = out / "replay.duckdb"
+        result = forensics.investigate([logs], case)
+        figures = (schedule, tally.ambiguous, tuple(sorted(tally.ambiguous_nodes)),
+                   assumed + prefix_guesses(tally.guesses), tally.step_records, tally.step_records_unchecked,
+                   tally.step_records_undecided, tally.cache_flushes, tuple(sorted(set(tally.unsupplied))))
+        if only is not None:
+            results.append(ReplayResult(engine, what_if, out, tally.records, result.exposure, not_replayed, None,
+                                        mode, tuple(disagreements), 0, *figures))
+            continue
+        with beside(held.connection, case) as both:
+            agreed = agreement(both) if has_pages else None
+            changed = outcomes_changed(both)
+        if mode == "confirm":  # following the logs, the replay should answer as they do: say where not
+            disagreements += [Disagreement(rid, "replay", "model_outcome_differs",
+                                           "delivered in the logs, not in the replay" if delivered
+                                           else "delivered in the replay, not in the logs")
+                              for rid, delivered in changed]
+        done = ReplayResult(engine, what_if, out, tally.records, result.exposure, not_replayed, agreed, mode,
+                            tuple(disagreements), len(changed), *figures)
+        _remember(held.connection, done)
+        results.append(done)
+    return results
 
 
 def default_out(db: Path | str, engine: str, what_if: WhatIf) -> Path:

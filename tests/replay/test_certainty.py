@@ -390,13 +390,18 @@ def test_a_node_whose_replay_did_not_follow_its_logs_is_not_replayed_under_other
                     layout=Layout(capped_prompt_pages=2000, jitter_ns=450_000, ms_times=True))
     stripped = strip_pages(full, tmp_path / "stripped")
     asked: list[frozenset[str] | None] = []
-    real = job.replay
+    real, real_schedules = job.replay, job.replay_schedules
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         asked.append(kwargs.get("only"))
         return real(*args, **kwargs)
 
+    def counted_schedules(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("only"))
+        return real_schedules(*args, **kwargs)
+
     monkeypatch.setattr(job, "replay", counted)
+    monkeypatch.setattr(job, "replay_schedules", counted_schedules)
     db = tmp_path / "request-level.duckdb"
     found = run([stripped], db, None)
     confirm = found.replays[0]

@@ -22,7 +22,8 @@ from independent_logs import Layout, generate, strip_pages
 import forensics
 import replay.nodes as nodes
 from forensics.errors import BadOption
-from replay.replay import ReplayResult, WhatIf, replay
+from replay.replay import ReplayResult, WhatIf, replay, replay_schedules
+from replay.schedule import ALTERNATIVES
 from replay.simulate import Deployment, simulate_to
 
 #: Three decode and two prefill nodes, a step record every 10 decode steps, small pools.
@@ -91,6 +92,30 @@ def test_doubts_and_disagreements_come_out_the_same_over_workers(small_chunks: N
     assert result.step_records_undecided + len([d for d in result.disagreements
                                                 if d.kind == "step_record_differs"]) > 0
     assert _chunks(result) >= 2
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_other_schedules_replayed_in_one_pass_are_each_replay_alone(
+        small_chunks: None, tmp_path: Path, jobs: int) -> None:
+    """``replay_schedules`` (the whole job's replays under the other schedules the evidence allows,
+    planned and read once, their chunks in one pool) gives, for each schedule, the files and figures
+    of the replay under it alone, in one process and over workers; and the schedules do differ."""
+    layout = Layout(step_log=8, jitter_ns=450_000, ms_times=True)
+    full = generate(tmp_path / "full", seed=7, requests=160, layout=layout)
+    forensics.investigate([strip_pages(full, tmp_path / "bare")], tmp_path / "bare.duckdb")
+    db = tmp_path / "bare.duckdb"
+    confirmed = replay(db, "sglang-placeholder", tmp_path / "confirmed", jobs=1)
+    varied = frozenset(confirmed.ambiguous_nodes)
+    assert varied
+    together = replay_schedules(db, "sglang-placeholder", [(s, tmp_path / "together" / s.name) for s in ALTERNATIVES],
+                                only=varied, jobs=jobs)
+    for schedule, one in zip(ALTERNATIVES, together, strict=True):
+        alone = replay(db, "sglang-placeholder", tmp_path / "alone" / schedule.name, schedule=schedule, only=varied,
+                       jobs=1)
+        assert _files(one) == _files(alone) and _files(one)
+        assert _figures(one) == _figures(alone)
+        assert one.schedule == schedule
+    assert len({b"".join(_files(one).values()) for one in together}) > 1
 
 
 def test_a_replay_killed_with_its_workers_inputs_left_is_replaced_by_the_next(
