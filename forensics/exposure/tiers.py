@@ -108,14 +108,23 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
 
     On each of the ``disagreeing_nodes`` the replay cannot say from where its pages are no longer
     the node's: every reader there has the requests not ruled out since its boot's start named
-    beside its own victims. ``unsupplied``: ``(node, request)`` of the requests the replay could not
+    beside its own victims. The requests not ruled out are sought, and counted, only on the nodes
+    the fill takes rows from (without page records, or with seq gaps): elsewhere page records say
+    whose data a page held. ``unsupplied``: ``(node, request)`` of the requests the replay could not
     give their pages although the logs show them served and their transfer carried fewer pages than
     their prompt (``ReplayResult.unsupplied``): each read pages it did not write, and is a possible
     exposed response with those requests as its possible victims."""
+    missing = missing_page_records(con)
+    # (the requests not ruled out are sought only on the nodes the fill takes rows from: elsewhere the
+    # page records name the victims, and a count of pairs there would say of them what is not so)
+    filled = set(missing) | {node for node, in con.execute(
+        "SELECT DISTINCT node FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)").fetchall()}
     source = connect(replayed, read_only=True, create=False)
     try:
         base = _exposures_on(source)
-        bounds, candidates, pairs = _not_ruled_out(source, retracted, disagreeing_nodes, unsupplied)
+        bounds, candidates, pairs = _not_ruled_out(source, [x for x in retracted if x[0] in filled],
+                                                   [n for n in disagreeing_nodes if n in filled],
+                                                   [x for x in unsupplied if x[0] in filled])
     finally:
         source.close()
     tables = []
@@ -124,7 +133,6 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
         tables.append(t.append_column("schedule", pa.array([name] * t.num_rows, pa.string())))
     alternative = (pa.concat_tables(tables) if tables
                    else base.slice(0, 0).append_column("schedule", pa.array([], pa.string())))
-    missing = missing_page_records(con)
     con.register("replayed_exposures", base)
     con.register("alternative_exposures", alternative)
     con.register("retraction_bounds", bounds)

@@ -434,3 +434,19 @@ def test_a_node_whose_replay_did_not_follow_its_logs_is_not_replayed_under_other
         assert now[k]["certainty_note"].startswith("not ruled out: the replay could not follow this node's logs")
         assert {f for f in was[k] if was[k][f] != now[k][f]} <= {"certainty_note", "first_seq", "first_ts"}
     assert len(changed) <= len(rows) // 100
+
+
+def test_where_page_records_name_every_victim_no_pair_is_said_not_ruled_out(tmp_path: Path) -> None:
+    """The capped layout with its page records kept: the confirming replay still cannot follow the
+    decode nodes' logs (``pool_cannot_supply``), but no node needs it: the page records say whose
+    data each page held, every victim is certain, and nothing says that pairs are not ruled out.
+    (Before, the pairs not ruled out were counted on every disagreeing node, filled or not: at 5
+    million records of bench/generate.py's incident, 981,734,731 of them, and the story said the
+    victims there were possible and others might be missed.)"""
+    full = generate(tmp_path / "full", seed=12, requests=200, layout=Layout(capped_prompt_pages=2000))
+    found = run([full], tmp_path / "case.duckdb", tmp_path / "report.html")  # (with a report: the replays run)
+    assert {d.kind for d in found.replays[0].disagreements} == {"pool_cannot_supply"}
+    assert found.filled is not None and found.filled.nodes == () and found.filled.not_ruled_out == 0
+    assert found.certainty is not None and found.certainty["victim_requests"]["possible"] == 0
+    assert found.certainty["victim_requests"]["certain"] > 0
+    assert not any("not ruled out" in line for line in _notes(found))
