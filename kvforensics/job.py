@@ -22,6 +22,7 @@ from forensics.exposure.tiers import (
     Filled,
     certainty,
     fill_from_replay,
+    filled_nodes,
     missing_page_records,
     tier_figures,
     unseen_late_writes,
@@ -180,14 +181,16 @@ def _fill(case: HeldCase, confirmed: ReplayResult, told: Phase = untold) -> Fill
     evidence places at more than one step, replay again under each other schedule the evidence
     allows (replay.schedule.ALTERNATIVES), so that each victim is certain (named under all of them)
     or possible. Only the decode nodes with such events are replayed again (every other node
-    replays alike under each schedule), and of them only those whose replay followed their logs: on
-    a node whose replay did not, every victim is possible whatever the schedule, and every request
-    whose data its readers' pages may have held is named already (sql/not_ruled_out.sql), so another
-    schedule could name no more. The other replays are kept only while they are compared."""
+    replays alike under each schedule), and of them only those the fill takes rows from (without
+    page records, or with seq gaps: elsewhere page records name the victims) whose replay followed
+    their logs: on a node whose replay did not, every victim is possible whatever the schedule, and
+    every request whose data its readers' pages may have held is named already
+    (sql/not_ruled_out.sql), so another schedule could name no more. The other replays are kept only
+    while they are compared."""
     alternatives: list[tuple[str, Path]] = []
     disagreeing, retracted = _disagreeing(confirmed)
     # (the other nodes replay the same under every schedule; a disagreeing node's are all possible)
-    varied = frozenset(confirmed.ambiguous_nodes) - frozenset(disagreeing)
+    varied = (frozenset(confirmed.ambiguous_nodes) & frozenset(filled_nodes(case.connection))) - frozenset(disagreeing)
     with tempfile.TemporaryDirectory(prefix="kvforensics-schedules-") as folder:
         if varied:
             nodes = f"{len(varied):,} decode node{'' if len(varied) == 1 else 's'}"

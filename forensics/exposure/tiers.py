@@ -117,8 +117,7 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     missing = missing_page_records(con)
     # (the requests not ruled out are sought only on the nodes the fill takes rows from: elsewhere the
     # page records name the victims, and a count of pairs there would say of them what is not so)
-    filled = set(missing) | {node for node, in con.execute(
-        "SELECT DISTINCT node FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)").fetchall()}
+    filled = set(filled_nodes(con))
     source = connect(replayed, read_only=True, create=False)
     try:
         base = _exposures_on(source)
@@ -168,6 +167,14 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     assert row is not None
     return Filled(missing, int(row[2]), int(row[0]), int(row[1]), pairs, candidates.num_rows == pairs,
                   possible_readers)
+
+
+def filled_nodes(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
+    """The nodes of the case open on ``con`` the fill may take rows from: the engine nodes without
+    page records, and those with seq gaps in theirs (the rest have their victims named by page
+    records alone), in order."""
+    gaps = con.execute("SELECT DISTINCT node FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops)").fetchall()
+    return tuple(sorted(set(missing_page_records(con)) | {node for node, in gaps}))
 
 
 #: SQL: a row of table ``t`` (its ``node``, its time ``ts``) is one the fill takes from the replay: on
