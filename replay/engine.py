@@ -865,22 +865,21 @@ class NodeEngine:
         if taken:
             new = self.pool.take(taken)
             stamp, at = -1, ""
-            pages: list[tuple[str, str, str]] = []  # (time, request, page) of each page taken
+            records: list[tuple[str, str, str, str, str | None]] = []
             for i, (k, r, page) in enumerate(zip(step_of[:taken].tolist(), row_of[:taken].tolist(), new.tolist(),
                                                  strict=True)):
                 if k != stamp:
                     stamp, at = k, when if isinstance(when, str) else when(first + k)
                 rid, h = rows[r]
                 h.steps.append(new[i:i + 1])
-                pages.append((at, rid, str(page)))
+                text = str(page)
+                records += ((at, rid, "alloc", text, None), (at, rid, "write", text, "decode"),
+                            (at, rid, "read", text, None))
             if self.behaviour == "page-tags":  # (the pages' tags follow their writes)
-                for at, rid, text in pages:
-                    page_ids = np.array([int(text)], np.int64)
-                    self._kv(at, rid, "alloc", page_ids, None, text)
-                    self._kv(at, rid, "write", page_ids, "decode", text)
-                    self._kv(at, rid, "read", page_ids, None, text)
+                for at, rid, op, text, source in records:
+                    self._kv(at, rid, op, np.array([int(text)], np.int64), source, text)
             else:
-                self.log.emit_step_pages(self.config.node, self.boot, pages)
+                self.log.emit_kvs(self.config.node, self.boot, records)
         for (_, h), t, n in zip(rows, tokens.tolist(), left.tolist(), strict=True):
             h.tokens = t
             h.allocs_left = n

@@ -138,36 +138,6 @@ class LogSet:
             self.lines.setdefault(node, []).extend(line[:-1] for line in lines)
         self.records += len(lines)
 
-    def emit_step_pages(self, node: str, boot: int, pages: list[tuple[str, str, str]]) -> None:
-        """For each ``(ts, request_id, page)`` of ``pages`` (a page string of one page), in order,
-        the three page records of a page a decode step takes: ``alloc``, ``write`` (source
-        ``decode``) and ``read``, as :meth:`emit_kvs` writes them (the same bytes), in one line each
-        of a text made once a page: a replay writes them for nearly every record it makes."""
-        seq = self._seq.get(node, 0)
-        q = self._quoted
-        at = f',"node":{q(node)},"seq":'
-        booted = f",{_BOOT}{boot}" if boot else ""
-        parts = []
-        for ts, request_id, page in pages:
-            head = f'{{"kind":"kv","ts":{q(ts)}{at}'
-            who = f'{booted},"request_id":{q(request_id)},"op":'
-            parts.append(f'{head}{seq}{who}"alloc","pages":"{page}"}}\n'
-                         f'{head}{seq + 1}{who}"write","pages":"{page}",{_SOURCE}"decode"}}\n'
-                         f'{head}{seq + 2}{who}"read","pages":"{page}"}}\n')
-            seq += 3
-        self._seq[node] = seq
-        text = "".join(parts)
-        n = 3 * len(pages)
-        if self._into is not None:
-            fh = self._open.get(node) or self._start(node, self._into)
-            fh.write(text)
-            self._part_records += n
-            if self._packed and self._part_records >= PART_RECORDS:
-                self._close(fh)
-        else:
-            self.lines.setdefault(node, []).extend(text.split("\n")[:-1])
-        self.records += n
-
     def new_boot(self, node: str) -> None:
         """Seq numbers restart with a node's new boot."""
         self._seq[node] = 0

@@ -38,6 +38,11 @@ def _pairs(rows: list[dict], key: str = "victim_request") -> set[tuple[str, str]
     return {(r["reader_request"], r[key]) for r in rows}
 
 
+def _by_pair(rows: list[dict]) -> dict[tuple[str, str, str], dict]:
+    """Exposure rows by (node, reader, victim)."""
+    return {(r["node"], r["reader_request"], r["victim_request"]): r for r in rows}
+
+
 def _both(tmp: Path, layout: Layout, seed: int) -> tuple[list, list, Any, Any]:
     """A generated incident's exposures read off its page records (the truth) and named by the whole
     job from its request records alone; the job's result and the request-level case's summary."""
@@ -421,9 +426,7 @@ def test_a_node_whose_replay_did_not_follow_its_logs_is_not_replayed_under_other
     with Case(db) as case:
         again = case.exposures().to_dicts()
     assert before == found.filled
-    by_pair = lambda found_rows: {(r["node"], r["reader_request"], r["victim_request"]): r  # noqa: E731
-                                  for r in found_rows}
-    was, now = by_pair(again), by_pair(rows)
+    was, now = _by_pair(again), _by_pair(rows)
     assert set(was) == set(now) and len(was) == len(again) == len(rows)
     changed = [k for k in was if was[k] != now[k]]
     # a pair only another schedule named was said so (its first row under it); now it is one of the
