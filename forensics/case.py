@@ -18,6 +18,7 @@ from forensics.exposure.figures import summary
 from forensics.exposure.tiers import (
     certainty,
     missing_page_records,
+    page_rows,
     replay_rows,
     tier_figures,
     unseen_late_writes,
@@ -186,7 +187,8 @@ class Case:
                 self._known("request", "request_id", rid)
         replayed = (replay_rows(self._con) if has_table(self._con, "replay_exposures")
                     else "SELECT * FROM exposures WHERE FALSE")
-        return self._con.sql(sql_text("exposures_query.sql").replace("{replay_rows}", replayed), params={
+        query = sql_text("exposures_query.sql").replace("{replay_rows}", replayed)
+        return self._con.sql(query.replace("{page_rows}", page_rows(self._con)), params={
             "tenant": tenant, "request": request, "victim": victim, "delivered_only": delivered_only,
             "page_records_only": page_records_only}).pl()
 

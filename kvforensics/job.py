@@ -20,9 +20,11 @@ from forensics.case import Case
 from forensics.errors import BadValue
 from forensics.exposure.tiers import (
     Filled,
+    GapRequests,
     certainty,
     fill_from_replay,
     filled_nodes,
+    gap_requests,
     missing_page_records,
     tier_figures,
     unseen_late_writes,
@@ -67,6 +69,8 @@ class JobResult:
     unseen_late_writes: int = 0
     #: victim requests and affected tenants, certain and possible (forensics.exposure.tiers.certainty)
     certainty: dict[str, dict[str, int]] | None = None
+    #: requests whose decode records a seq gap may have taken: what they read is not in the evidence
+    gap_requests: GapRequests = GapRequests()
     story: Story | None = None  # the last screen's story, where asked for (``run(..., story=True)``)
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,6 +86,7 @@ class JobResult:
             out["certainty"] = self.certainty
         out["nodes_without_page_records"] = list(self.without_page_records)
         out["unseen_late_writes"] = self.unseen_late_writes
+        out["gap_requests"] = self.gap_requests.as_dict()
         if self.report is not None:
             out["report"] = self.report.as_dict()
         return out
@@ -172,7 +177,8 @@ def run(
         tiers = tier_figures(con)
         unseen = unseen_late_writes(con)
         victims = certainty(con)
-        result = JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen, victims)
+        result = JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen, victims,
+                           gap_requests(con))
         return replace(result, story=tell(result, Path(db), Case.on(con, read_only=True))) if story else result
 
 

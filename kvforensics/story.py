@@ -18,7 +18,7 @@ import polars as pl
 
 import forensics
 from forensics.exposure import tiers
-from forensics.exposure.tiers import PAGE_EVIDENCE, REQUEST_REPLAY, SUMMARY_TIERS, TOTAL, TRANSFER_REPLAY
+from forensics.exposure.tiers import PAGE_EVIDENCE, REQUEST_REPLAY, SUMMARY_TIERS, TOTAL, TRANSFER_REPLAY, GapRequests
 from forensics.findings import SEVERITIES, Finding
 from forensics.ids import dp_pools
 from forensics.text import shown
@@ -60,16 +60,18 @@ def verdict(found: Any, findings: list[Finding]) -> str:
     unmeasured = (f"; {nodes} logged no page records and {'was' if len(missing) == 1 else 'were'} not replayed "
                   f"({found.replay_skipped or 'no replay'}): what {'it' if len(missing) == 1 else 'they'} "
                   "served is not counted") if not_replayed else ""
+    gaps: GapRequests = getattr(found, "gap_requests", GapRequests())  # (a job's; none told: none)
+    lost = f"; records are missing in seq gaps, where {gap_requests_said(gaps, short=True)}" if gaps.requests else ""
     if exposed and victims["certain"]:
         read = "read other requests' KV pages" if not victims["possible"] else \
             "read, or may have read, other requests' KV pages"
         return (f"Exposed: {render.plural(exposed, 'delivered response')} {read}: {_victims(victims, tenants)}, "
-                f"on {' and '.join(on) or PAGE_EVIDENCE}{unmeasured}.")
+                f"on {' and '.join(on) or PAGE_EVIDENCE}{unmeasured}{lost}.")
     if exposed:
         return (f"Possibly exposed: {render.plural(exposed, 'delivered response')} may have read other requests' KV "
                 f"pages: {_victims(victims, tenants)} (named by the replay on only some of the schedules the "
                 f"logs allow, where records are missing, or where it could not follow the logs), on "
-                f"{' and '.join(on) or PAGE_EVIDENCE}{unmeasured}.")
+                f"{' and '.join(on) or PAGE_EVIDENCE}{unmeasured}{lost}.")
     readers = found.filled.possible_readers if found.filled is not None else 0
     if readers:  # (their victims past the budget: no row names them, and nothing may say "not exposed")
         their, them = ("its", "it") if readers == 1 else ("their", "them")
@@ -77,7 +79,10 @@ def verdict(found: Any, findings: list[Finding]) -> str:
                 f"not write, on {nodes or 'nodes without page records'}, where the replay could not follow the logs "
                 f"and names no victim of {them}: whose data those pages held the evidence does not say "
                 f"({found.filled.not_ruled_out:,} (reader, request) pairs not ruled out, too many to list)"
-                f"{unmeasured}{but}.")
+                f"{unmeasured}{lost}{but}.")
+    if gaps.requests:  # (nothing may say "not exposed" where what they read is in no record)
+        return (f"Not known: records are missing in seq gaps, where {gap_requests_said(gaps, short=True)}; the "
+                f"records elsewhere show no delivered response reading another request's KV pages{unmeasured}{but}.")
     if not_replayed:
         return (f"Not known: {nodes} logged no page records and {'was' if len(missing) == 1 else 'were'} not "
                 f"replayed ({found.replay_skipped or 'no replay'}), so what {'it' if len(missing) == 1 else 'they'} "
@@ -117,13 +122,13 @@ def _notes(found: Any) -> list[str]:
                     else f"not replayed ({found.replay_skipped}): the figures rest on the page records elsewhere only")
             notes.append(f"page records missing on {', '.join(shown(m) for m in missing)}: {rest}")
         notes.append("(- : not measured by that evidence; total: the union of every tier)")
-        if replay_backed and found.certainty:
-            v, t = found.certainty["victim_requests"], found.certainty["affected_tenants"]
-            pairs = found.certainty.get("exposure_pairs") or {"certain": 0, "possible": 0}
-            notes.append(f"victims: {v['certain']:,} certain, {v['possible']:,} possible; tenants: {t['certain']:,} "
-                         f"certain, {t['possible']:,} possible; (reader, victim) pairs: {pairs['certain']:,} certain, "
-                         f"{pairs['possible']:,} possible (certain: named by page records, or by the replay under "
-                         "every schedule the logs allow)")
+    if found.certainty and (replay_backed or found.certainty["victim_requests"]["possible"]):
+        v, t = found.certainty["victim_requests"], found.certainty["affected_tenants"]
+        pairs = found.certainty.get("exposure_pairs") or {"certain": 0, "possible": 0}
+        notes.append(f"victims: {v['certain']:,} certain, {v['possible']:,} possible; tenants: {t['certain']:,} "
+                     f"certain, {t['possible']:,} possible; (reader, victim) pairs: {pairs['certain']:,} certain, "
+                     f"{pairs['possible']:,} possible (certain: named by page records, or by the replay under "
+                     "every schedule the logs allow)")
     for r in found.replays:
         agreement = ""
         if r.agreement:
@@ -145,8 +150,12 @@ def _notes(found: Any) -> list[str]:
                      "overwrote (finding handoff.sent_but_not_received)")
     filled = found.filled
     if filled and filled.gap_windows:
-        notes.append(f"page records missing in {filled.gap_windows:,} seq-gap windows: filled by replay, "
+        notes.append(f"page records missing in {filled.gap_windows:,} seq-gap windows: filled by replay where the "
+                     "node's request records survive, "
                      f"{filled.exposed_responses:,} exposed responses in all (table replay_exposures)")
+    gaps: GapRequests = getattr(found, "gap_requests", GapRequests())
+    if gaps.requests:
+        notes.append(gap_requests_said(gaps))
     if filled and filled.possible_readers:
         notes.append(possible_readers_said(filled.possible_readers))
     if filled and filled.not_ruled_out:
@@ -167,6 +176,22 @@ def not_ruled_out_said(pairs: int, listed: bool) -> str:
     return (f"{where}: {pairs:,} (reader, request) pairs not ruled out by the evidence, past "
             f"{tiers.NOT_RULED_OUT_PAIRS:,}: not listed; the victims named there are possible and others there may "
             "be missed")
+
+
+def gap_requests_said(lost: GapRequests, *, short: bool = False) -> str:
+    """The requests whose decode records a seq gap may have taken (tiers.GapRequests): what they
+    read is in no record, and, where no node logged their finish, whether they were delivered."""
+    one = lost.requests == 1
+    they = "it" if one else "they"
+    known = f"({lost.delivered:,} delivered by the router's records, {lost.no_finish:,} with no finish on any node)"
+    if short:
+        return (f"{render.plural(lost.requests, 'request')} decoded with no record of it left on the node: what {they} "
+                f"read is not known {known}")
+    said = (f"{render.plural(lost.requests, 'request')} that other nodes' records place on a node while its records "
+            f"are missing {'has' if one else 'have'} no decode_started there: what {they} read is not known {known}")
+    return (f"records are missing in seq gaps (finding evidence.seq_gap): {said}; a victim the page records name "
+            "across such a gap is possible (certainty_note 'records missing'), and those requests may be victims "
+            "the records no longer show")
 
 
 def possible_readers_said(readers: int) -> str:

@@ -118,12 +118,15 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     # (the requests not ruled out are sought only on the nodes the fill takes rows from: elsewhere the
     # page records name the victims, and a count of pairs there would say of them what is not so)
     filled = set(filled_nodes(con))
+    # (and on a node with page records, only for the readers whose pages were taken inside a seq-gap
+    # window: outside them its page records name the victims, as the rows the fill takes)
+    windows = con.sql(f"SELECT node, window_start, window_end FROM {_GAP_WINDOWS} ORDER BY ALL").to_arrow_table()
     source = connect(replayed, read_only=True, create=False)
     try:
         base = _exposures_on(source)
         bounds, candidates, pairs = _not_ruled_out(source, [x for x in retracted if x[0] in filled],
                                                    [n for n in disagreeing_nodes if n in filled],
-                                                   [x for x in unsupplied if x[0] in filled])
+                                                   [x for x in unsupplied if x[0] in filled], (missing, windows))
     finally:
         source.close()
     tables = []
@@ -139,11 +142,11 @@ def fill_from_replay_on(con: duckdb.DuckDBPyConnection, replayed: Path,
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM replay_exposures")
-        # (a possible reader the replay names no victim of: on a node without page records, or inside a seq gap)
-        possible_readers = int(con.execute(f"""
+        # (a possible reader the replay names no victim of; the bounds are the fill's alone: on a node
+        # without page records, or inside a seq gap)
+        possible_readers = int(con.execute("""
             SELECT count(DISTINCT b.reader_request) FROM retraction_bounds b
-            WHERE NOT b.named AND b.reader_delivered AND b.pairs > 0
-              AND ({_FILLED_WHERE.format(t='b', ts='first_ts')})""", {"missing_nodes": list(missing)}).fetchall()[0][0])
+            WHERE NOT b.named AND b.reader_delivered AND b.pairs > 0""").fetchall()[0][0])
         con.executemany("INSERT INTO case_meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                         [[NOT_RULED_OUT_META[0], str(pairs)],
                          [NOT_RULED_OUT_META[1], str(candidates.num_rows == pairs).lower()],
@@ -178,9 +181,12 @@ def filled_nodes(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
 
 
 #: SQL: a row of table ``t`` (its ``node``, its time ``ts``) is one the fill takes from the replay: on
-#: a node without page records ($missing_nodes), or inside a seq-gap window of a node with them.
-_FILLED_WHERE = ("list_contains($missing_nodes, {t}.node) OR EXISTS (SELECT 1 FROM seq_gaps w WHERE w.node = {t}.node "
-                 "AND w.node IN (SELECT node FROM kv_ops) AND {t}.{ts} BETWEEN w.window_start AND w.window_end)")
+#: a node without page records ($missing_nodes), or inside a seq-gap window of a node with them
+#: (``windows``: a table of them, ``node, window_start, window_end``: :data:`_GAP_WINDOWS` in the case).
+_FILLED_WHERE = ("list_contains($missing_nodes, {t}.node) OR EXISTS (SELECT 1 FROM {windows} w WHERE w.node = {t}.node "
+                 "AND {t}.{ts} BETWEEN w.window_start AND w.window_end)")
+#: The case's seq-gap windows on nodes with page records (those without have every row filled).
+_GAP_WINDOWS = "(SELECT * FROM seq_gaps WHERE node IN (SELECT node FROM kv_ops))"
 
 
 def not_ruled_out_figures(con: duckdb.DuckDBPyConnection) -> tuple[int, bool]:
@@ -203,8 +209,8 @@ def _meta(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 
 
 def _not_ruled_out(source: duckdb.DuckDBPyConnection, retracted: Sequence[tuple[str, str]],
-                   whole_nodes: Sequence[str] = (), unsupplied: Sequence[tuple[str, str]] = ()
-                   ) -> tuple[pa.Table, pa.Table, int]:
+                   whole_nodes: Sequence[str] = (), unsupplied: Sequence[tuple[str, str]] = (),
+                   filled: tuple[Sequence[str], pa.Table] | None = None) -> tuple[pa.Table, pa.Table, int]:
     """Where a node's pages are not the replay's, from the replay case open on ``source``
     (``sql/not_ruled_out.sql``): after the retractions of ``retracted`` (``(node, request)``), on the
     ``whole_nodes`` from each boot's start, and for the readers of ``unsupplied`` (``(node,
@@ -215,15 +221,23 @@ def _not_ruled_out(source: duckdb.DuckDBPyConnection, retracted: Sequence[tuple[
     boot, reader_request, victim_request, victim_tenant); and how many such pairs there are. They
     are counted first, cheaply; past :data:`NOT_RULED_OUT_PAIRS` none is listed (each reader's are
     all the requests that let their pages go on its node's boot before it took its own, since the
-    split: they grow as readers times requests)."""
+    split: they grow as readers times requests). With ``filled`` (the nodes without page records, and
+    the seq-gap windows ``(node, window_start, window_end)`` of those with them), only the readers the
+    fill takes rows of are: on such a node, or whose pages were taken inside a window."""
     blocks = {b.name: b.sql for b in sql_blocks("not_ruled_out.sql")}
     pairs_of = {"retracted": retracted, "unsupplied": unsupplied}
     for name, pairs in pairs_of.items():
         source.register(name, pa.table({"node": pa.array([n for n, _ in pairs], pa.string()),
                                         "request_id": pa.array([r for _, r in pairs], pa.string())}))
     source.register("whole_nodes", pa.table({"node": pa.array(list(whole_nodes), pa.string())}))
+    if filled is not None:
+        source.register("fill_windows", filled[1])
     try:
         source.execute(blocks["prepare"])
+        if filled is not None:  # (the readers the fill takes no row of are not counted: page records name theirs)
+            where = _FILLED_WHERE.format(t="b", ts="first_ts", windows="fill_windows")
+            source.execute(f"DELETE FROM retraction_bounds b WHERE NOT coalesce({where}, FALSE)",
+                           {"missing_nodes": list(filled[0])})
         bounds = source.sql(f"""
             SELECT b.*, coalesce(p.pairs, 0) AS pairs FROM retraction_bounds b
             LEFT JOIN ({blocks["not_ruled_out_pairs"]}) p USING (node, boot, reader_request)
@@ -233,7 +247,7 @@ def _not_ruled_out(source: duckdb.DuckDBPyConnection, retracted: Sequence[tuple[
             else source.sql(f"{blocks['not_ruled_out']} LIMIT 0").to_arrow_table()
         return bounds, listed, count
     finally:
-        for name in (*pairs_of, "whole_nodes"):
+        for name in (*pairs_of, "whole_nodes", *(("fill_windows",) if filled is not None else ())):
             source.unregister(name)
 
 
@@ -279,12 +293,30 @@ _EXPOSURES = re.compile(r"\bexposures\b")
 
 def every_exposure(con: duckdb.DuckDBPyConnection) -> str:
     """The exposure rows of every tier, as a SELECT with the columns of ``exposures`` and a
-    ``certainty`` (and its ``certainty_note``): the page records' (certain) and, where the whole
-    job filled in, the replay's (``replay_exposures``, each row certain or possible)."""
-    pages = "SELECT *, 'certain' AS certainty, NULL::VARCHAR AS certainty_note FROM exposures"
+    ``certainty`` (and its ``certainty_note``): the page records' (:func:`page_rows`) and, where the
+    whole job filled in, the replay's (``replay_exposures``, each row certain or possible)."""
+    pages = page_rows(con)
     if not has_table(con, "replay_exposures"):
         return pages
     return f"{pages} UNION ALL BY NAME {replay_rows(con)}"
+
+
+def page_rows(con: duckdb.DuckDBPyConnection) -> str:
+    """``exposures`` (the page records' rows) as a SELECT with certainty columns: certain, but where
+    records are missing (a seq gap) between the victim's write of the pages and the reader's first
+    sight of them (``sql/page_doubts.sql``): there another request may have written them, and the
+    victim is possible."""
+    if not (one(con, "SELECT EXISTS (SELECT 1 FROM seq_gaps JOIN (SELECT DISTINCT node, boot FROM exposures) "
+                     "USING (node, boot))") or (False,))[0]:
+        return "SELECT *, 'certain' AS certainty, NULL::VARCHAR AS certainty_note FROM exposures"
+    return f"""
+        SELECT e.*, CASE WHEN d.reader_request IS NULL THEN 'certain' ELSE 'possible' END AS certainty,
+               CASE WHEN d.reader_request IS NOT NULL THEN
+                 'records missing (seq gap ' || d.missing_from || '-' || d.missing_to || ' of boot ' || e.boot
+                 || ') between the victim''s write of these pages and this read: another request may have '
+                 || 'written them there' END AS certainty_note
+        FROM exposures e LEFT JOIN ({sql_text("page_doubts.sql")}) d
+          USING (reader_request, victim_request, node, boot)"""
 
 
 def replay_rows(con: duckdb.DuckDBPyConnection) -> str:
@@ -338,6 +370,60 @@ def unseen_late_writes(con: duckdb.DuckDBPyConnection) -> int:
     row = one(con, f"SELECT count(*) FROM ({query}) WHERE dst_node IN (SELECT unnest($1::VARCHAR[]))",
               [list(missing)])
     return int(row[0]) if row else 0
+
+
+@dataclass(frozen=True)
+class GapRequests:
+    """Requests whose decode records a seq gap may have taken: other nodes' records place them on a
+    node (a transfer that landed there, or the router's decode node where it delivered them or no
+    node logged their finish) while records are missing there
+    (their first to last record, on any node, overlaps a seq-gap window of that node), and the node
+    has no ``decode_started`` of theirs. Whether they read another request's pages there is not in
+    the evidence, and neither, where no node logged their finish, is whether they were delivered."""
+
+    requests: int = 0
+    delivered: int = 0  # of them, delivered by another node's finish (the router's)
+    no_finish: int = 0  # of them, with no finish logged on any node
+
+    def as_dict(self) -> dict[str, int]:
+        return {"requests": self.requests, "delivered": self.delivered, "no_finish": self.no_finish}
+
+
+_GAP_REQUESTS = """
+WITH windows AS (SELECT node, window_start, window_end FROM seq_gaps),
+placed AS (  -- (by the router alone: where it says delivered, or no node logged a finish)
+  SELECT request_id, dst_node AS node FROM records
+  WHERE kind = 'transfer' AND event = 'completed' AND dst_node IN (SELECT node FROM windows)
+  UNION
+  SELECT r.request_id, r.decode_node FROM records r JOIN requests q USING (request_id)
+  WHERE r.kind = 'request' AND r.decode_node IN (SELECT node FROM windows) AND (q.delivered OR q.status IS NULL)
+), lives AS (
+  SELECT request_id, min(ts) AS first_ts, max(ts) AS last_ts FROM records
+  WHERE request_id IN (SELECT request_id FROM placed) GROUP BY request_id
+), lost AS (
+  SELECT DISTINCT p.request_id FROM placed p JOIN lives l USING (request_id)
+  WHERE EXISTS (SELECT 1 FROM windows w WHERE w.node = p.node
+                  AND l.first_ts <= w.window_end AND l.last_ts >= w.window_start)
+    AND NOT EXISTS (SELECT 1 FROM records s WHERE s.kind = 'request' AND s.event = 'decode_started'
+                      AND s.node = p.node AND s.request_id = p.request_id)
+)
+SELECT request_id, coalesce(q.delivered, FALSE) AS delivered, q.status IS NULL AS no_finish
+FROM lost LEFT JOIN requests q USING (request_id) ORDER BY request_id"""
+
+
+def gap_requests(con: duckdb.DuckDBPyConnection) -> GapRequests:
+    """The requests whose decode records a seq gap may have taken (:class:`GapRequests`), counted."""
+    rows = gap_request_rows(con)
+    return GapRequests(len(rows), sum(1 for _, delivered, _ in rows if delivered),
+                       sum(1 for _, _, no_finish in rows if no_finish))
+
+
+def gap_request_rows(con: duckdb.DuckDBPyConnection) -> list[tuple[str, bool, bool]]:
+    """The requests whose decode records a seq gap may have taken (:class:`GapRequests`), each with
+    whether another node's finish says it was delivered and whether no node logged its finish, by id."""
+    if not (one(con, "SELECT EXISTS (SELECT 1 FROM seq_gaps)") or (False,))[0]:
+        return []
+    return [(str(r["request_id"]), bool(r["delivered"]), bool(r["no_finish"])) for r in rows(con, _GAP_REQUESTS)]
 
 
 def _replay_rows(con: duckdb.DuckDBPyConnection) -> bool:
