@@ -622,7 +622,7 @@ def _investigate_on_spark(paths: list[Path], out_dir: Path, out: Path | None, *,
                           format: str | None, options: Any, limits: Limits, audience: str,
                           pseudonymize_key: str | None, generated_at: str | None, as_json: bool) -> None:
     """``investigate --engine spark``: the Parquet case, its counts and figures, and the report if asked."""
-    from forensics.exposure.tiers import gap_requests, missing_page_records
+    from forensics.exposure.tiers import lost_records, missing_page_records
     from forensics.spark import investigate as on_spark
     from forensics.store import connect
 
@@ -635,7 +635,7 @@ def _investigate_on_spark(paths: list[Path], out_dir: Path, out: Path | None, *,
     con = connect(out_dir, read_only=True, create=False)
     try:
         missing = missing_page_records(con)
-        lost = gap_requests(con)
+        lost = lost_records(con)
     finally:
         con.close()
     done = None
@@ -645,7 +645,7 @@ def _investigate_on_spark(paths: list[Path], out_dir: Path, out: Path | None, *,
         done = write_report(out_dir, out, audience=audience, pseudonymize_key=pseudonymize_key,
                             generated_at=generated_at)
     if as_json:
-        _print_json({**found.as_dict(), "nodes_without_page_records": list(missing), "gap_requests": lost.as_dict(),
+        _print_json({**found.as_dict(), "nodes_without_page_records": list(missing), "lost_records": lost.as_dict(),
                      **({"report": done.as_dict()} if done is not None else {})})
         _input_exit(found.ingest, paths)
         return
@@ -659,7 +659,7 @@ def _investigate_on_spark(paths: list[Path], out_dir: Path, out: Path | None, *,
     # the story of the DuckDB path's last screen, told of the Parquet case (no replay on Spark)
     job = JobResult(Investigation(found.ingest, found.exposure), report=done, without_page_records=tuple(missing),
                     replay_skipped="not on Spark; investigate --out on a DuckDB case replays" if missing else None,
-                    gap_requests=lost)
+                    lost_records=lost)
     written = [f"case (Parquet): {shown(out_dir)}"] + ([f"report: {shown(done.out)}"] if done is not None else [])
     typer.echo("")
     typer.echo("\n".join(story.lines(story.tell(job, out_dir), render.width(), written)))

@@ -20,11 +20,11 @@ from forensics.case import Case
 from forensics.errors import BadValue
 from forensics.exposure.tiers import (
     Filled,
-    GapRequests,
+    LostRecords,
     certainty,
     fill_from_replay,
     filled_nodes,
-    gap_requests,
+    lost_records,
     missing_page_records,
     tier_figures,
     unseen_late_writes,
@@ -69,8 +69,8 @@ class JobResult:
     unseen_late_writes: int = 0
     #: victim requests and affected tenants, certain and possible (forensics.exposure.tiers.certainty)
     certainty: dict[str, dict[str, int]] | None = None
-    #: requests whose decode records a seq gap may have taken: what they read is not in the evidence
-    gap_requests: GapRequests = GapRequests()
+    #: requests whose decode records are missing (a seq gap, a log cut short): what they read is in no record
+    lost_records: LostRecords = LostRecords()
     story: Story | None = None  # the last screen's story, where asked for (``run(..., story=True)``)
 
     def as_dict(self) -> dict[str, Any]:
@@ -86,7 +86,7 @@ class JobResult:
             out["certainty"] = self.certainty
         out["nodes_without_page_records"] = list(self.without_page_records)
         out["unseen_late_writes"] = self.unseen_late_writes
-        out["gap_requests"] = self.gap_requests.as_dict()
+        out["lost_records"] = self.lost_records.as_dict()
         if self.report is not None:
             out["report"] = self.report.as_dict()
         return out
@@ -178,7 +178,7 @@ def run(
         unseen = unseen_late_writes(con)
         victims = certainty(con)
         result = JobResult(found, replays, written, skipped, filled, tiers, tuple(missing), unseen, victims,
-                           gap_requests(con))
+                           lost_records(con))
         return replace(result, story=tell(result, Path(db), Case.on(con, read_only=True))) if story else result
 
 

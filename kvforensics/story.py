@@ -18,7 +18,14 @@ import polars as pl
 
 import forensics
 from forensics.exposure import tiers
-from forensics.exposure.tiers import PAGE_EVIDENCE, REQUEST_REPLAY, SUMMARY_TIERS, TOTAL, TRANSFER_REPLAY, GapRequests
+from forensics.exposure.tiers import (
+    PAGE_EVIDENCE,
+    REQUEST_REPLAY,
+    SUMMARY_TIERS,
+    TOTAL,
+    TRANSFER_REPLAY,
+    LostRecords,
+)
 from forensics.findings import SEVERITIES, Finding
 from forensics.ids import dp_pools
 from forensics.text import shown
@@ -60,8 +67,8 @@ def verdict(found: Any, findings: list[Finding]) -> str:
     unmeasured = (f"; {nodes} logged no page records and {'was' if len(missing) == 1 else 'were'} not replayed "
                   f"({found.replay_skipped or 'no replay'}): what {'it' if len(missing) == 1 else 'they'} "
                   "served is not counted") if not_replayed else ""
-    gaps: GapRequests = getattr(found, "gap_requests", GapRequests())  # (a job's; none told: none)
-    lost = f"; records are missing in seq gaps, where {gap_requests_said(gaps, short=True)}" if gaps.requests else ""
+    gaps: LostRecords = getattr(found, "lost_records", LostRecords())  # (a job's; none told: none)
+    lost = f"; {lost_records_said(gaps, short=True)}" if gaps.any else ""
     if exposed and victims["certain"]:
         read = "read other requests' KV pages" if not victims["possible"] else \
             "read, or may have read, other requests' KV pages"
@@ -80,9 +87,9 @@ def verdict(found: Any, findings: list[Finding]) -> str:
                 f"and names no victim of {them}: whose data those pages held the evidence does not say "
                 f"({found.filled.not_ruled_out:,} (reader, request) pairs not ruled out, too many to list)"
                 f"{unmeasured}{lost}{but}.")
-    if gaps.requests:  # (nothing may say "not exposed" where what they read is in no record)
-        return (f"Not known: records are missing in seq gaps, where {gap_requests_said(gaps, short=True)}; the "
-                f"records elsewhere show no delivered response reading another request's KV pages{unmeasured}{but}.")
+    if gaps.any:  # (nothing may say "not exposed" where what they read is in no record)
+        return (f"Not known: {lost_records_said(gaps, short=True)}; the records elsewhere show no delivered "
+                f"response reading another request's KV pages{unmeasured}{but}.")
     if not_replayed:
         return (f"Not known: {nodes} logged no page records and {'was' if len(missing) == 1 else 'were'} not "
                 f"replayed ({found.replay_skipped or 'no replay'}), so what {'it' if len(missing) == 1 else 'they'} "
@@ -152,10 +159,11 @@ def _notes(found: Any) -> list[str]:
     if filled and filled.gap_windows:
         notes.append(f"page records missing in {filled.gap_windows:,} seq-gap windows: filled by replay where the "
                      "node's request records survive, "
-                     f"{filled.exposed_responses:,} exposed responses in all (table replay_exposures)")
-    gaps: GapRequests = getattr(found, "gap_requests", GapRequests())
-    if gaps.requests:
-        notes.append(gap_requests_said(gaps))
+                     f"{filled.exposed_responses:,} exposed responses in all (table replay_exposures); a victim the "
+                     "page records name across a seq gap is possible (certainty_note 'records missing')")
+    gaps: LostRecords = getattr(found, "lost_records", LostRecords())
+    if gaps.any:
+        notes.append(lost_records_said(gaps))
     if filled and filled.possible_readers:
         notes.append(possible_readers_said(filled.possible_readers))
     if filled and filled.not_ruled_out:
@@ -178,20 +186,34 @@ def not_ruled_out_said(pairs: int, listed: bool) -> str:
             "be missed")
 
 
-def gap_requests_said(lost: GapRequests, *, short: bool = False) -> str:
-    """The requests whose decode records a seq gap may have taken (tiers.GapRequests): what they
-    read is in no record, and, where no node logged their finish, whether they were delivered."""
-    one = lost.requests == 1
-    they = "it" if one else "they"
-    known = f"({lost.delivered:,} delivered by the router's records, {lost.no_finish:,} with no finish on any node)"
+def lost_records_said(lost: LostRecords, *, short: bool = False) -> str:
+    """What records lost leave unknown (tiers.LostRecords): requests whose decode records are missing
+    (what they read is in no record; where no node logged their finish, neither is whether they were
+    delivered), reads of pages never written in the records that remain after a seq gap, and readers
+    on such nodes with no finish anywhere."""
+    parts = []
+    if lost.requests:
+        they = "it" if lost.requests == 1 else "they"
+        where = ", ".join(shown(n) for n in lost.nodes)
+        known = (f"({lost.delivered:,} delivered by the router's records, {lost.no_finish:,} with no finish on any "
+                 "node)")
+        parts.append(f"{render.plural(lost.requests, 'request')} decoded on {where} with no record of it left: what "
+                     f"{they} read is not known {known}" if short else
+                     f"{render.plural(lost.requests, 'request')} that other nodes' records place on {where} "
+                     f"{'has' if lost.requests == 1 else 'have'} no decode_started there: what {they} read is not "
+                     f"known {known}, and {they} may be victims the records no longer show")
+    if lost.blind_readers:
+        parts.append(f"{render.plural(lost.blind_readers, 'request')} read pages never written in the records that "
+                     "remain after a seq gap: they may hold what a lost record wrote")
+    if lost.unfinished_readers:
+        parts.append(f"{render.plural(lost.unfinished_readers, 'request')} that read there "
+                     f"{'has' if lost.unfinished_readers == 1 else 'have'} no finish on any node: not counted as "
+                     "delivered, though a lost record may have been the finish")
+    said = "; ".join(parts)
     if short:
-        return (f"{render.plural(lost.requests, 'request')} decoded with no record of it left on the node: what {they} "
-                f"read is not known {known}")
-    said = (f"{render.plural(lost.requests, 'request')} that other nodes' records place on a node while its records "
-            f"are missing {'has' if one else 'have'} no decode_started there: what {they} read is not known {known}")
-    return (f"records are missing in seq gaps (finding evidence.seq_gap): {said}; a victim the page records name "
-            "across such a gap is possible (certainty_note 'records missing'), and those requests may be victims "
-            "the records no longer show")
+        return f"records are missing: {said}"
+    return ("records are missing (a seq gap, or a node's log cut short; finding evidence.seq_gap where a gap shows): "
+            f"{said}")
 
 
 def possible_readers_said(readers: int) -> str:

@@ -128,9 +128,9 @@ class ReportData:
     #: replay's, and that it names no victim of: possibly exposed (tiers.possible_readers_figure)
     possible_readers: int = 0
     #: gaps in nodes' seq (records missing: finding evidence.seq_gap), and the requests whose decode
-    #: records they may have taken (tiers.GapRequests, as_dict)
+    #: records are missing (tiers.LostRecords, as_dict)
     seq_gaps: int = 0
-    gap_requests: dict[str, int] = field(default_factory=dict)
+    lost_records: dict[str, Any] = field(default_factory=lambda: evidence_tiers.LostRecords().as_dict())
     #: whether a replay under the engine the logs were made with confirmed the case
     confirmed: bool = False
     #: whether any node logged page records (kv records)
@@ -305,7 +305,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],
         unseen_late_writes=evidence_tiers.unseen_late_writes(con),
         seq_gaps=int(con.execute("SELECT count(*) FROM seq_gaps").fetchall()[0][0]),
-        gap_requests=evidence_tiers.gap_requests(con).as_dict(),
+        lost_records=evidence_tiers.lost_records(con).as_dict(),
         confirmed=any(r.get("mode") == "confirm" for r in replays),
         page_records=bool(con.execute("SELECT EXISTS (SELECT 1 FROM kv_records)").fetchall()[0][0]),
         dp_pools=dp_pools(str(c["node"]) for c in configs),

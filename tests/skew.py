@@ -30,9 +30,9 @@ def skewed_logs(out: Path, simulate: Callable[..., Any]) -> None:
     shifted = []
     for line in decode1.read_text().splitlines():
         r = json.loads(line)
-        minute = int(r["ts"][14:16])
-        r["ts"] = r["ts"][:14] + f"{minute - 1:02d}" + r["ts"][16:]  # one minute early (minutes >= 1 here)
-        shifted.append(json.dumps(r))
+        early = dt.datetime.fromisoformat(r["ts"].replace("Z", "+00:00")) - dt.timedelta(minutes=1)
+        r["ts"] = early.strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # one minute early (before, minute 0 became "-1":
+        shifted.append(json.dumps(r))  # quarantined, decode-1's log then began at seq 2100: a seq gap)
     decode1.write_text("\n".join(shifted) + "\n")
 
 

@@ -373,57 +373,86 @@ def unseen_late_writes(con: duckdb.DuckDBPyConnection) -> int:
 
 
 @dataclass(frozen=True)
-class GapRequests:
-    """Requests whose decode records a seq gap may have taken: other nodes' records place them on a
-    node (a transfer that landed there, or the router's decode node where it delivered them or no
-    node logged their finish) while records are missing there
-    (their first to last record, on any node, overlaps a seq-gap window of that node), and the node
-    has no ``decode_started`` of theirs. Whether they read another request's pages there is not in
-    the evidence, and neither, where no node logged their finish, is whether they were delivered."""
+class LostRecords:
+    """What records lost (a seq gap, a node's log cut short at either end) leave unknown. On complete
+    logs, nothing (the generators', the shipped samples, the SGLang-printed fixtures:
+    ``tests/forensics/test_seq_gaps.py``)."""
 
+    #: requests whose decode records are missing: other nodes' records place them on an engine node
+    #: of the case (a transfer that landed there, or the router's decode node where it delivered them
+    #: or no node logged their finish), and that node has no ``decode_started`` of theirs. What they
+    #: read there is in no record; where no node logged their finish, neither is whether they were
+    #: delivered.
     requests: int = 0
     delivered: int = 0  # of them, delivered by another node's finish (the router's)
     no_finish: int = 0  # of them, with no finish logged on any node
+    nodes: tuple[str, ...] = ()  # the nodes they are missing on, in order
+    #: requests that read pages never written in the records that remain, after a seq gap on the
+    #: node's boot (its start cut off among them): those pages may hold what a lost record wrote
+    blind_readers: int = 0
+    #: requests that read on a node with records lost (above), other requests' pages or pages never
+    #: written, and have no finish on any node: counted as not delivered, their finish possibly lost
+    unfinished_readers: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return {"requests": self.requests, "delivered": self.delivered, "no_finish": self.no_finish}
+    @property
+    def any(self) -> bool:
+        return bool(self.requests or self.blind_readers or self.unfinished_readers)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"missing_decodes": self.requests, "delivered": self.delivered, "no_finish": self.no_finish,
+                "nodes": list(self.nodes), "blind_readers": self.blind_readers,
+                "unfinished_readers": self.unfinished_readers}
 
 
-_GAP_REQUESTS = """
-WITH windows AS (SELECT node, window_start, window_end FROM seq_gaps),
+_MISSING_DECODES = """
+WITH nodes AS (SELECT DISTINCT node FROM records),
 placed AS (  -- (by the router alone: where it says delivered, or no node logged a finish)
   SELECT request_id, dst_node AS node FROM records
-  WHERE kind = 'transfer' AND event = 'completed' AND dst_node IN (SELECT node FROM windows)
+  WHERE kind = 'transfer' AND event = 'completed' AND dst_node IN (SELECT node FROM nodes)
   UNION
   SELECT r.request_id, r.decode_node FROM records r JOIN requests q USING (request_id)
-  WHERE r.kind = 'request' AND r.decode_node IN (SELECT node FROM windows) AND (q.delivered OR q.status IS NULL)
-), lives AS (
-  SELECT request_id, min(ts) AS first_ts, max(ts) AS last_ts FROM records
-  WHERE request_id IN (SELECT request_id FROM placed) GROUP BY request_id
+  WHERE r.kind = 'request' AND r.decode_node IN (SELECT node FROM nodes) AND (q.delivered OR q.status IS NULL)
 ), lost AS (
-  SELECT DISTINCT p.request_id FROM placed p JOIN lives l USING (request_id)
-  WHERE EXISTS (SELECT 1 FROM windows w WHERE w.node = p.node
-                  AND l.first_ts <= w.window_end AND l.last_ts >= w.window_start)
-    AND NOT EXISTS (SELECT 1 FROM records s WHERE s.kind = 'request' AND s.event = 'decode_started'
+  SELECT p.request_id, p.node FROM placed p
+  WHERE NOT EXISTS (SELECT 1 FROM records s WHERE s.kind = 'request' AND s.event = 'decode_started'
                       AND s.node = p.node AND s.request_id = p.request_id)
 )
-SELECT request_id, coalesce(q.delivered, FALSE) AS delivered, q.status IS NULL AS no_finish
-FROM lost LEFT JOIN requests q USING (request_id) ORDER BY request_id"""
+SELECT request_id, min(node) AS node, coalesce(any_value(q.delivered), FALSE) AS delivered,
+       any_value(q.status) IS NULL AS no_finish
+FROM lost LEFT JOIN requests q USING (request_id) GROUP BY request_id ORDER BY request_id"""
+
+_BLIND_READERS = """
+SELECT DISTINCT u.request_id FROM uninitialized_reads u
+JOIN seq_gaps g ON g.node = u.node AND g.boot = u.boot AND g.missing_to < u.seq
+ORDER BY u.request_id"""
+
+_UNFINISHED_READERS = """
+WITH readers AS (SELECT reader_request AS request_id, node FROM exposures
+                 UNION SELECT request_id, node FROM uninitialized_reads)
+SELECT DISTINCT r.request_id FROM readers r JOIN requests q USING (request_id)
+WHERE q.status IS NULL AND list_contains($nodes, r.node)
+ORDER BY r.request_id"""
 
 
-def gap_requests(con: duckdb.DuckDBPyConnection) -> GapRequests:
-    """The requests whose decode records a seq gap may have taken (:class:`GapRequests`), counted."""
-    rows = gap_request_rows(con)
-    return GapRequests(len(rows), sum(1 for _, delivered, _ in rows if delivered),
-                       sum(1 for _, _, no_finish in rows if no_finish))
+def lost_records(con: duckdb.DuckDBPyConnection) -> LostRecords:
+    """What records lost leave unknown (:class:`LostRecords`), counted."""
+    found = lost_record_rows(con)
+    decodes = found["missing_decodes"]
+    return LostRecords(len(decodes), sum(1 for r in decodes if r["delivered"]),
+                       sum(1 for r in decodes if r["no_finish"]), tuple(sorted({str(r["node"]) for r in decodes})),
+                       len(found["blind_readers"]), len(found["unfinished_readers"]))
 
 
-def gap_request_rows(con: duckdb.DuckDBPyConnection) -> list[tuple[str, bool, bool]]:
-    """The requests whose decode records a seq gap may have taken (:class:`GapRequests`), each with
-    whether another node's finish says it was delivered and whether no node logged its finish, by id."""
-    if not (one(con, "SELECT EXISTS (SELECT 1 FROM seq_gaps)") or (False,))[0]:
-        return []
-    return [(str(r["request_id"]), bool(r["delivered"]), bool(r["no_finish"])) for r in rows(con, _GAP_REQUESTS)]
+def lost_record_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
+    """What records lost leave unknown (:class:`LostRecords`), by request id: ``missing_decodes``
+    (each with its node, the first where several, whether another node's finish says it was
+    delivered and whether no node logged its finish), ``blind_readers`` and ``unfinished_readers``."""
+    decodes = rows(con, _MISSING_DECODES)
+    gaps = [node for node, in con.execute("SELECT DISTINCT node FROM seq_gaps").fetchall()]
+    lossy = sorted(set(gaps) | {str(r["node"]) for r in decodes})
+    return {"missing_decodes": decodes,
+            "blind_readers": rows(con, _BLIND_READERS) if gaps else [],
+            "unfinished_readers": rows(con, _UNFINISHED_READERS, {"nodes": lossy}) if lossy else []}
 
 
 def _replay_rows(con: duckdb.DuckDBPyConnection) -> bool:

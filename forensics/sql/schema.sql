@@ -328,11 +328,13 @@ CREATE TABLE IF NOT EXISTS replay_disagreements (
   detail VARCHAR NOT NULL
 );
 
--- Gaps in a node's seq: records missing there, and the time window they leave without evidence.
+-- Gaps in a node's seq: records missing there, and the time window they leave without evidence. A
+-- boot whose first seq is above 0 (its log's start cut off) misses its records from 0: window_start
+-- is NULL there (the boot's start, which no record gives).
 CREATE OR REPLACE VIEW seq_gaps AS
 SELECT node, boot, prev_seq + 1 AS missing_from, seq - 1 AS missing_to, seq - prev_seq - 1 AS missing,
        prev_ts AS window_start, ts AS window_end
-FROM (SELECT node, boot, seq, ts, lag(seq) OVER w AS prev_seq, lag(ts) OVER w AS prev_ts
+FROM (SELECT node, boot, seq, ts, coalesce(lag(seq) OVER w, -1) AS prev_seq, lag(ts) OVER w AS prev_ts
       FROM records WHERE seq IS NOT NULL
       WINDOW w AS (PARTITION BY node, boot ORDER BY seq))
 WHERE seq - prev_seq > 1;

@@ -15,7 +15,7 @@ from independent_logs import Layout, generate
 
 import forensics
 from forensics.case import Case
-from forensics.exposure.tiers import gap_request_rows
+from forensics.exposure.tiers import lost_record_rows
 from forensics.store import connect
 from kvforensics.job import run
 from kvforensics.story import _notes, verdict
@@ -67,47 +67,85 @@ def test_a_victim_named_across_lost_records_is_possible_never_certain(tmp_path: 
     assert certainty is not None and certainty["victim_requests"]["possible"] > 0
 
 
-@pytest.mark.parametrize("layout", [Layout(), Layout(capped_prompt_pages=2000)], ids=["plain", "capped pool"])
+#: Which of decode-0's records are lost: a third in the middle (a seq gap), or its log cut short.
+CUTS = {"a gap": (3, 6), "the log's start cut off": (0, 3), "the log's end cut off": (7, 10)}
+
+
+@pytest.mark.parametrize(("layout", "cut"), [(Layout(), "a gap"), (Layout(capped_prompt_pages=2000), "a gap"),
+                                             (Layout(), "the log's start cut off"),
+                                             (Layout(), "the log's end cut off")],
+                         ids=["plain, a gap", "capped pool, a gap", "plain, start cut off", "plain, end cut off"])
 def test_where_a_nodes_records_are_lost_every_true_reader_is_named_or_said_not_known(
-        tmp_path: Path, layout: Layout) -> None:
-    """A third of decode-0's records (every kind) lost in the middle of its log. The replay cannot
-    fill what the node's own request records no longer say: 45 true (reader, victim) pairs (70 with
-    the capped pool) are in no row. The requests other nodes place on decode-0 then, with no
-    ``decode_started`` left there, are counted as not known (the verdict, the notes, ``--json``): each
-    true pair missing from the rows is one of theirs, or has one of them as its victim and a reader
-    whose victims the rows say are in doubt across the gap. Every certain row is true. And the pairs the
-    figures say are not ruled out are those the rows list: before, with the capped pool (its replay
-    cannot follow decode-0's logs), 337 were said not ruled out and none was listed (the fill takes
-    no row outside the window, where the page records name the victims)."""
+        tmp_path: Path, layout: Layout, cut: str) -> None:
+    """A third of decode-0's records (every kind) lost: in the middle of its log, or at either end.
+    The replay cannot fill what the node's own request records no longer say: 45 true (reader,
+    victim) pairs (70 with the capped pool) are in no row, and before, nothing said so. The requests
+    other nodes place on decode-0 with no ``decode_started`` left there are counted as not known
+    (the verdict, the notes, ``--json``): each true pair missing from the rows is one of theirs, or
+    has one of them as its victim and a reader whose victims the rows say are in doubt across the
+    gap. Every certain row is true. And the pairs the figures say are not ruled out are those the
+    rows list: before, with the capped pool (its replay cannot follow decode-0's logs), 337 were said
+    not ruled out and none was listed (the fill takes no row outside the window, where the page
+    records name the victims)."""
     full = generate(tmp_path / "full", seed=12, requests=200, layout=layout)
     truth = _truth(full, tmp_path / "truth.duckdb")
     path = full / "decode-0.jsonl"
     lines = path.read_text().splitlines(keepends=True)
-    path.write_text("".join(lines[:len(lines) * 3 // 10] + lines[len(lines) * 6 // 10:]))
-    found = run([full], tmp_path / "gapped.duckdb", None)
+    lo, hi = CUTS[cut]
+    path.write_text("".join(lines[:len(lines) * lo // 10] + lines[len(lines) * hi // 10:]))
+    found = run([full], tmp_path / "gapped.duckdb", tmp_path / "report.html")
     with Case(tmp_path / "gapped.duckdb") as case:
         rows = case.exposures(delivered_only=True).to_dicts()
     con = connect(tmp_path / "gapped.duckdb", read_only=True, create=False)
     try:
-        lost = gap_request_rows(con)
+        lost = lost_record_rows(con)
     finally:
         con.close()
     named = {(r["reader_request"], r["victim_request"]) for r in rows}
     assert all((r["reader_request"], r["victim_request"]) in truth for r in rows if r["certainty"] == "certain")
-    # every true pair the rows miss is a lost request's, or a reader's whose victims the rows say are
-    # in doubt across the gap, the true victim one of the lost requests (whose writes went with the gap)
-    ids = {rid for rid, _, _ in lost}
+    # every true pair the rows miss is a request's whose decode records are lost; or a reader's whose
+    # victims the rows say are in doubt across the gap, the true victim one of those requests; or a
+    # reader's that read pages never written in what remains after the gap (the start cut off); or one
+    # whose finish went with the records (the end cut off)
+    ids = {r["request_id"] for r in lost["missing_decodes"]}
+    blind = {r["request_id"] for r in lost["blind_readers"]}
+    unfinished = {r["request_id"] for r in lost["unfinished_readers"]}
     doubted = {r["reader_request"] for r in rows if (r["certainty_note"] or "").startswith("records missing")}
     missed = truth - named
-    assert missed and all(reader in ids or (reader in doubted and victim in ids) for reader, victim in missed)
-    assert {reader for reader, _ in missed} & ids and {reader for reader, _ in missed} - ids <= doubted
-    assert found.gap_requests.requests == len(lost)
-    assert found.gap_requests.no_finish == sum(1 for _, _, no_finish in lost if no_finish) > 0
-    assert found.as_dict()["gap_requests"] == found.gap_requests.as_dict()
+    assert missed and all(reader in ids | blind | unfinished or (reader in doubted and victim in ids)
+                          for reader, victim in missed)
+    told = found.lost_records
+    assert (told.requests, told.blind_readers, told.unfinished_readers) == (len(ids), len(blind), len(unfinished))
+    assert told.no_finish == sum(1 for r in lost["missing_decodes"] if r["no_finish"])
+    assert told.any and set(told.nodes) <= {"decode-0"}
+    assert found.as_dict()["lost_records"] == told.as_dict()
+    html = " ".join((tmp_path / "report.html").read_text().split())
+    assert "<b>Records are missing</b>" in html
+    assert f"{told.requests} requests that other nodes&#39; records place on decode-0 have no record of their" in html
     said = verdict(found, [])
-    assert f"records are missing in seq gaps, where {found.gap_requests.requests} requests decoded" in said
-    assert any(line.startswith("records are missing in seq gaps (finding evidence.seq_gap)") for line in _notes(found))
-    assert found.filled is not None
+    assert "; records are missing: " in said and not said.startswith("Not exposed")
+    assert any(line.startswith("records are missing (a seq gap, or a node's log cut short") for line in _notes(found))
     listed = {(r["reader_request"], r["victim_request"]) for r in rows
               if (r["certainty_note"] or "").startswith("not ruled out")}
-    assert found.filled.not_ruled_out == len(listed)
+    assert (found.filled.not_ruled_out if found.filled is not None else 0) == len(listed)
+    # (a gap in the middle, or the start cut off, is a seq gap; the end cut off is none)
+    assert (found.filled.gap_windows if found.filled is not None else 0) == (cut != "the log's end cut off")
+
+
+@pytest.mark.parametrize("logs", ["generated", "glm53-incident", "glm53-incident-sglang"])
+def test_on_complete_logs_no_decode_is_said_missing(tmp_path: Path, logs: str) -> None:
+    """Every request other nodes place on a decode node has its decode_started there: none is said
+    not known, on the generator's logs (capped pool: over-long prompts, failures) and on the shipped
+    sample incident, canonical and as SGLang printed it (its prefill's transfer records name no
+    decode node: 'unknown', no node of the case)."""
+    root = Path(__file__).parents[2] / "sample_logs"
+    source = generate(tmp_path / "full", seed=12, requests=200, layout=Layout(capped_prompt_pages=2000)) \
+        if logs == "generated" else root / logs
+    forensics.investigate([source], tmp_path / "case.duckdb")
+    con = connect(tmp_path / "case.duckdb", read_only=True, create=False)
+    try:
+        assert lost_record_rows(con) == {"missing_decodes": [], "blind_readers": [], "unfinished_readers": []}
+        assert con.execute("SELECT count(*) FROM records WHERE kind = 'request' AND event = 'decode_started'"
+                           ).fetchall()[0][0] > 0
+    finally:
+        con.close()
