@@ -16,7 +16,9 @@ from forensics.errors import CaseError, QueryError
 from forensics.exposure.analysis import analyse
 from forensics.exposure.figures import summary
 from forensics.exposure.tiers import (
+    LostRecords,
     certainty,
+    lost_records,
     missing_page_records,
     page_rows,
     replay_rows,
@@ -34,7 +36,8 @@ class Summary(dict[str, int]):
     in a notebook. ``tiers`` has the figures by the evidence they rest on (page records, each
     replay-backed tier, the total), ``without_page_records`` the engine nodes that logged none,
     ``unseen_late_writes`` the transfers sent to one of those nodes and given up there (a late
-    write of one is in no log, and no figure counts what it overwrote)."""
+    write of one is in no log, and no figure counts what it overwrote), ``lost_records`` what records
+    lost leave unknown."""
 
     tiers: dict[str, dict[str, int | None]]
     without_page_records: tuple[str, ...]
@@ -42,6 +45,8 @@ class Summary(dict[str, int]):
     #: victim requests and affected tenants, certain (named by page records, or by the replay under
     #: every schedule the evidence allows) and possible (forensics.exposure.tiers.certainty)
     certainty: dict[str, dict[str, int]]
+    #: what records lost (a seq gap, a log cut short) leave unknown (forensics.exposure.tiers.LostRecords)
+    lost_records: LostRecords = LostRecords()
 
     def _repr_html_(self) -> str:
         every = getattr(self, "tiers", {})
@@ -60,7 +65,8 @@ class Summary(dict[str, int]):
         missing = getattr(self, "without_page_records", ())
         if missing:
             table += f"<p>Without page records: {html.escape(', '.join(missing))}.</p>"
-        if tiers:
+        certain = getattr(self, "certainty", None)
+        if tiers or (certain and certain["victim_requests"]["possible"]):
             v, t = self.certainty["victim_requests"], self.certainty["affected_tenants"]
             pairs = self.certainty.get("exposure_pairs")
             table += (f"<p>Victims: {v['certain']:,} certain, {v['possible']:,} possible (named by the replay "
@@ -69,6 +75,12 @@ class Summary(dict[str, int]):
                       f"{t['possible']:,} possible"
                       + (f"; (reader, victim) pairs: {pairs['certain']:,} certain, {pairs['possible']:,} possible"
                          if pairs else "") + ".</p>")
+        lost = getattr(self, "lost_records", LostRecords())
+        if lost.any:
+            table += (f"<p>Records are missing: {lost.requests:,} request(s) decoded with no record of it left "
+                      f"({html.escape(', '.join(lost.nodes))}), {lost.blind_readers:,} read pages never written in the "
+                      f"records that remain after a seq gap, {lost.unfinished_readers:,} read there with no finish on "
+                      "any node: what they read, or whether they were delivered, is not known.</p>")
         unseen = getattr(self, "unseen_late_writes", 0)
         if unseen:
             table += (f"<p>{unseen:,} transfer(s) sent by prefill and given up by a node without page records: "
@@ -162,6 +174,7 @@ class Case:
         out.without_page_records = tuple(missing_page_records(self._con))
         out.unseen_late_writes = unseen_late_writes(self._con)
         out.certainty = certainty(self._con)
+        out.lost_records = lost_records(self._con)
         return out
 
     def exposures(

@@ -96,6 +96,7 @@ def test_where_a_nodes_records_are_lost_every_true_reader_is_named_or_said_not_k
     found = run([full], tmp_path / "gapped.duckdb", tmp_path / "report.html")
     with Case(tmp_path / "gapped.duckdb") as case:
         rows = case.exposures(delivered_only=True).to_dicts()
+        summary = case.summary()
     con = connect(tmp_path / "gapped.duckdb", read_only=True, create=False)
     try:
         lost = lost_record_rows(con)
@@ -118,7 +119,8 @@ def test_where_a_nodes_records_are_lost_every_true_reader_is_named_or_said_not_k
     assert (told.requests, told.blind_readers, told.unfinished_readers) == (len(ids), len(blind), len(unfinished))
     assert told.no_finish == sum(1 for r in lost["missing_decodes"] if r["no_finish"])
     assert told.any and set(told.nodes) <= {"decode-0"}
-    assert found.as_dict()["lost_records"] == told.as_dict()
+    assert found.as_dict()["lost_records"] == told.as_dict() and summary.lost_records == told
+    assert "<p>Records are missing: " in summary._repr_html_()
     html = " ".join((tmp_path / "report.html").read_text().split())
     assert "<b>Records are missing</b>" in html
     assert f"{told.requests} requests that other nodes&#39; records place on decode-0 have no record of their" in html
