@@ -212,8 +212,8 @@ def lost_records_said(lost: LostRecords, *, short: bool = False) -> str:
     said = "; ".join(parts)
     if short:
         return f"records are missing: {said}"
-    return ("records are missing (a seq gap, or a node's log cut short; finding evidence.seq_gap where a gap shows): "
-            f"{said}")
+    return ("records are missing (a seq gap, a node's log cut short or not given; finding evidence.seq_gap where a "
+            f"gap shows): {said}")
 
 
 def possible_readers_said(readers: int) -> str:

@@ -378,9 +378,10 @@ class LostRecords:
     logs, nothing (the generators', the shipped samples, the SGLang-printed fixtures:
     ``tests/forensics/test_seq_gaps.py``)."""
 
-    #: requests whose decode records are missing: other nodes' records place them on an engine node
-    #: of the case (a transfer that landed there, or the router's decode node where it delivered them
-    #: or no node logged their finish), and that node has no ``decode_started`` of theirs. What they
+    #: requests whose decode records are missing: other nodes' records place them on a node (a
+    #: transfer that landed there, or the router's decode node where it delivered them or no node
+    #: logged their finish), and that node has no ``decode_started`` of theirs, or no record at all in
+    #: the case (its log not given, or lost whole) where other nodes' decode records are. What they
     #: read there is in no record; where no node logged their finish, neither is whether they were
     #: delivered.
     requests: int = 0
@@ -405,17 +406,20 @@ class LostRecords:
 
 
 _MISSING_DECODES = """
-WITH nodes AS (SELECT DISTINCT node FROM records),
-placed AS (  -- (by the router alone: where it says delivered, or no node logged a finish)
+WITH placed AS (  -- (by the router alone: where it says delivered, or no node logged a finish; 'unknown': a
+                  -- side an SGLang line could not name, sql/schema.sql's transfers)
   SELECT request_id, dst_node AS node FROM records
-  WHERE kind = 'transfer' AND event = 'completed' AND dst_node IN (SELECT node FROM nodes)
+  WHERE kind = 'transfer' AND event = 'completed' AND dst_node <> 'unknown'
   UNION
   SELECT r.request_id, r.decode_node FROM records r JOIN requests q USING (request_id)
-  WHERE r.kind = 'request' AND r.decode_node IN (SELECT node FROM nodes) AND (q.delivered OR q.status IS NULL)
-), lost AS (
+  WHERE r.kind = 'request' AND r.decode_node <> 'unknown' AND (q.delivered OR q.status IS NULL)
+), lost AS (  -- (a node with no record at all counts where the case holds any node's decode records: a
+              -- case of no decode log, request-level evidence alone, lost none)
   SELECT p.request_id, p.node FROM placed p
   WHERE NOT EXISTS (SELECT 1 FROM records s WHERE s.kind = 'request' AND s.event = 'decode_started'
                       AND s.node = p.node AND s.request_id = p.request_id)
+    AND (EXISTS (SELECT 1 FROM records n WHERE n.node = p.node)
+         OR EXISTS (SELECT 1 FROM records d WHERE d.kind = 'request' AND d.event = 'decode_started'))
 )
 SELECT request_id, min(node) AS node, coalesce(any_value(q.delivered), FALSE) AS delivered,
        any_value(q.status) IS NULL AS no_finish

@@ -1,9 +1,9 @@
 -- Exposure rows with optional filters, bound as parameters: $tenant (reader's or victim's),
 -- $request (reader), $victim, $delivered_only; with the rows the replay filled in where page
--- records are missing (replay_exposures, spliced in as {replay_rows}) unless $page_records_only.
--- A row's victim is certain on page records (their rows spliced in above: tiers.page_rows) but across a seq gap, and on
--- the replay where every schedule the evidence allows names it (certainty_note: why a victim is only
--- possible).
+-- records are missing (replay_exposures, spliced in from tiers.replay_rows) unless $page_records_only.
+-- The page records' rows are spliced in from tiers.page_rows. A row's victim is certain
+-- on page records but across a seq gap, and on the replay where every schedule the evidence allows
+-- names it (certainty_note: why a victim is only possible).
 SELECT reader_request, reader_tenant, victim_request, victim_tenant, node, boot, pages, n_pages,
        first_seq, first_ts, inferred, reader_delivered, evidence, certainty, certainty_note
 FROM ({page_rows}

@@ -68,16 +68,18 @@ def test_a_victim_named_across_lost_records_is_possible_never_certain(tmp_path: 
 
 
 #: Which of decode-0's records are lost: a third in the middle (a seq gap), or its log cut short.
-CUTS = {"a gap": (3, 6), "the log's start cut off": (0, 3), "the log's end cut off": (7, 10)}
+CUTS = {"a gap": (3, 6), "the log's start cut off": (0, 3), "the log's end cut off": (7, 10), "the whole log": (0, 10)}
 
 
 @pytest.mark.parametrize(("layout", "cut"), [(Layout(), "a gap"), (Layout(capped_prompt_pages=2000), "a gap"),
                                              (Layout(), "the log's start cut off"),
-                                             (Layout(), "the log's end cut off")],
-                         ids=["plain, a gap", "capped pool, a gap", "plain, start cut off", "plain, end cut off"])
+                                             (Layout(), "the log's end cut off"), (Layout(), "the whole log")],
+                         ids=["plain, a gap", "capped pool, a gap", "plain, start cut off", "plain, end cut off",
+                              "plain, the whole log"])
 def test_where_a_nodes_records_are_lost_every_true_reader_is_named_or_said_not_known(
         tmp_path: Path, layout: Layout, cut: str) -> None:
-    """A third of decode-0's records (every kind) lost: in the middle of its log, or at either end.
+    """A third of decode-0's records (every kind) lost: in the middle of its log, or at either end;
+    or all of them (its log not given: the node is in no record of the case but others').
     The replay cannot fill what the node's own request records no longer say: 45 true (reader,
     victim) pairs (70 with the capped pool) are in no row, and before, nothing said so. The requests
     other nodes place on decode-0 with no ``decode_started`` left there are counted as not known
@@ -124,30 +126,38 @@ def test_where_a_nodes_records_are_lost_every_true_reader_is_named_or_said_not_k
     html = " ".join((tmp_path / "report.html").read_text().split())
     assert "<b>Records are missing</b>" in html
     assert f"{told.requests} requests that other nodes&#39; records place on decode-0 have no record of their" in html
+    if cut == "the whole log":  # every request decode-0 decoded is counted: the node is in no record of its own
+        with Case(tmp_path / "truth.duckdb") as case:
+            decoded = set(case.sql("SELECT request_id FROM records WHERE kind = 'request' AND "
+                                   "event = 'decode_started' AND node = 'decode-0'")["request_id"])
+        assert decoded and decoded <= ids
     said = verdict(found, [])
     assert "; records are missing: " in said and not said.startswith("Not exposed")
-    assert any(line.startswith("records are missing (a seq gap, or a node's log cut short") for line in _notes(found))
+    assert any(line.startswith("records are missing (a seq gap, a node's log cut short") for line in _notes(found))
     listed = {(r["reader_request"], r["victim_request"]) for r in rows
               if (r["certainty_note"] or "").startswith("not ruled out")}
     assert (found.filled.not_ruled_out if found.filled is not None else 0) == len(listed)
     # (a gap in the middle, or the start cut off, is a seq gap; the end cut off is none)
-    assert (found.filled.gap_windows if found.filled is not None else 0) == (cut != "the log's end cut off")
+    gapped = cut in ("a gap", "the log's start cut off")
+    assert (found.filled.gap_windows if found.filled is not None else 0) == gapped
 
 
-@pytest.mark.parametrize("logs", ["generated", "glm53-incident", "glm53-incident-sglang"])
+@pytest.mark.parametrize("logs", ["generated", "glm53-incident", "glm53-incident-sglang", "the router's alone"])
 def test_on_complete_logs_no_decode_is_said_missing(tmp_path: Path, logs: str) -> None:
     """Every request other nodes place on a decode node has its decode_started there: none is said
     not known, on the generator's logs (capped pool: over-long prompts, failures) and on the shipped
     sample incident, canonical and as SGLang printed it (its prefill's transfer records name no
-    decode node: 'unknown', no node of the case)."""
+    decode node: 'unknown', no node of the case). A case of the router's log alone holds no node's
+    decode records: the decode nodes it names are not said to have lost theirs."""
     root = Path(__file__).parents[2] / "sample_logs"
     source = generate(tmp_path / "full", seed=12, requests=200, layout=Layout(capped_prompt_pages=2000)) \
-        if logs == "generated" else root / logs
+        if logs == "generated" else root / "glm53-incident" / "router.jsonl" if logs == "the router's alone" \
+        else root / logs
     forensics.investigate([source], tmp_path / "case.duckdb")
     con = connect(tmp_path / "case.duckdb", read_only=True, create=False)
     try:
         assert lost_record_rows(con) == {"missing_decodes": [], "blind_readers": [], "unfinished_readers": []}
-        assert con.execute("SELECT count(*) FROM records WHERE kind = 'request' AND event = 'decode_started'"
-                           ).fetchall()[0][0] > 0
+        assert (con.execute("SELECT count(*) FROM records WHERE kind = 'request' AND event = 'decode_started'"
+                            ).fetchall()[0][0] > 0) == (logs != "the router's alone")
     finally:
         con.close()
