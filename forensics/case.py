@@ -76,7 +76,11 @@ class Summary(dict[str, int]):
                       + (f"; (reader, victim) pairs: {pairs['certain']:,} certain, {pairs['possible']:,} possible"
                          if pairs else "") + ".</p>")
         lost = getattr(self, "lost_records", LostRecords())
-        if lost.any:
+        if lost.in_flight_readers:
+            table += (f"<p>Delivery not known: {lost.in_flight_readers:,} request(s) that read other requests' pages "
+                      "have no finish in the logs (in flight when they end): counted as contained, not delivered, "
+                      "they may have been delivered after.</p>")
+        if lost.lost:
             table += (f"<p>Records are missing: {lost.requests:,} request(s) decoded with no record of it left "
                       f"({html.escape(', '.join(lost.nodes))}), {lost.blind_readers:,} read pages never written in the "
                       f"records that remain after a seq gap, {lost.unfinished_readers:,} read there with no finish on "

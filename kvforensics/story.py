@@ -190,7 +190,8 @@ def lost_records_said(lost: LostRecords, *, short: bool = False) -> str:
     """What records lost leave unknown (tiers.LostRecords): requests whose decode records are missing
     (what they read is in no record; where no node logged their finish, neither is whether they were
     delivered), reads of pages never written in the records that remain after a seq gap, and readers
-    on such nodes with no finish anywhere."""
+    on such nodes with no finish anywhere; and the readers of other requests' pages elsewhere with no
+    finish in the logs (in flight where they end)."""
     parts = []
     if lost.requests:
         they = "it" if lost.requests == 1 else "they"
@@ -210,10 +211,17 @@ def lost_records_said(lost: LostRecords, *, short: bool = False) -> str:
                      f"{'has' if lost.unfinished_readers == 1 else 'have'} no finish on any node: not counted as "
                      "delivered, though a lost record may have been the finish")
     said = "; ".join(parts)
-    if short:
-        return f"records are missing: {said}"
-    return ("records are missing (a seq gap, a node's log cut short or not given; finding evidence.seq_gap where a "
-            f"gap shows): {said}")
+    out = []
+    if parts:
+        out.append(f"records are missing: {said}" if short else
+                   "records are missing (a seq gap, a node's log cut short or not given; finding evidence.seq_gap "
+                   f"where a gap shows): {said}")
+    if lost.in_flight_readers:
+        n = lost.in_flight_readers
+        out.append(f"{render.plural(n, 'request')} that read other requests' KV pages {'has' if n == 1 else 'have'} "
+                   "no finish in the logs (in flight when they end, or the finish not logged): counted as contained, "
+                   f"not delivered, {'it' if n == 1 else 'they'} may have been delivered after")
+    return "; ".join(out)
 
 
 def possible_readers_said(readers: int) -> str:

@@ -374,9 +374,9 @@ def unseen_late_writes(con: duckdb.DuckDBPyConnection) -> int:
 
 @dataclass(frozen=True)
 class LostRecords:
-    """What records lost (a seq gap, a node's log cut short at either end) leave unknown. On complete
-    logs, nothing (the generators', the shipped samples, the SGLang-printed fixtures:
-    ``tests/forensics/test_seq_gaps.py``)."""
+    """What records lost (a seq gap, a node's log cut short at either end) leave unknown, and whether
+    the readers still in flight where the logs end were delivered. On complete logs, nothing (the
+    generators', the shipped samples, the SGLang-printed fixtures: ``tests/forensics/test_seq_gaps.py``)."""
 
     #: requests whose decode records are missing: other nodes' records place them on a node (a
     #: transfer that landed there, or the router's decode node where it delivered them or no node
@@ -394,15 +394,26 @@ class LostRecords:
     #: requests that read on a node with records lost (above), other requests' pages or pages never
     #: written, and have no finish on any node: counted as not delivered, their finish possibly lost
     unfinished_readers: int = 0
+    #: requests that read other requests' pages (an exposure row, of any tier) on a node with no
+    #: record lost, and have no finish on any node: in flight when the logs end, or their finish not
+    #: logged. log-schema.md counts them as contained (not delivered); they may have been delivered
+    #: after the logs end.
+    in_flight_readers: int = 0
+
+    @property
+    def lost(self) -> bool:
+        """Whether records are missing (a seq gap, a log cut short or not given)."""
+        return bool(self.requests or self.blind_readers or self.unfinished_readers)
 
     @property
     def any(self) -> bool:
-        return bool(self.requests or self.blind_readers or self.unfinished_readers)
+        """Whether anything is left unknown: records lost, or readers' delivery."""
+        return self.lost or bool(self.in_flight_readers)
 
     def as_dict(self) -> dict[str, Any]:
         return {"missing_decodes": self.requests, "delivered": self.delivered, "no_finish": self.no_finish,
                 "nodes": list(self.nodes), "blind_readers": self.blind_readers,
-                "unfinished_readers": self.unfinished_readers}
+                "unfinished_readers": self.unfinished_readers, "in_flight_readers": self.in_flight_readers}
 
 
 _MISSING_DECODES = """
@@ -437,6 +448,12 @@ SELECT DISTINCT r.request_id FROM readers r JOIN requests q USING (request_id)
 WHERE q.status IS NULL AND list_contains($nodes, r.node)
 ORDER BY r.request_id"""
 
+_IN_FLIGHT_READERS = """
+WITH readers AS (SELECT reader_request AS request_id, node FROM exposures{replayed})
+SELECT DISTINCT r.request_id FROM readers r LEFT JOIN requests q USING (request_id)
+WHERE q.status IS NULL AND NOT list_contains($nodes::VARCHAR[], r.node)
+ORDER BY r.request_id"""
+
 
 def lost_records(con: duckdb.DuckDBPyConnection) -> LostRecords:
     """What records lost leave unknown (:class:`LostRecords`), counted."""
@@ -444,19 +461,22 @@ def lost_records(con: duckdb.DuckDBPyConnection) -> LostRecords:
     decodes = found["missing_decodes"]
     return LostRecords(len(decodes), sum(1 for r in decodes if r["delivered"]),
                        sum(1 for r in decodes if r["no_finish"]), tuple(sorted({str(r["node"]) for r in decodes})),
-                       len(found["blind_readers"]), len(found["unfinished_readers"]))
+                       len(found["blind_readers"]), len(found["unfinished_readers"]), len(found["in_flight_readers"]))
 
 
 def lost_record_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
     """What records lost leave unknown (:class:`LostRecords`), by request id: ``missing_decodes``
     (each with its node, the first where several, whether another node's finish says it was
-    delivered and whether no node logged its finish), ``blind_readers`` and ``unfinished_readers``."""
+    delivered and whether no node logged its finish), ``blind_readers``, ``unfinished_readers`` and
+    ``in_flight_readers``."""
     decodes = rows(con, _MISSING_DECODES)
     gaps = [node for node, in con.execute("SELECT DISTINCT node FROM seq_gaps").fetchall()]
     lossy = sorted(set(gaps) | {str(r["node"]) for r in decodes})
+    replayed = " UNION SELECT reader_request, node FROM replay_exposures" if has_table(con, "replay_exposures") else ""
     return {"missing_decodes": decodes,
             "blind_readers": rows(con, _BLIND_READERS) if gaps else [],
-            "unfinished_readers": rows(con, _UNFINISHED_READERS, {"nodes": lossy}) if lossy else []}
+            "unfinished_readers": rows(con, _UNFINISHED_READERS, {"nodes": lossy}) if lossy else [],
+            "in_flight_readers": rows(con, _IN_FLIGHT_READERS.format(replayed=replayed), {"nodes": lossy})}
 
 
 def _replay_rows(con: duckdb.DuckDBPyConnection) -> bool:
