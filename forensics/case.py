@@ -80,6 +80,9 @@ class Summary(dict[str, int]):
             table += (f"<p>Delivery not known: {lost.in_flight_readers:,} request(s) that read other requests' pages "
                       "have no finish in the logs (in flight when they end): counted as contained, not delivered, "
                       "they may have been delivered after.</p>")
+        if lost.unstarted:
+            table += (f"<p>Not started where the logs end: {lost.unstarted:,} request(s) placed on a decode node "
+                      "with no decode start there and no finish in any log.</p>")
         if lost.lost:
             table += (f"<p>Records are missing: {lost.requests:,} request(s) decoded with no record of it left "
                       f"({html.escape(', '.join(lost.nodes))}), {lost.blind_readers:,} read pages never written in the "

@@ -164,6 +164,8 @@ def _notes(found: Any) -> list[str]:
     gaps: LostRecords = getattr(found, "lost_records", LostRecords())
     if gaps.any:
         notes.append(lost_records_said(gaps))
+    if gaps.unstarted:
+        notes.append(unstarted_said(gaps.unstarted))
     if filled and filled.possible_readers:
         notes.append(possible_readers_said(filled.possible_readers))
     if filled and filled.not_ruled_out:
@@ -222,6 +224,14 @@ def lost_records_said(lost: LostRecords, *, short: bool = False) -> str:
                    "no finish in the logs (in flight when they end, or the finish not logged): counted as contained, "
                    f"not delivered, {'it' if n == 1 else 'they'} may have been delivered after")
     return "; ".join(out)
+
+
+def unstarted_said(requests: int) -> str:
+    """The requests placed on a decode node that had not started there where the logs end
+    (tiers.LostRecords.unstarted)."""
+    return (f"{render.plural(requests, 'request')} placed on a decode node (by a transfer or the router) "
+            f"{'has' if requests == 1 else 'have'} no decode_started there and no finish in any log: not started "
+            "where the logs end, or records lost at a log's very end; what they went on to read is after the logs")
 
 
 def possible_readers_said(readers: int) -> str:

@@ -381,9 +381,10 @@ class LostRecords:
     #: requests whose decode records are missing: other nodes' records place them on a node (a
     #: transfer that landed there, or the router's decode node where it delivered them or no node
     #: logged their finish), and that node has no ``decode_started`` of theirs, or no record at all in
-    #: the case (its log not given, or lost whole) where other nodes' decode records are. What they
-    #: read there is in no record; where no node logged their finish, neither is whether they were
-    #: delivered.
+    #: the case (its log not given, or lost whole) where other nodes' decode records are; and a
+    #: finish of theirs is logged, or that node's log has a seq gap, is not given, or stops before
+    #: the rest (else they are :attr:`unstarted`). What they read there is in no record; where no
+    #: node logged their finish, neither is whether they were delivered.
     requests: int = 0
     delivered: int = 0  # of them, delivered by another node's finish (the router's)
     no_finish: int = 0  # of them, with no finish logged on any node
@@ -399,6 +400,11 @@ class LostRecords:
     #: logged. log-schema.md counts them as contained (not delivered); they may have been delivered
     #: after the logs end.
     in_flight_readers: int = 0
+    #: requests placed so on a node whose log runs whole to the logs' end (no seq gap, and silent at
+    #: the end no longer than it ever was between two records), with no ``decode_started`` there and
+    #: no finish on any node: not started where the logs end (or their records lost at the log's very
+    #: end); what they went on to read is after the logs. Said, not counted as lost.
+    unstarted: int = 0
 
     @property
     def lost(self) -> bool:
@@ -413,7 +419,8 @@ class LostRecords:
     def as_dict(self) -> dict[str, Any]:
         return {"missing_decodes": self.requests, "delivered": self.delivered, "no_finish": self.no_finish,
                 "nodes": list(self.nodes), "blind_readers": self.blind_readers,
-                "unfinished_readers": self.unfinished_readers, "in_flight_readers": self.in_flight_readers}
+                "unfinished_readers": self.unfinished_readers, "in_flight_readers": self.in_flight_readers,
+                "unstarted": self.unstarted}
 
 
 _MISSING_DECODES = """
@@ -424,17 +431,30 @@ WITH placed AS (  -- (by the router alone: where it says delivered, or no node l
   UNION
   SELECT r.request_id, r.decode_node FROM records r JOIN requests q USING (request_id)
   WHERE r.kind = 'request' AND r.decode_node <> 'unknown' AND (q.delivered OR q.status IS NULL)
+), present AS (SELECT DISTINCT node FROM records
 ), lost AS (  -- (a node with no record at all counts where the case holds any node's decode records: a
               -- case of no decode log, request-level evidence alone, lost none)
   SELECT p.request_id, p.node FROM placed p
   WHERE NOT EXISTS (SELECT 1 FROM records s WHERE s.kind = 'request' AND s.event = 'decode_started'
                       AND s.node = p.node AND s.request_id = p.request_id)
-    AND (EXISTS (SELECT 1 FROM records n WHERE n.node = p.node)
+    AND (p.node IN (SELECT node FROM present)
          OR EXISTS (SELECT 1 FROM records d WHERE d.kind = 'request' AND d.event = 'decode_started'))
 )
 SELECT request_id, min(node) AS node, coalesce(any_value(q.delivered), FALSE) AS delivered,
-       any_value(q.status) IS NULL AS no_finish
+       any_value(q.status) IS NULL AS no_finish, list(DISTINCT node ORDER BY node) AS nodes
 FROM lost LEFT JOIN requests q USING (request_id) GROUP BY request_id ORDER BY request_id"""
+
+#: The nodes whose log runs to the logs' end with nothing lost: in the case, no seq gap, and silent at
+#: the end (from its last record to the case's last) no longer than it ever was between two records.
+#: A node silent longer at the end stopped logging before the rest: its log is cut short there.
+_WHOLE_TO_THE_END = """
+WITH spans AS (
+  SELECT node, ts, ts - lag(ts) OVER (PARTITION BY node ORDER BY ts) AS silence FROM records WHERE ts IS NOT NULL
+), nodes AS (SELECT node, max(ts) AS last_ts, max(silence) AS widest FROM spans GROUP BY node)
+SELECT node FROM nodes
+WHERE (SELECT max(ts) FROM records) - last_ts <= coalesce(widest, INTERVAL 0 SECOND)
+  AND node NOT IN (SELECT node FROM seq_gaps)
+ORDER BY node"""
 
 _BLIND_READERS = """
 SELECT DISTINCT u.request_id FROM uninitialized_reads u
@@ -458,20 +478,27 @@ ORDER BY r.request_id"""
 def lost_records(con: duckdb.DuckDBPyConnection) -> LostRecords:
     """What records lost leave unknown (:class:`LostRecords`), counted."""
     found = lost_record_rows(con)
-    decodes = found["missing_decodes"]
+    decodes = [r for r in found["missing_decodes"] if not r["in_flight"]]
     return LostRecords(len(decodes), sum(1 for r in decodes if r["delivered"]),
                        sum(1 for r in decodes if r["no_finish"]), tuple(sorted({str(r["node"]) for r in decodes})),
-                       len(found["blind_readers"]), len(found["unfinished_readers"]), len(found["in_flight_readers"]))
+                       len(found["blind_readers"]), len(found["unfinished_readers"]), len(found["in_flight_readers"]),
+                       len(found["missing_decodes"]) - len(decodes))
 
 
 def lost_record_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
     """What records lost leave unknown (:class:`LostRecords`), by request id: ``missing_decodes``
     (each with its node, the first where several, whether another node's finish says it was
-    delivered and whether no node logged its finish), ``blind_readers``, ``unfinished_readers`` and
+    delivered, whether no node logged its finish, and whether it is ``in_flight``: one of
+    :attr:`LostRecords.unstarted`), ``blind_readers``, ``unfinished_readers`` and
     ``in_flight_readers``."""
     decodes = rows(con, _MISSING_DECODES)
+    # (no finish anywhere, placed only on nodes whose log runs whole to the logs' end: not started there)
+    whole = {node for node, in con.execute(_WHOLE_TO_THE_END).fetchall()} if any(r["no_finish"] for r in decodes) \
+        else set()
+    for r in decodes:
+        r["in_flight"] = bool(r["no_finish"]) and set(r.pop("nodes")) <= whole
     gaps = [node for node, in con.execute("SELECT DISTINCT node FROM seq_gaps").fetchall()]
-    lossy = sorted(set(gaps) | {str(r["node"]) for r in decodes})
+    lossy = sorted(set(gaps) | {str(r["node"]) for r in decodes if not r["in_flight"]})
     replayed = " UNION SELECT reader_request, node FROM replay_exposures" if has_table(con, "replay_exposures") else ""
     return {"missing_decodes": decodes,
             "blind_readers": rows(con, _BLIND_READERS) if gaps else [],
