@@ -69,7 +69,8 @@ class JobResult:
     unseen_late_writes: int = 0
     #: victim requests and affected tenants, certain and possible (forensics.exposure.tiers.certainty)
     certainty: dict[str, dict[str, int]] | None = None
-    #: requests whose decode records are missing (a seq gap, a log cut short): what they read is in no record
+    #: what records lost (a seq gap, a log cut short or not given) leave unknown, and the readers and
+    #: requests still in flight where the logs end (forensics.exposure.tiers.LostRecords)
     lost_records: LostRecords = LostRecords()
     story: Story | None = None  # the last screen's story, where asked for (``run(..., story=True)``)
 

@@ -444,16 +444,15 @@ SELECT request_id, min(node) AS node, coalesce(any_value(q.delivered), FALSE) AS
        any_value(q.status) IS NULL AS no_finish, list(DISTINCT node ORDER BY node) AS nodes
 FROM lost LEFT JOIN requests q USING (request_id) GROUP BY request_id ORDER BY request_id"""
 
-#: The nodes whose log runs to the logs' end with nothing lost: in the case, no seq gap, and silent at
-#: the end (from its last record to the case's last) no longer than it ever was between two records.
-#: A node silent longer at the end stopped logging before the rest: its log is cut short there.
-_WHOLE_TO_THE_END = """
+#: The nodes whose log runs to the logs' end: in the case, and silent at the end (from its last record
+#: to the case's last) no longer than it ever was between two records. A node silent longer at the end
+#: stopped logging before the rest: its log is cut short there. (Whole to the end, with no seq gap.)
+_TO_THE_END = """
 WITH spans AS (
   SELECT node, ts, ts - lag(ts) OVER (PARTITION BY node ORDER BY ts) AS silence FROM records WHERE ts IS NOT NULL
 ), nodes AS (SELECT node, max(ts) AS last_ts, max(silence) AS widest FROM spans GROUP BY node)
 SELECT node FROM nodes
 WHERE (SELECT max(ts) FROM records) - last_ts <= coalesce(widest, INTERVAL 0 SECOND)
-  AND node NOT IN (SELECT node FROM seq_gaps)
 ORDER BY node"""
 
 _BLIND_READERS = """
@@ -492,12 +491,12 @@ def lost_record_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str,
     :attr:`LostRecords.unstarted`), ``blind_readers``, ``unfinished_readers`` and
     ``in_flight_readers``."""
     decodes = rows(con, _MISSING_DECODES)
+    gaps = [node for node, in con.execute("SELECT DISTINCT node FROM seq_gaps").fetchall()]
     # (no finish anywhere, placed only on nodes whose log runs whole to the logs' end: not started there)
-    whole = {node for node, in con.execute(_WHOLE_TO_THE_END).fetchall()} if any(r["no_finish"] for r in decodes) \
-        else set()
+    whole = {node for node, in con.execute(_TO_THE_END).fetchall()} - set(gaps) \
+        if any(r["no_finish"] for r in decodes) else set()
     for r in decodes:
         r["in_flight"] = bool(r["no_finish"]) and set(r.pop("nodes")) <= whole
-    gaps = [node for node, in con.execute("SELECT DISTINCT node FROM seq_gaps").fetchall()]
     lossy = sorted(set(gaps) | {str(r["node"]) for r in decodes if not r["in_flight"]})
     replayed = " UNION SELECT reader_request, node FROM replay_exposures" if has_table(con, "replay_exposures") else ""
     return {"missing_decodes": decodes,
