@@ -79,6 +79,15 @@ MAX_REQUEST_PAGES = 2**22
 #: pages. Counted over the process, not a node: a case of thousands of small nodes runs compiled.
 KERNEL_FROM = 2_000
 _RUNS = itertools.count(1)
+
+
+def load_kernel() -> None:
+    """Load the compiled step kernel now and take it from the next run on, whatever the count: a
+    replay's fork server does, before it forks the workers (replay/preload.py)."""
+    global _RUNS
+    none = np.zeros(1, np.int64)
+    kernel.run(none, none.copy(), 1, 0, 0, 0, 0, none.copy(), none.copy())
+    _RUNS = itertools.count(KERNEL_FROM + 1)
 COVERAGE_MISMATCH = (500, "kv_coverage_mismatch")
 TAG_MISMATCH = (500, "kv_tag_mismatch")
 DECODE_TIMEOUT = (504, "transfer_timeout")
@@ -865,21 +874,21 @@ class NodeEngine:
         if taken:
             new = self.pool.take(taken)
             stamp, at = -1, ""
-            records: list[tuple[str, str, str, str, str | None]] = []
+            pages: list[tuple[str, str, str]] = []
             for i, (k, r, page) in enumerate(zip(step_of[:taken].tolist(), row_of[:taken].tolist(), new.tolist(),
                                                  strict=True)):
                 if k != stamp:
                     stamp, at = k, when if isinstance(when, str) else when(first + k)
                 rid, h = rows[r]
                 h.steps.append(new[i:i + 1])
-                text = str(page)
-                records += ((at, rid, "alloc", text, None), (at, rid, "write", text, "decode"),
-                            (at, rid, "read", text, None))
+                pages.append((at, rid, str(page)))
             if self.behaviour == "page-tags":  # (the pages' tags follow their writes)
-                for at, rid, op, text, source in records:
-                    self._kv(at, rid, op, np.array([int(text)], np.int64), source, text)
+                for at, rid, text in pages:
+                    one = np.array([int(text)], np.int64)
+                    for op, source in (("alloc", None), ("write", "decode"), ("read", None)):
+                        self._kv(at, rid, op, one, source, text)
             else:
-                self.log.emit_kvs(self.config.node, self.boot, records)
+                self.log.emit_step_pages(self.config.node, self.boot, pages)
         for (_, h), t, n in zip(rows, tokens.tolist(), left.tolist(), strict=True):
             h.tokens = t
             h.allocs_left = n

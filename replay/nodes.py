@@ -175,9 +175,10 @@ def start_fork_server() -> None:
     """Start the process the workers are forked from, now: it imports this module (the engine,
     numpy, numba, DuckDB, Arrow: about a second) while this process plans the requests and writes
     the workers' inputs, instead of after (``forkserver``: the pool starts it on its first worker
-    otherwise). Once a process: a server already running is kept."""
+    otherwise), and loads the engine's compiled kernels (replay/preload.py). Once a process: a
+    server already running is kept."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload([__name__, "replay.preload"])
     forkserver.ensure_running()
 
 

@@ -30,6 +30,14 @@ COMPILED_FROM = 2_000
 _CALLS = itertools.count(1)
 
 
+def load_kernel() -> None:
+    """Load the compiled kernel now and take it for every long array from here on: a replay's fork
+    server does, before it forks the workers (replay/preload.py)."""
+    global _CALLS
+    runs(np.arange(1, 3, dtype=np.int64), np.empty(4, np.int64))
+    _CALLS = itertools.count(COMPILED_FROM + 1)
+
+
 @njit(cache=True)
 def runs(pages: np.ndarray, out: np.ndarray) -> int:
     """The runs of consecutive ids of ``pages`` (int64, any order, repeats allowed), sorted: each

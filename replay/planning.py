@@ -97,7 +97,10 @@ def plan_requests(
 def _insert_plans(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> None:
     if not rows:
         return
-    table = pa.Table.from_pylist([dict(zip(PLAN_SCHEMA.names, r, strict=True)) for r in rows], schema=PLAN_SCHEMA)
+    # (by column: a dict a row cost a third of the planning)
+    columns = zip(*rows, strict=True)
+    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, PLAN_SCHEMA, strict=True)],
+                                 schema=PLAN_SCHEMA)
     scan(con, table, "plan_rows", statement("insert_plans"))
 
 

@@ -94,17 +94,28 @@ INSERT INTO kvf_scratch.main.replay_roles VALUES (?, ?);
 -- Every node's request, transfer and step records in its order (_i numbering each node's, as the
 -- two statements after it number them), each with
 -- its request's plan, whether the logs show it served, whether it is the request's last on the
--- node, and where it and its request's delivered finish come in the node's order.
+-- node, and where it and its request's delivered finish come in the node's order. (The last and
+-- the finish are aggregates joined back, not windows over every record: a window sorts them all
+-- again, 2.5 s of 5.3 at 100,000 requests; the rows without a request are one group a node, as
+-- a window's partition keeps them.)
 WITH ev AS (
   SELECT {event_values}, row_number() OVER (PARTITION BY node ORDER BY {order}) AS _i FROM records
   WHERE kind IN ('request', 'transfer', 'step')
+), per_boot AS (
+  SELECT node, request_id, boot, max(_i) AS _last_i,
+         max(CASE WHEN kind = 'request' AND event = 'finished' AND status BETWEEN 200 AND 299
+                  THEN _i END) AS _finish_i
+  FROM ev GROUP BY node, request_id, boot
+), per_request AS (
+  SELECT node, request_id, boot, _finish_i, max(_last_i) OVER (PARTITION BY node, request_id) AS _last_i
+  FROM per_boot
 )
 SELECT ev.node AS _node, {event_fields:ev}, s.request_id IS NOT NULL AS _served,
-       ev._i = max(ev._i) OVER (PARTITION BY ev.node, ev.request_id) AS _last, {plan_columns:p},
-       max(CASE WHEN ev.kind = 'request' AND ev.event = 'finished' AND ev.status BETWEEN 200 AND 299
-                THEN ev._i END) OVER (PARTITION BY ev.node, ev.request_id, ev.boot) AS _finish_i, ev._i
-FROM ev LEFT JOIN kvf_scratch.main.replay_plans p USING (request_id)
-LEFT JOIN kvf_scratch.main.replay_served s USING (request_id)
+       ev._i = r._last_i AS _last, {plan_columns:p}, r._finish_i, ev._i
+FROM ev JOIN per_request r ON r.node = ev.node AND r.request_id IS NOT DISTINCT FROM ev.request_id
+                          AND r.boot IS NOT DISTINCT FROM ev.boot
+LEFT JOIN kvf_scratch.main.replay_plans p ON p.request_id = ev.request_id
+LEFT JOIN kvf_scratch.main.replay_served s ON s.request_id = ev.request_id
 ORDER BY ev.node, ev._i;
 
 -- name: carried_rows

@@ -7,6 +7,7 @@ import filecmp
 import json
 import random
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -554,3 +555,30 @@ def test_a_page_record_is_written_as_any_other_record_is(node: str, request_id: 
                    "request_id": rid, "op": op, "pages": pages, "source": src})
     bulk.emit_kvs(node, boot, records)
     assert fast.lines == slow.lines == bulk.lines and fast.records == slow.records == bulk.records == 2
+
+
+@given(st.text(), st.lists(st.tuples(st.text(min_size=1), st.integers(1, 2**40)), max_size=4), st.integers(0, 3),
+       st.booleans())
+def test_a_decode_steps_pages_are_written_as_any_other_records_are(node: str, pages: list, boot: int,
+                                                                    into: bool) -> None:
+    """LogSet.emit_step_pages (the alloc, write and read of each page a decode step took, one format
+    a page) writes the bytes and seqs emit_kvs writes for the same records, held or into files."""
+    from replay.logset import LogSet
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = (Path(tmp) / "fast", Path(tmp) / "slow") if into else (None, None)
+        fast, slow = (LogSet(into=folder) for folder in folders)
+        for log in (fast, slow):
+            log.emit({"kind": "step", "ts": "2026-09-14T08:00:00.000000Z", "node": node, "boot": boot, "running": 1})
+        steps = [(f"2026-09-14T08:00:00.{i:06d}Z", rid, str(page)) for i, (rid, page) in enumerate(pages)]
+        fast.emit_step_pages(node, boot, steps)
+        slow.emit_kvs(node, boot, [(ts, rid, op, page, source) for ts, rid, page in steps
+                                   for op, source in (("alloc", None), ("write", "decode"), ("read", None))])
+        fast.close()
+        slow.close()
+        assert fast.records == slow.records == 1 + 3 * len(pages)
+        if into:
+            assert [f.read_bytes() for f in sorted(folders[0].iterdir())] == \
+                [f.read_bytes() for f in sorted(folders[1].iterdir())]
+        else:
+            assert fast.lines == slow.lines and len(fast.lines[node]) == 1 + 3 * len(pages)
