@@ -118,7 +118,7 @@ def replay_node(
         joining = None
         if starting and rid in requests and finish_at is not None:
             joining = (decode_steps(requests[rid].outputs, e.config.overlap_schedule), finish_at)
-        run, fits = clock.before(ts, [x.allocs_left for _, x in e.decoding()], finishing, starting, joining, at)
+        run, fits = clock.before(ts, e.remaining(), finishing, starting, joining, at)
         if not fits and finishing is not None and served is not None and rid in served:
             disagreements.append(Disagreement(rid, node, "steps_differ", f"its {finishing[1]} decode steps fit no "
                                               "lockstep schedule of the node's logged order"))
@@ -149,14 +149,14 @@ def replay_node(
                               event["_ns"], label)
         pinned = False
         if step is not None:  # (where the steps cannot reach it, none runs: the record is not followed)
-            room = clock.room([x.allocs_left for _, x in e.decoding()], event["_i"])
+            room = clock.room(e.remaining(), event["_i"])
             gap = step - clock.steps
             if 0 <= gap <= room:  # (under overlap the next step too, where a request still decodes: launched before it)
                 clock.ran(e.advance(gap + 1 if e.config.overlap_schedule and gap < room else gap, when))
             pinned = clock.pinned(step, event["running"], label)
         if not pinned and event["seq"] is not None:  # its place exact: the steps its time says ran before it
             doubts = clock.ambiguous
-            run, _ = clock.before(event["_ns"], [x.allocs_left for _, x in e.decoding()], None, at=event["_i"])
+            run, _ = clock.before(event["_ns"], e.remaining(), None, at=event["_i"])
             e.advance(run, when)
             clock.placed(exact=clock.ambiguous == doubts and clock.cadence is not None)
         e.handle(_logged(event))  # (kept as logged: evidence the replayed set carries, as its requests' events)
@@ -178,7 +178,7 @@ def replay_node(
             return
         e, clock = node_engine, clocks[node_engine.boot]
         first = clock.steps
-        run, _ = clock.before(ts, [x.allocs_left for _, x in e.decoding()], None)
+        run, _ = clock.before(ts, e.remaining(), None)
         e.advance(run, _stamps(clock, first, ts, ts_text(ts)))
         clock.settle()
         for rid in deferred:
@@ -197,9 +197,9 @@ def replay_node(
         clock = clock_of(e.boot) if role == "decode" else None
         if clock is not None:
             first = clock.steps
-            run, _ = clock.before(event["_ns"], [x.allocs_left for _, x in e.decoding()], None, at=event["_i"])
+            run, _ = clock.before(event["_ns"], e.remaining(), None, at=event["_i"])
             e.advance(run, _stamps(clock, first, event["_ns"], event["ts"]))
-            rest = max((x.allocs_left for _, x in e.decoding()), default=0)
+            rest = max(e.remaining(), default=0)
             if confirm and rest:  # (idle: whatever still decodes ran its steps before it)
                 clock.ran(e.advance(rest, _stamps(clock, clock.steps, event["_ns"], event["ts"])))
         holding = e.holding()
@@ -304,7 +304,7 @@ def replay_node(
         unlogged_event = pending.pop()
         feed(dict(unlogged_event, boot=node_engine.boot), log_ns(unlogged_event["ts"]))
     if node_engine is not None and node_engine.boot in clocks:  # (records after its last event: up to its batch's end)
-        clocks[node_engine.boot].settle(beyond=max((x.allocs_left for _, x in node_engine.decoding()), default=0))
+        clocks[node_engine.boot].settle(beyond=max(node_engine.remaining(), default=0))
     for rid in deferred:  # (the node's log ends: what it ran after its last record is in no log)
         forget(rid, now=True)
     if confirm:  # where the node's own step log and the replay's steps disagree, say so
