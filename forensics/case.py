@@ -18,6 +18,7 @@ from forensics.exposure.figures import summary
 from forensics.exposure.tiers import (
     LostRecords,
     certainty,
+    lost_record_list,
     lost_records,
     missing_page_records,
     page_rows,
@@ -183,6 +184,16 @@ class Case:
         out.certainty = certainty(self._con)
         out.lost_records = lost_records(self._con)
         return out
+
+    def not_known(self) -> pl.DataFrame:
+        """The requests the records leave unknown where records are missing or the logs end (what
+        ``summary().lost_records`` counts): a row for each, with its tenant, node, whether it was
+        delivered ("not known" where no node logged its finish) and what is not known of it
+        (``forensics.exposure.tiers.lost_record_list``); none on complete logs. The report lists
+        them as ``not_known``."""
+        columns = {"request_id": pl.Utf8, "tenant_id": pl.Utf8, "node": pl.Utf8, "delivered": pl.Utf8,
+                   "what": pl.Utf8}
+        return pl.DataFrame(lost_record_list(self._con), schema=columns, orient="row")
 
     def exposures(
         self,

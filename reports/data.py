@@ -131,6 +131,9 @@ class ReportData:
     #: records are missing (tiers.LostRecords, as_dict)
     seq_gaps: int = 0
     lost_records: dict[str, Any] = field(default_factory=lambda: evidence_tiers.LostRecords().as_dict())
+    #: every request those figures count, with what is not known of it (tiers.lost_record_list), named
+    #: as the report names requests and tenants
+    not_known: list[dict[str, Any]] = field(default_factory=list)
     #: whether a replay under the engine the logs were made with confirmed the case
     confirmed: bool = False
     #: whether any node logged page records (kv records)
@@ -231,6 +234,14 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         v["victim_request"] = names("request", v["victim_request"])
         v["victim_tenant"] = names("tenant", v["victim_tenant"])
         v["first_seen"] = _ts(v["first_seen"])
+    lost = evidence_tiers.lost_record_rows(con)
+    not_known = evidence_tiers.lost_record_list(con, lost)
+    # (named after the responses' and victims': their ordinals stay what they were without it)
+    names.prime("tenant", [str(r["tenant_id"]) for r in not_known if r["tenant_id"] is not None])
+    names.prime("request", [str(r["request_id"]) for r in not_known])
+    for r in not_known:
+        r["request_id"] = names("request", r["request_id"])
+        r["tenant_id"] = names("tenant", r["tenant_id"])
     for h in handoffs:
         h["request_id"] = names("request", h["request_id"])
         h["rejected_at"] = _ts(h["rejected_at"])
@@ -305,7 +316,7 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         without_page_records=[str(n) for n in evidence_tiers.missing_page_records(con)],
         unseen_late_writes=evidence_tiers.unseen_late_writes(con),
         seq_gaps=int(con.execute("SELECT count(*) FROM seq_gaps").fetchall()[0][0]),
-        lost_records=evidence_tiers.lost_records(con).as_dict(),
+        lost_records=evidence_tiers.lost_records(con, lost).as_dict(), not_known=not_known,
         confirmed=any(r.get("mode") == "confirm" for r in replays),
         page_records=bool(con.execute("SELECT EXISTS (SELECT 1 FROM kv_records)").fetchall()[0][0]),
         dp_pools=dp_pools(str(c["node"]) for c in configs),

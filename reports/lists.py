@@ -38,6 +38,8 @@ COLUMNS = {
                 "evidence"),
     "handoffs": ("request_id", "prefill_node", "rejected_at", "reason", "limit_tokens", "prompt_tokens",
                  "tokens_sent", "decode_starts", "status"),
+    # (the requests lost records leave unknown, and the readers whose delivery is not known)
+    "not_known": ("request_id", "tenant_id", "node", "delivered", "what"),
 }
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 

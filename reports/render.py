@@ -178,7 +178,7 @@ def _written(case: forensics.Case, asked: _Asked) -> ReportResult:
                       toolkit_version=forensics.__version__)
     if asked.audience != "customer":  # (the customer report lists no requests)
         data.lists = lists.write(asked.out, {"responses": data.responses, "victims": data.victims,
-                                             "handoffs": data.handoffs})
+                                             "handoffs": data.handoffs, "not_known": data.not_known})
     html = render(data).encode("utf-8")
     write_atomically(asked.out, html)
     return ReportResult(asked.out, asked.audience, len(html), data.figures, data.lists)

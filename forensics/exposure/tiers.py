@@ -455,28 +455,46 @@ SELECT node FROM nodes
 WHERE (SELECT max(ts) FROM records) - last_ts <= coalesce(widest, INTERVAL 0 SECOND)
 ORDER BY node"""
 
+# (each reader once, with the first node, in order, where it read so)
 _BLIND_READERS = """
-SELECT DISTINCT u.request_id FROM uninitialized_reads u
+SELECT u.request_id, min(u.node) AS node FROM uninitialized_reads u
 JOIN seq_gaps g ON g.node = u.node AND g.boot = u.boot AND g.missing_to < u.seq
-ORDER BY u.request_id"""
+GROUP BY u.request_id ORDER BY u.request_id"""
 
 _UNFINISHED_READERS = """
 WITH readers AS (SELECT reader_request AS request_id, node FROM exposures
                  UNION SELECT request_id, node FROM uninitialized_reads)
-SELECT DISTINCT r.request_id FROM readers r JOIN requests q USING (request_id)
+SELECT r.request_id, min(r.node) AS node FROM readers r JOIN requests q USING (request_id)
 WHERE q.status IS NULL AND list_contains($nodes, r.node)
-ORDER BY r.request_id"""
+GROUP BY r.request_id ORDER BY r.request_id"""
 
 _IN_FLIGHT_READERS = """
 WITH readers AS (SELECT reader_request AS request_id, node FROM exposures{replayed})
-SELECT DISTINCT r.request_id FROM readers r LEFT JOIN requests q USING (request_id)
+SELECT r.request_id, min(r.node) AS node FROM readers r LEFT JOIN requests q USING (request_id)
 WHERE q.status IS NULL AND NOT list_contains($nodes::VARCHAR[], r.node)
-ORDER BY r.request_id"""
+GROUP BY r.request_id ORDER BY r.request_id"""
+
+#: What each row of :func:`lost_record_list` says of its request, by the part of
+#: :func:`lost_record_rows` it comes from (a missing decode that had not started: ``unstarted``), in
+#: the list's order.
+LOST_KINDS = {
+    "missing_decodes": "its decode records are lost: what it read is not known, and it may be a victim the "
+                       "records no longer show",
+    "blind_readers": "read pages never written in the records left after a seq gap: they may hold what a lost "
+                     "record wrote",
+    "unfinished_readers": "read where records are lost, and no node logged its finish: counted not delivered, "
+                          "the finish possibly lost",
+    "in_flight_readers": "read other requests' pages, and no finish is in the logs: counted contained, it may "
+                         "have been delivered after they end",
+    "unstarted": "placed on a decode node that had not started it where the logs end: what it read is after them",
+}
 
 
-def lost_records(con: duckdb.DuckDBPyConnection) -> LostRecords:
-    """What records lost leave unknown (:class:`LostRecords`), counted."""
-    found = lost_record_rows(con)
+def lost_records(con: duckdb.DuckDBPyConnection, found: dict[str, list[dict[str, Any]]] | None = None
+                 ) -> LostRecords:
+    """What records lost leave unknown (:class:`LostRecords`), counted (``found``: the
+    :func:`lost_record_rows` of the case, where already read)."""
+    found = lost_record_rows(con) if found is None else found
     decodes = [r for r in found["missing_decodes"] if not r["in_flight"]]
     return LostRecords(len(decodes), sum(1 for r in decodes if r["delivered"]),
                        sum(1 for r in decodes if r["no_finish"]), tuple(sorted({str(r["node"]) for r in decodes})),
@@ -503,6 +521,36 @@ def lost_record_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str,
             "blind_readers": rows(con, _BLIND_READERS) if gaps else [],
             "unfinished_readers": rows(con, _UNFINISHED_READERS, {"nodes": lossy}) if lossy else [],
             "in_flight_readers": rows(con, _IN_FLIGHT_READERS.format(replayed=replayed), {"nodes": lossy})}
+
+
+def lost_record_list(con: duckdb.DuckDBPyConnection, found: dict[str, list[dict[str, Any]]] | None = None
+                     ) -> list[dict[str, Any]]:
+    """Every request :class:`LostRecords` counts, a row each for each part it is in (``what``, of
+    :data:`LOST_KINDS`, in that order; by request id within it): its ``request_id``, ``tenant_id``,
+    the ``node`` the records place it on or where it read (the first, where several), and whether it
+    was ``delivered`` ("yes", "no", or "not known" where no node logged its finish). What the report
+    lists beside it (``not_known``), so that the requests the figures only count are named.
+    (``found``: the :func:`lost_record_rows` of the case, where already read.)"""
+    found = lost_record_rows(con) if found is None else found
+    parts: list[tuple[str, dict[str, Any]]] = []
+    for r in found["missing_decodes"]:
+        parts.append(("unstarted" if r["in_flight"] else "missing_decodes", r))
+    for part in ("blind_readers", "unfinished_readers", "in_flight_readers"):
+        parts += [(part, r) for r in found[part]]
+    if not parts:
+        return []
+    ids = sorted({str(r["request_id"]) for _, r in parts})
+    known = {rid: (tenant, delivered, status) for rid, tenant, delivered, status in con.execute(
+        "SELECT request_id, tenant_id, delivered, status FROM requests WHERE list_contains($ids, request_id)",
+        {"ids": ids}).fetchall()}
+    order = list(LOST_KINDS)
+    out = []
+    for part, r in sorted(parts, key=lambda x: (order.index(x[0]), str(x[1]["request_id"]))):
+        tenant, delivered, status = known.get(str(r["request_id"]), (None, None, None))
+        out.append({"request_id": r["request_id"], "tenant_id": tenant, "node": r["node"],
+                    "delivered": "not known" if status is None else "yes" if delivered else "no",
+                    "what": LOST_KINDS[part]})
+    return out
 
 
 def _replay_rows(con: duckdb.DuckDBPyConnection) -> bool:

@@ -29,8 +29,11 @@ def test_the_notebook_page_python_block_runs_on_the_sample_and_finds_what_it_nam
     exec(compile("\n".join(lines[:3]), "notebook.md", "exec"), scope)  # noqa: S102 (the page's own code)
     shown = [eval(compile(line.split("#")[0].strip(), "notebook.md", "eval"), scope)  # noqa: S307
              for line in lines[3:]]
-    summary, exposures, seen_by, timeline, findings = shown
+    summary, exposures, seen_by, timeline, findings, not_known = shown
     assert summary["exposed_responses"] > 0
+    # (the sample's logs are whole: no request is left unknown, and the frame has its columns)
+    assert isinstance(not_known, pl.DataFrame) and not_known.height == 0
+    assert not_known.columns == ["request_id", "tenant_id", "node", "delivered", "what"]
     assert isinstance(exposures, pl.DataFrame) and exposures.height > 0
     assert seen_by.height > 0 and timeline.height > 0 and len(findings) > 0
     assert isinstance(scope["case"], forensics.Case) and os.path.exists("out/notebook-case.duckdb")

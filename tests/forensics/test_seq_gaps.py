@@ -10,15 +10,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from independent_logs import Layout, generate
 
 import forensics
 from forensics.case import Case
-from forensics.exposure.tiers import lost_record_rows
+from forensics.exposure.tiers import LOST_KINDS, lost_record_list, lost_record_rows
 from forensics.store import connect
 from kvforensics.job import run
 from kvforensics.story import _notes, verdict
+
+
+def _not_known(report: Path) -> list[dict]:
+    """The rows of the list of requests the records leave unknown, beside ``report``."""
+    return pq.read_table(report.with_name(f"{report.stem}-lists") / "not_known.parquet").to_pylist()
 
 
 def _truth(full: Path, db: Path) -> set[tuple[str, str]]:
@@ -128,6 +134,18 @@ def test_where_a_nodes_records_are_lost_every_true_reader_is_named_or_said_not_k
     html = " ".join((tmp_path / "report.html").read_text().split())
     assert "<b>Records are missing</b>" in html
     assert f"{told.requests} requests that other nodes&#39; records place on decode-0 have no record of their" in html
+    # every request counted is named beside the report, with what is not known of it (before: counted only)
+    listed_unknown = _not_known(tmp_path / "report.html")
+    finishes = {r["request_id"]: r["no_finish"] for r in lost["missing_decodes"]}
+    assert sorted((r["request_id"], r["what"]) for r in listed_unknown) == sorted(
+        [(rid, LOST_KINDS["missing_decodes"]) for rid in ids]
+        + [(rid, LOST_KINDS[part]) for part in ("blind_readers", "unfinished_readers", "in_flight_readers")
+           for rid in {r["request_id"] for r in lost[part]}])
+    assert all(r["node"] == "decode-0" and r["delivered"] == ("not known" if finishes[r["request_id"]] else "yes")
+               for r in listed_unknown if r["what"] == LOST_KINDS["missing_decodes"])
+    assert f"Requests the records leave unknown ({len(listed_unknown)})" in html
+    with Case(tmp_path / "gapped.duckdb") as case:  # (the notebook's: the same rows, ids as logged)
+        assert case.not_known().to_dicts() == listed_unknown
     if cut == "the whole log":  # every request decode-0 decoded is counted: the node is in no record of its own
         with Case(tmp_path / "truth.duckdb") as case:
             decoded = set(case.sql("SELECT request_id FROM records WHERE kind = 'request' AND "
@@ -160,6 +178,7 @@ def test_on_complete_logs_no_decode_is_said_missing(tmp_path: Path, logs: str) -
     try:
         assert lost_record_rows(con) == {"missing_decodes": [], "blind_readers": [], "unfinished_readers": [],
                                          "in_flight_readers": []}
+        assert lost_record_list(con) == []
         assert (con.execute("SELECT count(*) FROM records WHERE kind = 'request' AND event = 'decode_started'"
                             ).fetchall()[0][0] > 0) == (logs != "the router's alone")
     finally:
@@ -209,6 +228,9 @@ def test_logs_cut_at_one_moment_lose_nothing_and_say_what_had_not_started(tmp_pa
     html = " ".join((tmp_path / "report.html").read_text().split())
     assert "<b>Records are missing</b>" not in html
     assert "not started decoding there where the logs end" in html
+    listed_unknown = _not_known(tmp_path / "report.html")
+    assert {r["request_id"] for r in listed_unknown if r["what"] == LOST_KINDS["unstarted"]} == unstarted
+    assert all(r["delivered"] == "not known" for r in listed_unknown if r["what"] == LOST_KINDS["unstarted"])
 
 
 def test_a_reader_in_flight_where_the_logs_end_is_said_not_known_delivered(tmp_path: Path) -> None:
@@ -238,6 +260,8 @@ def test_a_reader_in_flight_where_the_logs_end_is_said_not_known_delivered(tmp_p
     assert told.in_flight_readers == len(in_flight) == summary["contained_requests"]
     assert not told.lost and told.any and summary.lost_records == told
     assert found.as_dict()["lost_records"]["in_flight_readers"] == len(in_flight)
+    assert {r["request_id"] for r in _not_known(tmp_path / "report.html")
+            if r["what"] == LOST_KINDS["in_flight_readers"]} == in_flight
     said = verdict(found, [])
     assert "no finish in the logs (in flight when they end" in said and not said.startswith("Not exposed")
     assert not any(line.startswith("records are missing") for line in _notes(found))
@@ -245,3 +269,29 @@ def test_a_reader_in_flight_where_the_logs_end_is_said_not_known_delivered(tmp_p
     assert "<p>Delivery not known: " in summary._repr_html_()
     html = " ".join((tmp_path / "report.html").read_text().split())
     assert "<b>Delivery not known</b>" in html and "<b>Records are missing</b>" not in html
+
+
+def test_the_requests_left_unknown_are_listed_escaped_and_safe_for_a_spreadsheet(tmp_path: Path) -> None:
+    """A request whose decode records are lost, its id markup and a spreadsheet formula: the report
+    names it in its table of requests the records leave unknown escaped (no tag of it in the HTML),
+    and its list beside the report starts its cell with an apostrophe in the CSV, the id as logged in
+    the Parquet."""
+    full = generate(tmp_path / "full", seed=12, requests=200, layout=Layout())
+    path = full / "decode-0.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:len(lines) * 3 // 10] + lines[len(lines) * 6 // 10:]))
+    forensics.investigate([full], tmp_path / "probe.duckdb")
+    con = connect(tmp_path / "probe.duckdb", read_only=True, create=False)
+    try:
+        victim = lost_record_rows(con)["missing_decodes"][0]["request_id"]
+    finally:
+        con.close()
+    hostile = '=HYPERLINK("x")<img src=x onerror=alert(1)>'
+    for f in full.glob("*.jsonl"):
+        f.write_text(f.read_text().replace(f'"{victim}"', json.dumps(hostile)))
+    run([full], tmp_path / "case.duckdb", tmp_path / "report.html")
+    html = (tmp_path / "report.html").read_text()
+    assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert hostile in [r["request_id"] for r in _not_known(tmp_path / "report.html")]
+    csv = (tmp_path / "report-lists" / "not_known.csv").read_text()
+    assert "'=HYPERLINK" in csv and '\n"=HYPERLINK' not in csv and "\n=HYPERLINK" not in csv

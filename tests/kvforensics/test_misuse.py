@@ -130,7 +130,8 @@ def test_a_report_replaces_an_old_one_whole(case: Path, tmp_path: Path) -> None:
     assert code == 0 and target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r-lists", "r.html"]  # (nothing half-written)
     assert sorted(p.name for p in (tmp_path / "r-lists").iterdir()) == [
-        f"{name}.{suffix}" for name in ("handoffs", "responses", "victims") for suffix in ("csv", "parquet")]
+        f"{name}.{suffix}" for name in ("handoffs", "not_known", "responses", "victims")
+        for suffix in ("csv", "parquet")]
 
 
 def test_direction_overrides_and_controls_in_the_logs_are_neutral_in_the_report(tmp_path: Path) -> None:
