@@ -734,6 +734,19 @@ def exposures(
     _emit(query(), fmt, first=EXPOSURE_COLUMNS_FIRST, empty=empty)
 
 
+@app.command("not-known")
+def not_known(
+    db: DbOption,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+) -> None:
+    """Requests the records leave unknown, where records are missing or the logs end: a row for each, with
+    its tenant, node, whether it was delivered and what is not known of it (none on complete logs)."""
+    with forensics.Case(db) as case:
+        frame = case.not_known()
+    _emit(frame, fmt, first=("request_id", "delivered", "node", "what"),
+          empty="none: no record is missing, and every request that read another's pages has its finish logged")
+
+
 #: The columns of an exposure kept first in a narrow terminal: who read whose content, whether
 #: the victim is certain or only possible and on what evidence, then where and when.
 EXPOSURE_COLUMNS_FIRST = ("reader_request", "victim_request", "certainty", "evidence", "reader_tenant",

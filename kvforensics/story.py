@@ -163,9 +163,9 @@ def _notes(found: Any) -> list[str]:
                      "page records name across a seq gap is possible (certainty_note 'records missing')")
     gaps: LostRecords = getattr(found, "lost_records", LostRecords())
     if gaps.any:
-        notes.append(lost_records_said(gaps))
+        notes.append(lost_records_said(gaps) + " (each request named: kvforensics not-known)")
     if gaps.unstarted:
-        notes.append(unstarted_said(gaps.unstarted))
+        notes.append(unstarted_said(gaps.unstarted) + " (each named: kvforensics not-known)")
     if filled and filled.possible_readers:
         notes.append(possible_readers_said(filled.possible_readers))
     if filled and filled.not_ruled_out:

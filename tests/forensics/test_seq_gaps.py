@@ -13,11 +13,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from independent_logs import Layout, generate
+from typer.testing import CliRunner
 
 import forensics
 from forensics.case import Case
 from forensics.exposure.tiers import LOST_KINDS, lost_record_list, lost_record_rows
 from forensics.store import connect
+from kvforensics.cli import app
 from kvforensics.job import run
 from kvforensics.story import _notes, verdict
 
@@ -295,3 +297,13 @@ def test_the_requests_left_unknown_are_listed_escaped_and_safe_for_a_spreadsheet
     assert hostile in [r["request_id"] for r in _not_known(tmp_path / "report.html")]
     csv = (tmp_path / "report-lists" / "not_known.csv").read_text()
     assert "'=HYPERLINK" in csv and '\n"=HYPERLINK' not in csv and "\n=HYPERLINK" not in csv
+    # the terminal's: every row as JSON, the same as the report's list; as CSV, the cell neutralised
+    runner = CliRunner()
+    listed = runner.invoke(app, ["not-known", "--db", str(tmp_path / "case.duckdb"), "--format", "json"])
+    assert listed.exit_code == 0 and json.loads(listed.stdout) == _not_known(tmp_path / "report.html")
+    as_csv = runner.invoke(app, ["not-known", "--db", str(tmp_path / "case.duckdb"), "--format", "csv"])
+    assert as_csv.exit_code == 0 and "'=HYPERLINK" in as_csv.stdout
+    whole = generate(tmp_path / "whole", seed=12, requests=50, layout=Layout())
+    forensics.investigate([whole], tmp_path / "whole.duckdb")
+    none = runner.invoke(app, ["not-known", "--db", str(tmp_path / "whole.duckdb")])
+    assert none.exit_code == 0 and none.stdout.startswith("none: no record is missing")
