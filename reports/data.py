@@ -234,17 +234,17 @@ def gather(con: duckdb.DuckDBPyConnection, *, audience: str, names: Names, gener
         v["victim_request"] = names("request", v["victim_request"])
         v["victim_tenant"] = names("tenant", v["victim_tenant"])
         v["first_seen"] = _ts(v["first_seen"])
+    for h in handoffs:
+        h["request_id"] = names("request", h["request_id"])
+        h["rejected_at"] = _ts(h["rejected_at"])
     lost = evidence_tiers.lost_record_rows(con)
     not_known = evidence_tiers.lost_record_list(con, lost)
-    # (named after the responses' and victims': their ordinals stay what they were without it)
+    # (named after the others: their ordinals stay what they were without it)
     names.prime("tenant", [str(r["tenant_id"]) for r in not_known if r["tenant_id"] is not None])
     names.prime("request", [str(r["request_id"]) for r in not_known])
     for r in not_known:
         r["request_id"] = names("request", r["request_id"])
         r["tenant_id"] = names("tenant", r["tenant_id"])
-    for h in handoffs:
-        h["request_id"] = names("request", h["request_id"])
-        h["rejected_at"] = _ts(h["rejected_at"])
     matrix: dict[tuple[str, str], int] = {}
     for p in pairs:
         key = (names("tenant", p["reader_tenant"]), names("tenant", p["victim_tenant"]))

@@ -303,6 +303,15 @@ def test_the_requests_left_unknown_are_listed_escaped_and_safe_for_a_spreadsheet
     assert listed.exit_code == 0 and json.loads(listed.stdout) == _not_known(tmp_path / "report.html")
     as_csv = runner.invoke(app, ["not-known", "--db", str(tmp_path / "case.duckdb"), "--format", "csv"])
     assert as_csv.exit_code == 0 and "'=HYPERLINK" in as_csv.stdout
+    # a regulator's report names them too, by ordinal: the id is nowhere in it nor in its list
+    ruled = runner.invoke(app, ["report", "--db", str(tmp_path / "case.duckdb"), "--out",
+                                str(tmp_path / "regulator.html"), "--audience", "regulator"])
+    assert ruled.exit_code == 0
+    pseudonymous = _not_known(tmp_path / "regulator.html")
+    assert len(pseudonymous) == len(_not_known(tmp_path / "report.html"))
+    assert all(r["request_id"].startswith("request ") for r in pseudonymous)
+    assert "HYPERLINK" not in (tmp_path / "regulator.html").read_text()
+    assert not any("HYPERLINK" in str(v) for r in pseudonymous for v in r.values())
     whole = generate(tmp_path / "whole", seed=12, requests=50, layout=Layout())
     forensics.investigate([whole], tmp_path / "whole.duckdb")
     none = runner.invoke(app, ["not-known", "--db", str(tmp_path / "whole.duckdb")])
