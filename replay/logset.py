@@ -126,17 +126,7 @@ class LogSet:
             lines.append(f'{head}{q(ts)}{at}{seq}{booted},"request_id":{q(request_id)},"op":{q(op)},'
                          f'"pages":"{pages}"{"" if source is None else f",{_SOURCE}{q(source)}"}}}\n')
             seq += 1
-        self._seq[node] = seq
-        text = "".join(lines)
-        if self._into is not None:
-            fh = self._open.get(node) or self._start(node, self._into)
-            fh.write(text)
-            self._part_records += len(lines)
-            if self._packed and self._part_records >= PART_RECORDS:
-                self._close(fh)
-        else:
-            self.lines.setdefault(node, []).extend(line[:-1] for line in lines)
-        self.records += len(lines)
+        self._put(node, seq, "".join(lines), len(lines))
 
     def emit_step_pages(self, node: str, boot: int, pages: Iterable[tuple[str, str, str]]) -> None:
         """:meth:`emit_kvs` of the three records of each ``(ts, request_id, page)`` of ``pages`` (a page
@@ -155,17 +145,21 @@ class LogSet:
                          f'{head}{seq + 1}{tail}"write","pages":"{page}","source":"decode"}}\n'
                          f'{head}{seq + 2}{tail}"read","pages":"{page}"}}\n')
             seq += 3
+        self._put(node, seq, "".join(lines), 3 * len(lines))
+
+    def _put(self, node: str, seq: int, text: str, records: int) -> None:
+        """``records`` page records of ``node``, ``text`` their lines (each ending a newline), written
+        to its file or kept; ``seq`` its next."""
         self._seq[node] = seq
-        text = "".join(lines)
         if self._into is not None:
             fh = self._open.get(node) or self._start(node, self._into)
             fh.write(text)
-            self._part_records += 3 * len(lines)
+            self._part_records += records
             if self._packed and self._part_records >= PART_RECORDS:
                 self._close(fh)
         else:
             self.lines.setdefault(node, []).extend(text.split("\n")[:-1])  # (a JSON text holds no newline)
-        self.records += 3 * len(lines)
+        self.records += records
 
     def new_boot(self, node: str) -> None:
         """Seq numbers restart with a node's new boot."""
