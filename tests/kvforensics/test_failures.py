@@ -65,6 +65,7 @@ COMMANDS: dict[str, tuple[list[str], object, str]] = {
     "request": (["request", "r", "--db", "DB"], forensics, "Case"),
     "page": (["page", "decode-0", "1", "--db", "DB"], forensics, "Case"),
     "findings": (["findings", "--db", "DB"], forensics, "Case"),
+    "not-known": (["not-known", "--db", "DB"], forensics, "Case"),
     "quarantine": (["quarantine", "--db", "DB"], forensics, "quarantined"),
     "sql": (["sql", "SELECT 1", "--db", "DB"], forensics.case, "run_read_only"),
     "simulate": (["simulate", "--out", "OUT/sim", "--requests", "5"], replay.simulate, "simulate_to"),
