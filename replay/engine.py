@@ -79,6 +79,9 @@ MAX_REQUEST_PAGES = 2**22
 #: pages. Counted over the process, not a node: a case of thousands of small nodes runs compiled.
 KERNEL_FROM = 2_000
 _RUNS = itertools.count(1)
+COVERAGE_MISMATCH = (500, "kv_coverage_mismatch")
+TAG_MISMATCH = (500, "kv_tag_mismatch")
+DECODE_TIMEOUT = (504, "transfer_timeout")
 
 
 def load_kernel() -> None:
@@ -88,9 +91,6 @@ def load_kernel() -> None:
     none = np.zeros(1, np.int64)
     kernel.run(none, none.copy(), 1, 0, 0, 0, 0, none.copy(), none.copy())
     _RUNS = itertools.count(KERNEL_FROM + 1)
-COVERAGE_MISMATCH = (500, "kv_coverage_mismatch")
-TAG_MISMATCH = (500, "kv_tag_mismatch")
-DECODE_TIMEOUT = (504, "transfer_timeout")
 
 
 @dataclass(frozen=True)
