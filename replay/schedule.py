@@ -37,12 +37,15 @@ event), which is how the replay finds the victims that the evidence does not dec
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import random
 import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from replay import ceiling as kernel
 
 #: A step record's running batch is checked where the steps it may report are at most this many
 #: (the records before it have placed it; the first of a boot may fall anywhere between two events).
@@ -55,7 +58,20 @@ _ROWS_CHECKED = 64
 #: true pairs against 97.2%, before :meth:`Horizon.ceiling` took them to 97.7%).
 DRIFT_SIGMAS = 3
 #: A value no path has reached (:meth:`Horizon.ceiling`): above any step count.
-_UNREACHED = 1 << 62
+_UNREACHED = kernel.UNREACHED
+#: Ceilings a process asks (:meth:`Horizon.ceiling`) before it takes the compiled kernel
+#: (replay/ceiling.py): a small replay compiles nothing; both give the same answer.
+COMPILED_FROM = 2_000
+_CALLS = itertools.count(1)
+
+
+def load_kernel() -> None:
+    """Load the compiled ceiling now and take it from the next call on: a replay's fork server
+    does, before it forks the workers (replay/preload.py)."""
+    global _CALLS
+    one = np.zeros(1, np.int64)
+    kernel.ceiling(0, one, one.copy(), one.copy(), one.copy(), one.copy())
+    _CALLS = itertools.count(COMPILED_FROM + 1)
 #: The name a record read again after it did not fit carries (:meth:`StepClock.pinned`).
 _RESTART = "(read again)"
 #: A step count from a time is taken this close to a whole number as that number (times are whole
@@ -141,6 +157,8 @@ class Horizon:
     def __init__(self, starts: list[tuple[int, int, int]]) -> None:
         self._starts = sorted(starts)
         self._at = [s for s, _, _ in self._starts]
+        # (the same starts as arrays, for the compiled ceiling)
+        self._arrays = tuple(np.array([row[k] for row in self._starts], np.int64) for k in range(3))
 
     def chains(self, after: int, finish_at: int) -> tuple[list[int], list[int]]:
         """For a request that starts at ``after`` and finishes at ``finish_at``: the starts inside
@@ -168,6 +186,16 @@ class Horizon:
         request; this adds chains that cross, such as a start whose own finish comes after a
         longer request's, both before a fixed finish. Only the starts before the last fixed finish
         are taken (a bound from fewer constraints is looser, never wrong)."""
+        if not fixed:
+            return None
+        if next(_CALLS) > COMPILED_FROM:  # (the same answer, compiled: replay/ceiling.py)
+            fits, value = kernel.ceiling(at, np.array([f for f, _ in fixed], np.int64),
+                                         np.array([v for _, v in fixed], np.int64), *self._arrays)
+            return int(value) if fits else None
+        return self.ceiling_interpreted(at, fixed)
+
+    def ceiling_interpreted(self, at: int, fixed: list[tuple[int, int]]) -> int | None:
+        """:meth:`ceiling` in Python, as it was written first (the kernel is held to it)."""
         if not fixed:
             return None
         last = max(f for f, _ in fixed)

@@ -222,17 +222,18 @@ def test_a_stop_while_the_workers_start_is_held_then_taken_with_the_handler_it_h
 
 def test_the_fork_servers_preload_loads_the_compiled_kernels_for_the_workers() -> None:
     """replay.preload, which the fork server imports before it forks the workers, leaves the engine's
-    step kernel and the page-string kernel loaded and taken from a worker's first call on (a worker
-    loading them itself cost about a third of a second each); imported in a fresh interpreter, as
-    the fork server does, and nowhere else in a replay in one process."""
-    code = ("import replay.engine as e, replay.pagetext as p\n"
-            "before = (next(e._RUNS), next(p._CALLS))\n"
+    step kernel, the page-string kernel and the step clock's ceiling loaded and taken from a worker's
+    first call on (a worker loading them itself cost about a third of a second each); imported in a fresh
+    interpreter, as the fork server does, and nowhere else in a replay in one process."""
+    code = ("import replay.engine as e, replay.pagetext as p, replay.schedule as s\n"
+            "before = (next(e._RUNS), next(p._CALLS), next(s._CALLS))\n"
             "import replay.preload\n"
             "print(before, next(e._RUNS) > e.KERNEL_FROM, next(p._CALLS) > p.COMPILED_FROM,\n"
-            "      e.kernel.run.signatures != [], p.runs.signatures != [])\n")
+            "      next(s._CALLS) > s.COMPILED_FROM, e.kernel.run.signatures != [], p.runs.signatures != [],\n"
+            "      s.kernel.ceiling.signatures != [])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout.split()
-    assert out == ["(1,", "1)", "True", "True", "True", "True"]
+    assert out == ["(1,", "1,", "1)", "True", "True", "True", "True", "True", "True"]
     nodes.start_fork_server()  # (and the fork server is told to import it)
     from multiprocessing import forkserver
 

@@ -8,8 +8,12 @@ import bisect
 import itertools
 import random
 
+import numpy as np
 import pytest
 
+from forensics import compiled
+from replay import ceiling as kernel
+from replay import schedule as clock_module
 from replay.schedule import ALTERNATIVES, LOGGED, Cadence, Horizon, Schedule, StepClock
 
 
@@ -63,8 +67,21 @@ def _most_steps(n: int, at: int, fixed: list[tuple[int, int]], starts: list[tupl
     return int(dist[at])
 
 
+def _ceiling(how: str, starts: list[tuple[int, int, int]], at: int, fixed: list[tuple[int, int]]) -> int | None:
+    """:meth:`Horizon.ceiling` as written in Python, by the compiled kernel (replay/ceiling.py), or by
+    the kernel's interpreted twin (its source run as Python)."""
+    horizon = Horizon(starts)
+    if how == "python":
+        return horizon.ceiling_interpreted(at, fixed)
+    run = kernel.ceiling if how == "compiled" else compiled.interpreted(kernel.__name__).ceiling
+    fits, value = run(at, np.array([f for f, _ in fixed], np.int64), np.array([v for _, v in fixed], np.int64),
+                      *horizon._arrays)
+    return int(value) if fits else None
+
+
+@pytest.mark.parametrize("how", ["python", "compiled", "twin"])
 @pytest.mark.parametrize("seed", range(300))
-def test_the_ceiling_the_starts_to_come_set_is_the_constraints_shortest_path(seed: int) -> None:
+def test_the_ceiling_the_starts_to_come_set_is_the_constraints_shortest_path(seed: int, how: str) -> None:
     rng = random.Random(seed)
     n = rng.randint(4, 14)
     at = rng.randint(0, n - 3)
@@ -80,7 +97,8 @@ def test_the_ceiling_the_starts_to_come_set_is_the_constraints_shortest_path(see
         s, f = sorted((places.pop(), places.pop()))
         starts.append((s, f, rng.randint(0, 12)))
     last = max(f for f, _ in fixed)
-    got = Horizon(starts).ceiling(at, fixed)
+    got = _ceiling(how, starts, at, fixed)
+    assert got == _ceiling("python", starts, at, fixed)  # (the kernel the same answer as the Python, always)
     want = _most_steps(n, at, fixed, starts)
     if got is None:  # (a negative cycle among the constraints it takes is one among all of them)
         assert want is None, (n, at, fixed, starts)
@@ -90,6 +108,21 @@ def test_the_ceiling_the_starts_to_come_set_is_the_constraints_shortest_path(see
             assert got == want, (n, at, fixed, starts)
         else:  # (starts after the last fixed finish left out: looser, never below)
             assert got >= want, (n, at, fixed, starts)
+
+
+def test_a_horizon_takes_the_compiled_ceiling_after_its_first_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python answers a process's first :data:`replay.schedule.COMPILED_FROM` ceilings, the
+    kernel the rest: the same answers either way (a small replay compiles nothing)."""
+    starts = [(2, 6, 3), (3, 9, 5), (5, 8, 1)]
+    fixed = [(7, 10), (10, 14)]
+    asked: list[str] = []
+    kernel_ceiling = kernel.ceiling
+    monkeypatch.setattr(kernel, "ceiling", lambda *a: asked.append("kernel") or kernel_ceiling(*a))
+    monkeypatch.setattr(clock_module, "_CALLS", itertools.count(clock_module.COMPILED_FROM))
+    first, second = Horizon(starts).ceiling(1, fixed), Horizon(starts).ceiling(1, fixed)
+    assert asked == ["kernel"]
+    assert first == second == Horizon(starts).ceiling_interpreted(1, fixed) == 7
+    assert Horizon([]).ceiling(0, [(3, 4)]) == 4  # (no start to come: the least fixed value)
 
 
 def _clock(schedule: Schedule) -> StepClock:
