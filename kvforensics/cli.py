@@ -230,6 +230,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     cls=_Commands,
+    # (a help text's paragraphs wrapped to the terminal: rich's own mode kept the docstrings' line breaks
+    # and wrapped them again, three words a line at 80 columns; the texts use no Markdown)
+    rich_markup_mode="markdown",
 )
 
 

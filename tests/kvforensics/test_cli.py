@@ -30,6 +30,21 @@ def test_every_command_has_help_and_is_in_the_guide(command: str) -> None:
     assert f"kvforensics {command}" in GUIDE
 
 
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_paragraphs_flow_to_the_terminal_s_width(command: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A help text's paragraphs are wrapped to the terminal, not at the docstring's own line breaks
+    wrapped again (at 80 columns the exit codes had lines of three words): every line of a
+    paragraph but its last fills most of the width."""
+    monkeypatch.setenv("COLUMNS", "80")
+    result = RUNNER.invoke(app, [command, "--help"] if command else ["--help"])
+    assert result.exit_code == 0
+    text = result.output.split("╭")[0]  # (the description, before the panels)
+    paragraphs = [[line.strip() for line in block.splitlines() if line.strip()] for block in re.split(r"\n\s*\n", text)]
+    for lines in paragraphs:
+        for line in lines[:-1]:
+            assert len(line) >= 60, (command, line)
+
+
 def test_investigate_json_equals_the_library(tmp_path: Path) -> None:
     example = FIXTURES / "examples" / "placeholder" / "events.jsonl"
     result = RUNNER.invoke(app, ["investigate", str(example), "--db", str(tmp_path / "a.duckdb"), "--json"])
