@@ -1080,7 +1080,7 @@ def main() -> None:
     _arm([_on_stop] * len(STOP_SIGNALS))
     _Stop.started = True
     try:
-        _say_what_is_compiled()
+        _say_library_notes()
         app()
     except (SystemExit, Stopped):
         _arm([signal.SIG_IGN] * len(STOP_SIGNALS))  # the outcome is decided: a stop now changes nothing
@@ -1089,13 +1089,15 @@ def main() -> None:
         raise
 
 
-def _say_what_is_compiled() -> None:
-    """Print the library's notes that a part is being compiled (a first run's wait) on stderr."""
+def _say_library_notes() -> None:
+    """Print the library's notes on stderr: that a part is being compiled (a first run's wait), that
+    a replay ran a query again under more memory."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("kvforensics: %(message)s"))
-    notes = logging.getLogger("forensics.compiled")
-    notes.addHandler(handler)
-    notes.setLevel(logging.INFO)
+    for name in ("forensics.compiled", "replay.nodes"):
+        notes = logging.getLogger(name)
+        notes.addHandler(handler)
+        notes.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

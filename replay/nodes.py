@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import multiprocessing
 import os
 import shutil
@@ -42,8 +43,13 @@ from replay.logset import LogSet
 from replay.schedule import Schedule, StepClock
 from replay.scratch import BATCH, reader
 
+log = logging.getLogger(__name__)
+
 #: A chunk of nodes is closed once it holds this many records (request, transfer and step).
 CHUNK_ROWS = 1 << 14
+#: The memory limits a query of the workers' inputs is run again under, in turn, where it ran out of
+#: the replay's own (:func:`_export`).
+EXPORT_MEMORY = ("1GiB", "2GiB")
 #: Below this much work in all (records weighted by their node's role, :data:`_WEIGHT`: about 3 s
 #: of it), the nodes are replayed in this process: a worker's start (a fresh interpreter importing
 #: the engine) costs about a second.
@@ -284,40 +290,67 @@ _QUERIES = (("events", "node_events"), ("carried", "carried_ends"), ("horizons",
 def _export(con: duckdb.DuckDBPyConnection, roles: dict[str, str], chunks: list[Chunk], into: Path
             ) -> list[dict[str, Path]]:
     """Each chunk's rows of the four queries a node's replay reads, in a file each (Arrow IPC),
-    in order; the files by chunk and query (a query with no rows for a chunk has none)."""
+    in order; the files by chunk and query (a query with no rows for a chunk has none).
+
+    A query that runs out of the replay's memory (``replay.scratch.SCRATCH_MEMORY``: the node order's
+    sort of every record a node replays grows with the case, about 300 MiB at 2.5 million) is run
+    again from its start, its files begun anew, under each of :data:`EXPORT_MEMORY` in turn, and
+    the raise is said (logger ``replay.nodes``); the limit the replay began with is restored when
+    it ends (``replay.scratch.scratch``)."""
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True)
     prepare(con, roles)
     files: list[dict[str, Path]] = [{} for _ in chunks]
-    last = [chunk.nodes[-1] for chunk in chunks]
     # the rows of the nodes replayed only: a replay of some nodes (``only``) reads no other's
     wanted = pa.array(sorted({node for chunk in chunks for node in chunk.nodes}), pa.string())
     for name, sql_name in _QUERIES:
-        cur = reader(con)
-        try:
-            j, writer = 0, None
-            for batch in cur.sql(node_statement(sql_name)).to_arrow_reader(BATCH):
-                batch = batch.filter(pc.is_in(batch.column(0), value_set=wanted))
-                while batch.num_rows and j < len(chunks):
-                    # (the rows are in node order: those of chunk j come first, up to its last node)
-                    n = pc.sum(pc.cast(pc.less_equal(batch.column(0), last[j]), pa.int64())).as_py() or 0
-                    if n:
-                        if writer is None:
-                            files[j][name] = into / f"{j:05d}.{name}.arrows"
-                            writer = pa.ipc.new_stream(files[j][name], batch.schema)
-                        writer.write_batch(batch.slice(0, n))
-                    if n == batch.num_rows:
-                        break
-                    batch = batch.slice(n)
-                    if writer is not None:
-                        writer.close()
-                        writer = None
-                    j += 1
-            if writer is not None:
-                writer.close()
-        finally:
-            cur.close()
+        for more in (None, *EXPORT_MEMORY):
+            if more is not None:
+                con.execute(f"SET memory_limit = '{more}'")
+            try:
+                _export_query(con, name, sql_name, chunks, wanted, into, files)
+                break
+            except duckdb.OutOfMemoryException:
+                for written in files:
+                    if name in written:
+                        written.pop(name).unlink(missing_ok=True)
+                if more == EXPORT_MEMORY[-1]:
+                    raise
+                log.info("the replay's %s query ran out of memory; run again under %s", sql_name,
+                         EXPORT_MEMORY[EXPORT_MEMORY.index(more) + 1 if more is not None else 0])
     return files
+
+
+def _export_query(con: duckdb.DuckDBPyConnection, name: str, sql_name: str, chunks: list[Chunk], wanted: pa.Array,
+                  into: Path, files: list[dict[str, Path]]) -> None:
+    """:func:`_export` of the query ``sql_name``: its rows of ``wanted`` nodes, each chunk's to its file
+    (``files[chunk][name]``)."""
+    last = [chunk.nodes[-1] for chunk in chunks]
+    cur = reader(con)
+    writer = None
+    try:
+        j = 0
+        for batch in cur.sql(node_statement(sql_name)).to_arrow_reader(BATCH):
+            batch = batch.filter(pc.is_in(batch.column(0), value_set=wanted))
+            while batch.num_rows and j < len(chunks):
+                # (the rows are in node order: those of chunk j come first, up to its last node)
+                n = pc.sum(pc.cast(pc.less_equal(batch.column(0), last[j]), pa.int64())).as_py() or 0
+                if n:
+                    if writer is None:
+                        files[j][name] = into / f"{j:05d}.{name}.arrows"
+                        writer = pa.ipc.new_stream(files[j][name], batch.schema)
+                    writer.write_batch(batch.slice(0, n))
+                if n == batch.num_rows:
+                    break
+                batch = batch.slice(n)
+                if writer is not None:
+                    writer.close()
+                    writer = None
+                j += 1
+    finally:
+        if writer is not None:
+            writer.close()
+        cur.close()
 
 
 class _FileQueries:

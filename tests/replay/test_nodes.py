@@ -9,6 +9,7 @@ that a small case runs in several chunks, some of several nodes, over both worke
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
+import duckdb
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -75,6 +77,39 @@ def test_a_simulated_case_replays_the_same_over_workers(small_chunks: None, tmp_
     # and the replayed set is the simulated one, as a replay in one process gives it
     simulated = b"".join(f.read_bytes() for f in sorted((tmp_path / "full").iterdir()))
     assert b"".join(_files(confirmed).values()) == simulated
+
+
+def test_a_workers_input_that_runs_out_of_memory_is_exported_again_under_more(
+        small_chunks: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The workers' inputs: a query that runs out of the replay's memory after it wrote some of its
+    files (node_events' sort did on 5 million records at 512 MiB) is run again from its start under
+    the next of EXPORT_MEMORY, its files begun anew, and says so; the replayed set is the same bytes.
+    Past the last limit the error is the replay's."""
+    simulate_to(tmp_path / "full", deployment=DEPLOYMENT, requests=120, seed=3)
+    forensics.investigate([strip_pages(tmp_path / "full", tmp_path / "bare")], tmp_path / "bare.duckdb")
+    before = replay(tmp_path / "bare.duckdb", "sglang-placeholder", tmp_path / "before", jobs=2)
+    real = nodes._export_query
+    limits: list[str] = []
+
+    def short(con, name, sql_name, chunks, wanted, into, files, *, fails: int) -> None:
+        limits.append(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+        real(con, name, sql_name, chunks, wanted, into, files)
+        if name == "events" and len(limits) <= fails:
+            raise duckdb.OutOfMemoryException("Out of Memory Error: could not allocate block")
+
+    monkeypatch.setattr(nodes, "EXPORT_MEMORY", ("1GiB", "2GiB"))
+    monkeypatch.setattr(nodes, "_export_query", lambda *a: short(*a, fails=2))
+    with caplog.at_level(logging.INFO, logger="replay.nodes"):
+        after = replay(tmp_path / "bare.duckdb", "sglang-placeholder", tmp_path / "after", jobs=2)
+    assert _files(after) == _files(before) and _figures(after)["exposure"] == _figures(before)["exposure"]
+    assert limits[1:3] == ["1.0 GiB", "2.0 GiB"]  # (the events' query run three times, then the other three once)
+    assert len(limits) == 6
+    assert [r.getMessage() for r in caplog.records] == [
+        "the replay's node_events query ran out of memory; run again under 1GiB",
+        "the replay's node_events query ran out of memory; run again under 2GiB"]
+    monkeypatch.setattr(nodes, "_export_query", lambda *a: short(*a, fails=99))
+    with pytest.raises(duckdb.OutOfMemoryException):
+        replay(tmp_path / "bare.duckdb", "sglang-placeholder", tmp_path / "never", jobs=2)
 
 
 def test_doubts_and_disagreements_come_out_the_same_over_workers(small_chunks: None, tmp_path: Path) -> None:
