@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 PARTS = {
     "reader": ("the reader of plain JSON lines", "forensics.ingestion.fast.jsonlines", "scan", 18),
     "sweep": ("the page sweep", "forensics.exposure.kernel", "walk", 13),
+    # the replay's, each where a process first takes it (in a replay's fork server, which no one waits on)
+    "steps": ("the replay's decode steps", "replay.steps", "run", 1),
+    "page strings": ("the replay's page strings", "replay.pagetext", "runs", 2),
+    "ceiling": ("the replay's step-count bound", "replay.ceiling", "ceiling", 7),
 }
 
 

@@ -17,6 +17,7 @@ import itertools
 
 import numpy as np
 
+from forensics import compiled
 from forensics.compiled import jit_for
 from forensics.emit import page_string, ranges_text
 
@@ -73,8 +74,13 @@ def runs(pages: np.ndarray, out: np.ndarray) -> int:
 
 def page_text(pages: np.ndarray) -> str:
     """:func:`forensics.emit.page_string` of a numpy array of page ids: the same text."""
-    if len(pages) <= SHORT or next(_CALLS) <= COMPILED_FROM:
+    if len(pages) <= SHORT:
         return page_string(pages)
+    calls = next(_CALLS)
+    if calls <= COMPILED_FROM:
+        return page_string(pages)
+    if calls == COMPILED_FROM + 1:
+        compiled.announce("page strings")  # (a first run compiles it: said, not waited on in silence)
     p = np.asarray(pages, dtype=np.int64)
     out = np.empty(2 * len(p), np.int64)
     k = runs(p, out)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from forensics import compiled
 from replay import ceiling as kernel
 
 #: A step record's running batch is checked where the steps it may report are at most this many
@@ -188,7 +189,10 @@ class Horizon:
         are taken (a bound from fewer constraints is looser, never wrong)."""
         if not fixed:
             return None
-        if next(_CALLS) > COMPILED_FROM:  # (the same answer, compiled: replay/ceiling.py)
+        calls = next(_CALLS)
+        if calls > COMPILED_FROM:  # (the same answer, compiled: replay/ceiling.py)
+            if calls == COMPILED_FROM + 1:
+                compiled.announce("ceiling")  # (a first run compiles it: said, not waited on in silence)
             fits, value = kernel.ceiling(at, np.array([f for f, _ in fixed], np.int64),
                                          np.array([v for _, v in fixed], np.int64), *self._arrays)
             return int(value) if fits else None

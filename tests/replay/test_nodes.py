@@ -255,6 +255,35 @@ def test_a_stop_while_the_workers_start_is_held_then_taken_with_the_handler_it_h
         signal.signal(signal.SIGTERM, before)
 
 
+def test_a_first_run_says_which_of_the_replays_kernels_it_compiles(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Each of the replay's kernels (decode steps, page strings, the step clock's bound), where a
+    process first takes it and no machine code of it is cached, is said once on the logger
+    ``forensics.compiled``, which the command line prints (the bound takes about 7 s to compile:
+    a replay in one process paused mid-loop in silence)."""
+    import itertools
+
+    import numpy as np
+
+    from forensics import compiled
+    from replay import engine, pagetext, schedule
+
+    asked: list[str] = []
+    monkeypatch.setattr(compiled, "uncached", lambda part: asked.append(part) is None)
+    monkeypatch.setattr(schedule, "_CALLS", itertools.count(schedule.COMPILED_FROM))
+    monkeypatch.setattr(pagetext, "_CALLS", itertools.count(pagetext.COMPILED_FROM))
+    monkeypatch.setattr(engine, "_RUNS", itertools.count(engine.KERNEL_FROM))
+    with caplog.at_level(logging.INFO, logger="forensics.compiled"):
+        for _ in range(3):
+            schedule.Horizon([(2, 6, 3)]).ceiling(1, [(7, 10)])
+            pagetext.page_text(np.arange(1, 200, dtype=np.int64))
+        simulate_to(tmp_path / "sim", deployment=DEPLOYMENT, requests=30, seed=1)  # (its decode steps)
+    parts = ["ceiling", "page strings", "steps"]
+    assert sorted(asked) == parts
+    assert sorted(caplog.messages) == sorted(f"compiling {compiled.PARTS[p][0]} for this machine, once per install "
+                                             f"(about {compiled.PARTS[p][3]} s)" for p in parts)
+
+
 def test_the_fork_servers_preload_loads_the_compiled_kernels_for_the_workers() -> None:
     """replay.preload, which the fork server imports before it forks the workers, leaves the engine's
     step kernel, the page-string kernel and the step clock's ceiling loaded and taken from a worker's
