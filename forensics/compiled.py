@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
@@ -48,6 +48,16 @@ def announce(part: str) -> None:
     be: the command line prints it, so that a first run never waits in silence."""
     for line in waits(part):
         log.info(line)
+
+
+def taken(calls: Iterator[int], after: int, part: str) -> bool:
+    """Whether the call that ``calls`` numbers next takes ``part``'s machine code: a process's first
+    ``after`` calls do without it (a small input compiles nothing), the rest take it, and the first
+    of those says so where it is still to compile (:func:`announce`)."""
+    n = next(calls)
+    if n == after + 1:
+        announce(part)
+    return n > after
 
 
 #: The name a compiled module's interpreted twin is loaded under (``module`` + this).

@@ -885,10 +885,7 @@ class NodeEngine:
         left = np.array(lefts, np.int64)
         step_of = np.empty(room, np.int64)
         row_of = np.empty(room, np.int64)
-        runs = next(_RUNS)
-        if runs == KERNEL_FROM + 1:
-            compiled.announce("steps")  # (a first run compiles it: said, not waited on in silence)
-        run = kernel.run if runs > KERNEL_FROM else compiled.interpreted(kernel.__name__).run
+        run = kernel.run if compiled.taken(_RUNS, KERNEL_FROM, "steps") else compiled.interpreted(kernel.__name__).run
         ran, taken, status = (int(x) for x in run(tokens, left, page_size, steps, self.pool.free_count,
                                                   self.pool.takeable, self.pool.released_count, step_of, row_of))
         if taken:

@@ -304,8 +304,9 @@ def _export(con: duckdb.DuckDBPyConnection, roles: dict[str, str], chunks: list[
     # the rows of the nodes replayed only: a replay of some nodes (``only``) reads no other's
     wanted = pa.array(sorted({node for chunk in chunks for node in chunk.nodes}), pa.string())
     for name, sql_name in _QUERIES:
-        for more in (None, *EXPORT_MEMORY):
+        for more in (None, *EXPORT_MEMORY):  # (None: the replay's own limit)
             if more is not None:
+                log.info("the replay's %s query ran out of memory; run again under %s", sql_name, more)
                 con.execute(f"SET memory_limit = '{more}'")
             try:
                 _export_query(con, name, sql_name, chunks, wanted, into, files)
@@ -316,8 +317,6 @@ def _export(con: duckdb.DuckDBPyConnection, roles: dict[str, str], chunks: list[
                         written.pop(name).unlink(missing_ok=True)
                 if more == EXPORT_MEMORY[-1]:
                     raise
-                log.info("the replay's %s query ran out of memory; run again under %s", sql_name,
-                         EXPORT_MEMORY[EXPORT_MEMORY.index(more) + 1 if more is not None else 0])
     return files
 
 

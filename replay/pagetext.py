@@ -18,10 +18,9 @@ import itertools
 import numpy as np
 
 from forensics import compiled
-from forensics.compiled import jit_for
 from forensics.emit import page_string, ranges_text
 
-njit = jit_for(__name__)  # numba's, or nothing in the interpreted twin (forensics.compiled)
+njit = compiled.jit_for(__name__)  # numba's, or nothing in the interpreted twin (forensics.compiled)
 
 #: Arrays of at most this many pages are left to :func:`forensics.emit.page_string` (its Python
 #: pass is quicker there than a call into compiled code and its array).
@@ -74,13 +73,8 @@ def runs(pages: np.ndarray, out: np.ndarray) -> int:
 
 def page_text(pages: np.ndarray) -> str:
     """:func:`forensics.emit.page_string` of a numpy array of page ids: the same text."""
-    if len(pages) <= SHORT:
+    if len(pages) <= SHORT or not compiled.taken(_CALLS, COMPILED_FROM, "page strings"):
         return page_string(pages)
-    calls = next(_CALLS)
-    if calls <= COMPILED_FROM:
-        return page_string(pages)
-    if calls == COMPILED_FROM + 1:
-        compiled.announce("page strings")  # (a first run compiles it: said, not waited on in silence)
     p = np.asarray(pages, dtype=np.int64)
     out = np.empty(2 * len(p), np.int64)
     k = runs(p, out)

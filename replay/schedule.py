@@ -64,6 +64,11 @@ _UNREACHED = kernel.UNREACHED
 #: (replay/ceiling.py): a small replay compiles nothing; both give the same answer.
 COMPILED_FROM = 2_000
 _CALLS = itertools.count(1)
+#: The name a record read again after it did not fit carries (:meth:`StepClock.pinned`).
+_RESTART = "(read again)"
+#: A step count from a time is taken this close to a whole number as that number (times are whole
+#: nanoseconds, kept as integers: as floats, epoch nanoseconds lose hundreds of them).
+_EPS = 1e-6
 
 
 def load_kernel() -> None:
@@ -73,11 +78,6 @@ def load_kernel() -> None:
     one = np.zeros(1, np.int64)
     kernel.ceiling(0, one, one.copy(), one.copy(), one.copy(), one.copy())
     _CALLS = itertools.count(COMPILED_FROM + 1)
-#: The name a record read again after it did not fit carries (:meth:`StepClock.pinned`).
-_RESTART = "(read again)"
-#: A step count from a time is taken this close to a whole number as that number (times are whole
-#: nanoseconds, kept as integers: as floats, epoch nanoseconds lose hundreds of them).
-_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -189,10 +189,7 @@ class Horizon:
         are taken (a bound from fewer constraints is looser, never wrong)."""
         if not fixed:
             return None
-        calls = next(_CALLS)
-        if calls > COMPILED_FROM:  # (the same answer, compiled: replay/ceiling.py)
-            if calls == COMPILED_FROM + 1:
-                compiled.announce("ceiling")  # (a first run compiles it: said, not waited on in silence)
+        if compiled.taken(_CALLS, COMPILED_FROM, "ceiling"):  # (the same answer, compiled: replay/ceiling.py)
             fits, value = kernel.ceiling(at, np.array([f for f, _ in fixed], np.int64),
                                          np.array([v for _, v in fixed], np.int64), *self._arrays)
             return int(value) if fits else None
