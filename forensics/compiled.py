@@ -23,6 +23,7 @@ PARTS = {
     "steps": ("the replay's decode steps", "replay.steps", "run", 1),
     "page strings": ("the replay's page strings", "replay.pagetext", "runs", 2),
     "ceiling": ("the replay's step-count bound", "replay.ceiling", "ceiling", 7),
+    "decode nodes": ("the replay's decode nodes", "replay.decode_kernel", "run", 100),
 }
 
 

@@ -7,13 +7,14 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from replay import decode_fast
 from replay.carried import carried_to, placed
 from replay.configs import WhatIf
 from replay.engine import Disagreement, NodeConfig, NodeEngine, Plan, Request, decode_steps
-from replay.events import NO_SEQ, NodeReader, Row, node_events
+from replay.events import MARKS, NO_SEQ, NodeReader, Row, named, node_events, ok_status
 from replay.logset import LogSet, ts_text
 from replay.planning import request_of
-from replay.schedule import LOGGED, Cadence, Horizon, Schedule, StepClock
+from replay.schedule import LOGGED, Cadence, Horizon, Schedule, StepClock, step_record_differs, steps_differ
 from replay.scratch import log_ns
 
 
@@ -44,9 +45,11 @@ def replay_node(
     schedule: Schedule = LOGGED,
     clocks_used: list[StepClock] | None = None,
     engines_used: list[NodeEngine] | None = None,
+    fast: bool = False,
 ) -> None:
     """Feed one node's configs and events, merged in (boot, seq) order, to a node engine;
-    ``extra`` events (of requests the logs have no engine event for) join by time. A request is
+    ``extra`` events (of requests the logs have no engine event for) join by time. ``fast``: a decode
+    node the compiled kernel covers is replayed by it (replay/decode_fast.py: the same lines). A request is
     known to the engine from its first record on the node to its last (its plan read with its
     records), the unlogged ones throughout."""
     requests = {rid: r for rid, (r, _, _) in unlogged.items()}
@@ -97,6 +100,14 @@ def replay_node(
         if role == "decode" else {}
     clocks: dict[int, StepClock] = {}
     horizons = _horizons(queries.horizons.of(node), applied) if role == "decode" else {}
+    if fast and role == "decode" and decode_fast.covers(configs, engine, what_if, schedule, extra,
+                                                       _unmodelled(what_if.apply(configs[0][3]))):
+        boot = configs[0][0]  # (compiled: replay/decode_fast.py; the stream comes back where it does not start)
+        rest = decode_fast.replay(stream, node, configs, engine, what_if, log, unlogged, confirm, disagreements,
+                                  schedule, cadences.get(boot), horizons.get(boot), clocks_used, engines_used)
+        if rest is None:
+            return
+        stream = rest
 
     def feed(record: dict[str, Any], ts: int | None, finish_at: int | None = None, at: int | None = None) -> None:
         """Hand ``record`` to the node's engine; on a decode node, first the steps that ran before it
@@ -111,7 +122,7 @@ def replay_node(
         rid = record.get("request_id")
         h = e.held.get(rid) if rid is not None else None
         # a finish with its outputs pins the steps before it (a failure's does not)
-        ends = record["kind"] == "request" and record["event"] == "finished" and _ok(record.get("status"))
+        ends = record["kind"] == "request" and record["event"] == "finished" and ok_status(record.get("status"))
         finishing = (rid, h.allocs) if ends and h is not None and h.allocs and rid in e.batch else None
         first = clock.steps
         starting = record["kind"] == "request" and record["event"] == "decode_started"
@@ -120,8 +131,7 @@ def replay_node(
             joining = (decode_steps(requests[rid].outputs, e.config.overlap_schedule), finish_at)
         run, fits = clock.before(ts, e.remaining(), finishing, starting, joining, at)
         if not fits and finishing is not None and served is not None and rid in served:
-            disagreements.append(Disagreement(rid, node, "steps_differ", f"its {finishing[1]} decode steps fit no "
-                                              "lockstep schedule of the node's logged order"))
+            disagreements.append(Disagreement(rid, node, "steps_differ", steps_differ(finishing[1])))
         e.advance(run, _stamps(clock, first, ts, record["ts"]))
         clock.settle(ts, record["kind"] == "request" and record["event"] == "finished")
         e.handle(record)
@@ -144,7 +154,7 @@ def replay_node(
         e = node_engine
         clock = clock_of(e.boot)
         when = _stamps(clock, clock.steps, event["_ns"], event["ts"])
-        label = _named(event)
+        label = named(event)
         step = clock.reported(event["steps"] or e.config.step_log_interval, event["running"], event["seq"],
                               event["_ns"], label)
         pinned = False
@@ -226,7 +236,7 @@ def replay_node(
         pages from here on possible); either way the record is carried, placed among the events by
         its time as any other."""
         if confirm:
-            label = _named(event)
+            label = named(event)
             disagreements.append(Disagreement("", node, "decode_retracted", f"boot {event['boot']}, {label}: the "
                                               "node's scheduler retracted running requests under memory pressure"))
         feed(_logged(event), event["_ns"], None, event["_i"])
@@ -309,8 +319,7 @@ def replay_node(
         forget(rid, now=True)
     if confirm:  # where the node's own step log and the replay's steps disagree, say so
         for boot, clock in sorted(clocks.items()):
-            disagreements.extend(Disagreement("", node, "step_record_differs",
-                                              f"boot {boot}, step record {label}: {d}")
+            disagreements.extend(Disagreement("", node, "step_record_differs", step_record_differs(boot, label, d))
                                  for label, d in clock.step_disagreements)
 
 
@@ -361,15 +370,6 @@ def _unmodelled(config: NodeConfig) -> list[tuple[str, str]]:
     return out
 
 
-def _named(event: dict[str, Any]) -> str:
-    """How a step record is named where it is listed: its seq, else its time."""
-    return f"seq {event['seq']}" if event["seq"] is not None else f"at {event['ts']}"
-
-
-def _ok(status: Any) -> bool:
-    return isinstance(status, int) and 200 <= status <= 299
-
-
 def _cadences(rows: Iterator[tuple[Any, ...]], resolution: int, configs: dict[int, NodeConfig]
               ) -> dict[int, Cadence]:
     """Each boot's decode cadence (:class:`replay.schedule.Cadence`), fitted to the spans of the
@@ -385,15 +385,10 @@ def _cadences(rows: Iterator[tuple[Any, ...]], resolution: int, configs: dict[in
     return {boot: c for boot, c in fitted.items() if c is not None}
 
 
-#: The replay's own marks on a record it reads (replay.events, replay.carried): where it comes in
-#: the node's order, its time in ns, the node that logged a carried transfer end.
-_MARKS = ("_ns", "_i", "_finish_i", "_carried", "_seq_key")
-
-
 def _logged(record: dict[str, Any]) -> dict[str, Any]:
     """A record as the engine is handed it: the replay's own marks left out (a copy)."""
     out = record.copy()  # (a copy and a few deletions: a comprehension over every field cost twice as much)
-    for mark in _MARKS:
+    for mark in MARKS:
         if mark in out:
             del out[mark]
     return out

@@ -271,6 +271,33 @@ DISAGREEMENTS = {
 }
 
 
+# -- what a disagreement says (the compiled decode node, replay/decode_fast.py, words its own alike) --
+
+def prompt_beyond_pool(tokens: int, pool_tokens: int) -> str:
+    """``pool_cannot_supply``: a prompt larger than decode's whole pool."""
+    return f"a prompt of {tokens} tokens, a pool of {pool_tokens}"
+
+
+def pages_short(need: int, free: int) -> str:
+    """``pool_cannot_supply``: a prompt's pages more than the pool has free."""
+    return f"{need} pages wanted, {free} free"
+
+
+def step_starved(need: int, free: int) -> str:
+    """``pool_cannot_supply``: a decode step's new pages more than the pool has free."""
+    return f"a decode step wanted {need} pages, {free} free"
+
+
+def prompt_beyond_bound(tokens: int, need: int) -> str:
+    """``beyond_replay_bound``: a prompt of more pages than the replay follows."""
+    return f"a prompt of {tokens:,} tokens, {need:,} pages"
+
+
+def row_beyond_bound(outputs: int, row: int) -> str:
+    """``beyond_replay_bound``: a request whose row (prompt and outputs) is more pages than the replay follows."""
+    return f"{outputs:,} tokens output, a row of {row:,} pages: its decode steps are not replayed"
+
+
 def meaning(kind: str) -> str:
     """What a kind of disagreement means (:data:`DISAGREEMENTS`), a kind a later version wrote too."""
     return DISAGREEMENTS.get(kind, "a disagreement of a kind this version does not know")
@@ -610,10 +637,9 @@ class NodeEngine:
         ts, rid = record["ts"], record["request_id"]
         need = pages_for(tokens, self.config.page_size)
         if need > MAX_REQUEST_PAGES:
-            return self._beyond(record, h, f"a prompt of {tokens:,} tokens, {need:,} pages")
+            return self._beyond(record, h, prompt_beyond_bound(tokens, need))
         if log_rejection and tokens > self.config.pool_tokens:
-            if self._disagrees(rid, "pool_cannot_supply", f"a prompt of {tokens} tokens, a pool of "
-                               f"{self.config.pool_tokens}"):
+            if self._disagrees(rid, "pool_cannot_supply", prompt_beyond_pool(tokens, self.config.pool_tokens)):
                 self._emit(record)
                 return True
             h.ended = True
@@ -621,8 +647,8 @@ class NodeEngine:
                         "reason": EXCEEDS_POOL[1], "limit_tokens": self.config.pool_tokens})
             self._finish(ts, rid, EXCEEDS_POOL)
             return False
-        if need > self.pool.available and self._disagrees(
-                rid, "pool_cannot_supply", f"{need} pages wanted, {self.pool.available} free"):
+        if need > self.pool.available and self._disagrees(rid, "pool_cannot_supply",
+                                                          pages_short(need, self.pool.available)):
             self._emit(record)
             return True
         if need > self.pool.available:
@@ -803,8 +829,7 @@ class NodeEngine:
         row = pages_for(h.tokens + h.allocs, page_size)
         if row > MAX_REQUEST_PAGES:
             self.disagreements.append(Disagreement(rid, self.config.node, "beyond_replay_bound",
-                                                   f"{request.outputs:,} tokens output, a row of {row:,} pages: "
-                                                   "its decode steps are not replayed"))
+                                                   row_beyond_bound(request.outputs, row)))
             h.allocs = h.allocs_left = 0
         if h.allocs:
             self.batch.append(rid)
@@ -927,8 +952,7 @@ class NodeEngine:
             starts = [False] * len(starts)
         if new is None:  # SGLang retracts requests here; not modelled: these steps take no page
             self.starved_steps += 1
-            self._disagrees(rows[0][0], "pool_cannot_supply", f"a decode step wanted {need} pages, "
-                            f"{self.pool.available} free")
+            self._disagrees(rows[0][0], "pool_cannot_supply", step_starved(need, self.pool.available))
         taken = 0
         for (rid, h), start in zip(rows, starts, strict=True):
             if start and new is not None:

@@ -35,6 +35,21 @@ def _kinds(events: set[tuple[str, str]], prefix: str) -> str:
     return "(" + " OR ".join(f"({prefix}kind = '{k}' AND {prefix}event = '{e}')" for k, e in sorted(events)) + ")"
 
 
+#: The replay's own marks on a record it reads (this module, replay.carried): where it comes in the
+#: node's order, its time in ns, the node that logged a carried transfer end.
+MARKS = ("_ns", "_i", "_finish_i", "_carried", "_seq_key")
+
+
+def named(event: dict[str, Any]) -> str:
+    """How a step record is named where it is listed: its seq, else its time."""
+    return f"seq {event['seq']}" if event["seq"] is not None else f"at {event['ts']}"
+
+
+def ok_status(status: Any) -> bool:
+    """Whether a finish's status is a delivery's (2xx)."""
+    return isinstance(status, int) and 200 <= status <= 299
+
+
 #: Where a record is in its file (the last of a node's order's keys).
 _PLACE = ("file_id", "line_no", "part")
 #: A decode start's fields as the transfer end it implies.

@@ -161,6 +161,39 @@ class LogSet:
             self.lines.setdefault(node, []).extend(text.split("\n")[:-1])  # (a JSON text holds no newline)
         self.records += records
 
+    @property
+    def packed(self) -> bool:
+        """Whether the nodes share files of about :data:`PART_RECORDS` records each."""
+        return self._packed
+
+    @property
+    def part_records(self) -> int:
+        """Packed: the records in the file being written."""
+        return self._part_records
+
+    def seq(self, node: str) -> int:
+        """``node``'s next seq."""
+        return self._seq.get(node, 0)
+
+    def emit_lines(self, node: str, text: bytes, records: int, seq: int, splits: list[int], part_records: int
+                   ) -> None:
+        """Lines of ``node``'s ``records`` written elsewhere as :meth:`emit` and :meth:`emit_kvs` write them
+        (the compiled decode node, replay/decode_fast.py): ``text`` (UTF-8, each line ending a newline),
+        numbered up to ``seq`` (the node's next), a packed file closed at each byte offset of ``splits``
+        (where a call of the writer reached :data:`PART_RECORDS`), ``part_records`` in the file written last."""
+        assert self._into is not None, "written as it is emitted"
+        start = 0
+        for cut in [*splits, len(text)]:
+            if cut > start:
+                fh = self._open.get(node) or self._start(node, self._into)
+                fh.write(text[start:cut].decode())
+                if cut != len(text) or cut in splits:
+                    self._close(fh)
+            start = cut
+        self._seq[node] = seq
+        self.records += records
+        self._part_records = part_records
+
     def new_boot(self, node: str) -> None:
         """Seq numbers restart with a node's new boot."""
         self._seq[node] = 0

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from forensics.errors import BadOption
+from replay import decode_fast
 from replay.configs import WhatIf
 from replay.drive import replay_node
 from replay.engine import Disagreement, NodeConfig, NodeEngine, Plan, Request
@@ -143,6 +144,8 @@ class Chunk:
     extra: dict[str, list[dict[str, Any]]]
     weight: int  # records, weighted by role (_WEIGHT): the order chunks are handed out in
     run: int = 0  # which of the replays run together it is a chunk of (replay_nodes's ``runs``)
+    #: its decode nodes replayed by the compiled kernel where it covers them (replay/decode_fast.py)
+    fast: frozenset[str] = frozenset()
 
 
 def chunked(nodes: list[str], rows: dict[str, int]) -> list[list[str]]:
@@ -190,14 +193,17 @@ def start_fork_server() -> None:
 
 def replay_nodes(con: duckdb.DuckDBPyConnection, nodes: list[str], rows: dict[str, int],
                  configs: dict[str, list[tuple[int, int, str, NodeConfig]]], roles: dict[str, str],
-                 runs: Sequence[tuple[Common, Path]], extra: dict[str, list[dict[str, Any]]], jobs: int
-                 ) -> list[Tally]:
+                 runs: Sequence[tuple[Common, Path]], extra: dict[str, list[dict[str, Any]]], jobs: int,
+                 blocked: frozenset[str] = frozenset()) -> list[Tally]:
     """Replay ``nodes`` (in order; ``rows``: each one's records) of the case open on ``con`` once for
     each of ``runs`` (what it is given alike, and the folder it writes into): in this process where
     ``jobs`` is 1 or the case is small, else over ``jobs`` worker processes, the chunks of every run
-    in one pool (the nodes' rows read and written out for the workers once). What each run found."""
+    in one pool (the nodes' rows read and written out for the workers once). What each run found.
+    ``blocked``: decode nodes whose records the compiled kernel does not cover (decode_fast.blockers)."""
     chunks = [Chunk(i, tuple(run), {n: configs.get(n, []) for n in run}, {n: roles.get(n) for n in run},
-                    {n: extra.get(n, []) for n in run}, work(run, rows, roles))
+                    {n: extra.get(n, []) for n in run}, work(run, rows, roles),
+                    fast=frozenset(n for n in run if roles.get(n) == "decode" and n not in blocked
+                                   and decode_fast.wanted(rows.get(n, 0))))
               for i, run in enumerate(chunked(nodes, rows))]
     tallies = [Tally() for _ in runs]
     if not spreads(nodes, rows, roles, min(jobs, len(runs) * len(chunks)), len(runs)):
@@ -276,7 +282,7 @@ def replay_chunk(queries: NodeReader, chunk: Chunk, common: Common, logs: Path) 
         for node in chunk.nodes:
             replay_node(queries, node, chunk.configs[node], chunk.roles[node], common.engine, common.what_if, log,
                         common.unlogged, chunk.extra[node], common.confirm, disagreements, common.schedule,
-                        clocks, engines)
+                        clocks, engines, fast=node in chunk.fast)
             log.flush(node, logs)
     finally:
         log.close()

@@ -7,8 +7,9 @@ process, a small one, compiles nothing."""
 
 from __future__ import annotations
 
-from replay import engine, pagetext, schedule
+from replay import decode_fast, engine, pagetext, schedule
 
 engine.load_kernel()
 pagetext.load_kernel()
 schedule.load_kernel()
+decode_fast.load_kernel()

@@ -29,6 +29,7 @@ from forensics.errors import CaseError, OutputExists
 from forensics.store import HeldCase, held, one, roll_back
 from replay.agreement import Agreement, agreement, beside, outcomes_changed
 from replay.configs import AS_CONFIGURED, WhatIf, assumptions, logged_engine, logged_engine_of, node_configs
+from replay.decode_fast import blockers
 from replay.drive import prefix_guesses
 from replay.engine import BEHAVIOURS, Disagreement
 from replay.events import node_rows, resolutions
@@ -190,7 +191,7 @@ def _replay_on(held: HeldCase, engine: str, runs: list[tuple[Schedule, Path]], w
         resolution = resolutions(con)
         tallies = replay_nodes(con, nodes, rows, configs, roles,
                                [(Common(engine, what_if, unlogged, mode == "confirm", schedule, resolution),
-                                 out / "logs") for schedule, out in runs], extra, jobs)
+                                 out / "logs") for schedule, out in runs], extra, jobs, blockers(con))
     results = []
     for (schedule, out), tally in zip(runs, tallies, strict=True):
         logs = out / "logs"

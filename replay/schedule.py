@@ -65,7 +65,7 @@ _UNREACHED = kernel.UNREACHED
 COMPILED_FROM = 2_000
 _CALLS = itertools.count(1)
 #: The name a record read again after it did not fit carries (:meth:`StepClock.pinned`).
-_RESTART = "(read again)"
+RESTART = "(read again)"
 #: A step count from a time is taken this close to a whole number as that number (times are whole
 #: nanoseconds, kept as integers: as floats, epoch nanoseconds lose hundreds of them).
 _EPS = 1e-6
@@ -158,8 +158,8 @@ class Horizon:
     def __init__(self, starts: list[tuple[int, int, int]]) -> None:
         self._starts = sorted(starts)
         self._at = [s for s, _, _ in self._starts]
-        # (the same starts as arrays, for the compiled ceiling)
-        self._arrays = tuple(np.array([row[k] for row in self._starts], np.int64) for k in range(3))
+        # (the same starts as arrays, for the compiled ceiling and the compiled decode node)
+        self.arrays = tuple(np.array([row[k] for row in self._starts], np.int64) for k in range(3))
 
     def chains(self, after: int, finish_at: int) -> tuple[list[int], list[int]]:
         """For a request that starts at ``after`` and finishes at ``finish_at``: the starts inside
@@ -191,7 +191,7 @@ class Horizon:
             return None
         if compiled.taken(_CALLS, COMPILED_FROM, "ceiling"):  # (the same answer, compiled: replay/ceiling.py)
             fits, value = kernel.ceiling(at, np.array([f for f, _ in fixed], np.int64),
-                                         np.array([v for _, v in fixed], np.int64), *self._arrays)
+                                         np.array([v for _, v in fixed], np.int64), *self.arrays)
             return int(value) if fits else None
         return self.ceiling_interpreted(at, fixed)
 
@@ -471,11 +471,9 @@ class StepClock:
             self._chain = (self._reported, step, step)
             return True
         since = self._reported - (self._chain[0] if self._chain is not None else 0)
-        self._differs(label, f"the node's step records place it {since:,} steps after "
-                             f"the last one, at step {step:,} of the replay's count; the replay had launched "
-                             f"{self.steps:,} there and the finishes logged around it let it reach no other")
+        self._differs(label, pinned_differs(since, step, self.steps))
         self._chain = None
-        self._records.append((self._reported, self.steps, running, _RESTART, None))
+        self._records.append((self._reported, self.steps, running, RESTART, None))
         return False
 
     def settle(self, ts_ns: int | None = None, finish: bool = False, beyond: int = 0) -> None:
@@ -501,7 +499,7 @@ class StepClock:
         if self.blind:
             self.step_records_unchecked += 1
             return
-        counted = label is not _RESTART  # (a record that did not fit, read again: its chain only)
+        counted = label is not RESTART  # (a record that did not fit, read again: its chain only)
         wide = after - before > _ROWS_CHECKED
         nexts = self._batches(before + 1, after + 1) if not wide else []  # (the rows of each next step)
         reports = [before - 1, after] if wide else sorted(set().union(*(
@@ -514,9 +512,7 @@ class StepClock:
             fits = [p for p in reports if lo <= p <= hi] if not wide else \
                 ([max(lo, reports[0]), min(hi, reports[1])] if max(lo, reports[0]) <= min(hi, reports[1]) else [])
             if not fits:
-                self._differs(label, f"the node's step records place it {reported - chain[0]:,} steps after the "
-                                     f"last one, at step {lo:,} to {hi:,} of the replay's count; the replay's "
-                                     f"steps there were {reports[0]:,} to {reports[-1]:,}")
+                self._differs(label, placed_differs(reported - chain[0], lo, hi, reports[0], reports[-1]))
                 self._chain = (reported, reports[0], reports[-1])
                 return
         self._chain = (reported, fits[0], fits[-1])
@@ -538,9 +534,7 @@ class StepClock:
         if running == rows:
             self.step_records += 1
             return
-        shown = " or ".join(str(r) for r in (every or [rows]))
-        self._differs(label, f"the step record says {running:,} requests running; the replay's batch at the step "
-                             f"it reports had {shown}")
+        self._differs(label, running_differs(running, every or [rows]))
 
     def _differs(self, label: str, detail: str) -> None:
         """A record the replay's steps do not fit: a disagreement where every step count before it was
@@ -577,6 +571,35 @@ class StepClock:
             running += d
             out.append(running)
         return out
+
+
+def steps_differ(steps: int) -> str:
+    """``steps_differ``: a running request's finish that no lockstep schedule of the node's order fits."""
+    return f"its {steps} decode steps fit no lockstep schedule of the node's logged order"
+
+
+def step_record_differs(boot: int, label: str, detail: str) -> str:
+    """``step_record_differs``: where a node's step record and the replay's steps disagree."""
+    return f"boot {boot}, step record {label}: {detail}"
+
+
+def pinned_differs(since: int, step: int, launched: int) -> str:
+    """What a step record says that no step the finishes around it let the replay reach fits."""
+    return (f"the node's step records place it {since:,} steps after the last one, at step {step:,} of the "
+            f"replay's count; the replay had launched {launched:,} there and the finishes logged around it let it "
+            "reach no other")
+
+
+def placed_differs(since: int, lo: int, hi: int, first: int, last: int) -> str:
+    """What a step record says that none of the replay's steps where it was printed fits."""
+    return (f"the node's step records place it {since:,} steps after the last one, at step {lo:,} to {hi:,} of "
+            f"the replay's count; the replay's steps there were {first:,} to {last:,}")
+
+
+def running_differs(running: int, rows: list[int]) -> str:
+    """What a step record says of its batch that the replay's batch at each step it may report does not."""
+    shown = " or ".join(str(r) for r in rows)
+    return f"the step record says {running:,} requests running; the replay's batch at the step it reports had {shown}"
 
 
 def _resolution(ts_ns: int) -> int:

@@ -27,6 +27,20 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+#: The tests replay every decode node the compiled kernel covers through it, whatever the node's size
+#: (replay/decode_fast.py; a replay of an operator's case does so from 4,096 records on): each test's
+#: expectations hold for it, and tests/replay/test_decode_kernel.py holds it to the Python's replay.
+os.environ.setdefault("KVFORENSICS_DECODE_KERNEL", "always")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The kernel compiled (where nothing is cached yet) once, here, before pytest-xdist starts its
+    workers, which then load it: not in each worker at once."""
+    if not hasattr(config, "workerinput"):
+        from replay import decode_fast
+
+        decode_fast.load_kernel()
+
 #: The spec's examples, when ../shared is beside the checkout (it is in CI).
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SPEC_EXAMPLES = SHARED / "spec" / "examples"

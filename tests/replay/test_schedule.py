@@ -75,7 +75,7 @@ def _ceiling(how: str, starts: list[tuple[int, int, int]], at: int, fixed: list[
         return horizon.ceiling_interpreted(at, fixed)
     run = kernel.ceiling if how == "compiled" else compiled.interpreted(kernel.__name__).ceiling
     fits, value = run(at, np.array([f for f, _ in fixed], np.int64), np.array([v for _, v in fixed], np.int64),
-                      *horizon._arrays)
+                      *horizon.arrays)
     return int(value) if fits else None
 
 
