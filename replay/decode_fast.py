@@ -81,6 +81,8 @@ SELECT DISTINCT node FROM records WHERE kind = 'request' AND event = 'decode_sta
 GROUP BY node, request_id HAVING count(*) > 1
 """
 
+#: What a record's line leaves out: the replay's marks, and the implied end's (which is never written).
+_MARKED = (*MARKS, "implied")
 _SEQ = 918273645546372819  # (a seq no record has: where a template's seq goes)
 _SEQ_TEXT = f'"seq":{_SEQ}'
 _DST = "0-918273645546372819"  # (a page string no record has: where a transfer's dst_pages go)
@@ -261,7 +263,10 @@ class _Run:
         row[k.EV_TS] = record["_ns"]
         at = record.get("_i")
         row[k.EV_AT] = -1 if at is None else at
-        logged = {key: v for key, v in record.items() if key not in MARKS and key != "implied"}
+        logged = record.copy()  # (as drive._logged: a copy and a few deletions, not a comprehension over every field)
+        for mark in _MARKED:
+            if mark in logged:
+                del logged[mark]
         logged["node"], logged["boot"] = self.node, self.boot
         slot = -1
         if kind == "step":
