@@ -254,11 +254,11 @@ def _seq(out: np.ndarray, S: np.ndarray) -> np.ndarray:
     return out
 
 
-@njit(cache=True)
-def _kv(out: np.ndarray, S: np.ndarray, ct: np.ndarray, co: np.ndarray, R: np.ndarray, rid_text: np.ndarray,
-        ts: int, slot: int, op: int, src: np.ndarray, a: int, b: int, tail: int) -> np.ndarray:
-    """A page record's line (LogSet.emit_kvs): ``op`` and ``tail`` are fragments, the pages ``src[a:b]``."""
-    out = _frag(out, S, ct, co, C_KV_HEAD)
+@njit(cache=True, inline='always')
+def _head(out: np.ndarray, S: np.ndarray, ct: np.ndarray, co: np.ndarray, R: np.ndarray, rid_text: np.ndarray,
+          kind: int, ts: int, slot: int) -> np.ndarray:
+    """A line the engine writes, up to its request's id: its kind (a fragment), time, node, seq and boot."""
+    out = _frag(out, S, ct, co, kind)
     out = _ts(out, S, ts)
     out = _frag(out, S, ct, co, C_NODE_PRE)
     out = _frag(out, S, ct, co, C_NODE)
@@ -266,7 +266,14 @@ def _kv(out: np.ndarray, S: np.ndarray, ct: np.ndarray, co: np.ndarray, R: np.nd
     out = _seq(out, S)
     out = _frag(out, S, ct, co, C_BOOT)
     out = _frag(out, S, ct, co, C_RID)
-    out = _put(out, S, rid_text, R[slot, R_RID_OFF], R[slot, R_RID_OFF] + R[slot, R_RID_LEN])
+    return _put(out, S, rid_text, R[slot, R_RID_OFF], R[slot, R_RID_OFF] + R[slot, R_RID_LEN])
+
+
+@njit(cache=True)
+def _kv(out: np.ndarray, S: np.ndarray, ct: np.ndarray, co: np.ndarray, R: np.ndarray, rid_text: np.ndarray,
+        ts: int, slot: int, op: int, src: np.ndarray, a: int, b: int, tail: int) -> np.ndarray:
+    """A page record's line (LogSet.emit_kvs): ``op`` and ``tail`` are fragments, the pages ``src[a:b]``."""
+    out = _head(out, S, ct, co, R, rid_text, C_KV_HEAD, ts, slot)
     out = _frag(out, S, ct, co, op)
     out = _pages(out, S, src, a, b)
     return _frag(out, S, ct, co, tail)
@@ -276,15 +283,7 @@ def _kv(out: np.ndarray, S: np.ndarray, ct: np.ndarray, co: np.ndarray, R: np.nd
 def _engine_record(out: np.ndarray, S: np.ndarray, ct: np.ndarray, co: np.ndarray, R: np.ndarray,
                    rid_text: np.ndarray, ts: int, slot: int, rest: int) -> np.ndarray:
     """A request record the engine makes itself (a rejection, a finish): ``rest`` its fields after the request."""
-    out = _frag(out, S, ct, co, C_REQ_HEAD)
-    out = _ts(out, S, ts)
-    out = _frag(out, S, ct, co, C_NODE_PRE)
-    out = _frag(out, S, ct, co, C_NODE)
-    out = _frag(out, S, ct, co, C_SEQ)
-    out = _seq(out, S)
-    out = _frag(out, S, ct, co, C_BOOT)
-    out = _frag(out, S, ct, co, C_RID)
-    out = _put(out, S, rid_text, R[slot, R_RID_OFF], R[slot, R_RID_OFF] + R[slot, R_RID_LEN])
+    out = _head(out, S, ct, co, R, rid_text, C_REQ_HEAD, ts, slot)
     return _frag(out, S, ct, co, rest)
 
 
@@ -635,25 +634,17 @@ def _stamp(S: np.ndarray, F: np.ndarray, first: int, k: int, ts: int) -> int:
 
 
 @njit(cache=True)
-def _rows_remove(rowsl: np.ndarray, R: np.ndarray, S: np.ndarray, slot: int) -> None:
-    pos = R[slot, R_ROWS_POS]
-    last = rowsl[S[S_NROWS] - 1]
-    rowsl[pos] = last
-    R[last, R_ROWS_POS] = pos
-    S[S_NROWS] -= 1
-    R[slot, R_HAS_ROW] = 0
-
-
-@njit(cache=True)
-def _ends_remove(ends: np.ndarray, R: np.ndarray, S: np.ndarray, slot: int) -> None:
-    if not R[slot, R_HAS_END]:
+def _unlist(members: np.ndarray, R: np.ndarray, S: np.ndarray, slot: int, count: int, place: int, flag: int) -> None:
+    """``slot`` out of an unordered list (``members``, ``S[count]`` of them, each one's place in it
+    ``R[.., place]``), its flag ``R[.., flag]`` cleared."""
+    if not R[slot, flag]:
         return
-    pos = R[slot, R_ENDS_POS]
-    last = ends[S[S_NENDS] - 1]
-    ends[pos] = last
-    R[last, R_ENDS_POS] = pos
-    S[S_NENDS] -= 1
-    R[slot, R_HAS_END] = 0
+    pos = R[slot, place]
+    last = members[S[count] - 1]
+    members[pos] = last
+    R[last, place] = pos
+    S[count] -= 1
+    R[slot, flag] = 0
 
 
 @njit(cache=True)
@@ -662,7 +653,7 @@ def _clock_leave(R: np.ndarray, S: np.ndarray, rowsl: np.ndarray, left: np.ndarr
     """StepClock._leave: its row kept while a step record may still report one of its steps."""
     had = R[slot, R_HAS_ROW]
     if had:
-        _rows_remove(rowsl, R, S, slot)
+        _unlist(rowsl, R, S, slot, S_NROWS, R_ROWS_POS, R_HAS_ROW)
     floor = S[S_STEPS]
     for k in range(S[S_NRECS]):
         if recs[k, Q_BEFORE] < floor:
@@ -690,7 +681,7 @@ def _clock_forget(R: np.ndarray, S: np.ndarray, rowsl: np.ndarray, ends: np.ndar
                   recs: np.ndarray, slot: int) -> np.ndarray:
     left = _clock_leave(R, S, rowsl, left, recs, slot)
     R[slot, R_HAS_FIRST] = 0
-    _ends_remove(ends, R, S, slot)
+    _unlist(ends, R, S, slot, S_NENDS, R_ENDS_POS, R_HAS_END)
     R[slot, R_HAS_CHAINS] = 0
     return left
 
@@ -906,6 +897,36 @@ def _step_page(arena: np.ndarray, R: np.ndarray, slot: int) -> int:
     return at
 
 
+@njit(cache=True, inline='always')
+def _decoding(R: np.ndarray, batch: np.ndarray, nb: int, ps: int) -> tuple[int, int, int]:
+    """The running requests still decoding (NodeEngine.decoding): how many, the fewest steps one still
+    takes, and the fewest steps before one's next token starts a page (-1 for none)."""
+    active = 0
+    least = -1
+    gap = -1
+    for k in range(nb):
+        s = batch[k]
+        v = R[s, R_LEFT]
+        if v > 0:
+            active += 1
+            if least < 0 or v < least:
+                least = v
+            g = (-R[s, R_TOKENS]) % ps
+            if gap < 0 or g < gap:
+                gap = g
+    return active, least, gap
+
+
+@njit(cache=True, inline='always')
+def _quiet(R: np.ndarray, batch: np.ndarray, nb: int, steps: int) -> None:
+    """``steps`` steps in which no running request starts a page: slots only."""
+    for k in range(nb):
+        s = batch[k]
+        if R[s, R_LEFT] > 0:
+            R[s, R_TOKENS] += steps
+            R[s, R_LEFT] -= steps
+
+
 @njit(cache=True)
 def _advance(out: np.ndarray, splits: np.ndarray, logv: np.ndarray, free: np.ndarray, rel: np.ndarray,
              arena: np.ndarray, R: np.ndarray, S: np.ndarray, F: np.ndarray, batch: np.ndarray, ct: np.ndarray,
@@ -927,29 +948,13 @@ def _advance(out: np.ndarray, splits: np.ndarray, logv: np.ndarray, free: np.nda
                 R[s, R_FIRST_WRITE] = -1
     ran = 0
     while ran < nsteps:
-        active = 0
-        least = -1
-        gap = -1
-        for k in range(nb):
-            s = batch[k]
-            v = R[s, R_LEFT]
-            if v > 0:
-                active += 1
-                if least < 0 or v < least:
-                    least = v
-                g = (-R[s, R_TOKENS]) % ps
-                if gap < 0 or g < gap:
-                    gap = g
+        active, least, gap = _decoding(R, batch, nb, ps)
         if active == 0:
             break
         if ps > 1 and (active <= _free_count(S) or S[S_NREL] == 0):
             quiet = min(nsteps - ran, min(least, gap))
             if quiet == nsteps - ran:
-                for k in range(nb):
-                    s = batch[k]
-                    if R[s, R_LEFT] > 0:
-                        R[s, R_TOKENS] += quiet
-                        R[s, R_LEFT] -= quiet
+                _quiet(R, batch, nb, quiet)
                 ran += quiet
                 continue
         # -- replay.steps.run and NodeEngine._run: the steps that take pages from the free list alone
@@ -981,11 +986,7 @@ def _advance(out: np.ndarray, splits: np.ndarray, logv: np.ndarray, free: np.nda
                 if act > free_n and released > 0:
                     blocked = True
                     break
-                for k in range(nb):
-                    s = batch[k]
-                    if R[s, R_LEFT] > 0:
-                        R[s, R_TOKENS] += quiet
-                        R[s, R_LEFT] -= quiet
+                _quiet(R, batch, nb, quiet)
                 done += quiet
                 continue
             need = 0
@@ -1017,28 +1018,12 @@ def _advance(out: np.ndarray, splits: np.ndarray, logv: np.ndarray, free: np.nda
         if not blocked:
             continue
         # -- the pool must do more than hand out free pages (merge, too few): a step here
-        active = 0
-        least = -1
-        gap = -1
-        for k in range(nb):
-            s = batch[k]
-            v = R[s, R_LEFT]
-            if v > 0:
-                active += 1
-                if least < 0 or v < least:
-                    least = v
-                g = (-R[s, R_TOKENS]) % ps
-                if gap < 0 or g < gap:
-                    gap = g
+        active, least, gap = _decoding(R, batch, nb, ps)
         quiet = min(nsteps - ran, min(least, gap if ps > 1 else 0))
         if quiet:
             if active > _free_count(S):  # (alloc_decode(0, batch): a step without a new page still may merge)
                 free = _merge(free, rel, S)
-            for k in range(nb):
-                s = batch[k]
-                if R[s, R_LEFT] > 0:
-                    R[s, R_TOKENS] += quiet
-                    R[s, R_LEFT] -= quiet
+            _quiet(R, batch, nb, quiet)
             ran += quiet
             continue
         # NodeEngine._step: one step with at least one new page
@@ -1171,27 +1156,20 @@ def _handle(out: np.ndarray, splits: np.ndarray, logv: np.ndarray, free: np.ndar
             logv = _log(logv, S, L_DISAGREE, D_BEYOND_PROMPT, slot, _two(tokens, need))
             out = _logged(out, splits, S, EV, i, tb)
             return out, logv, free, rel, arena
-        served = S[S_CONFIRM] and R[slot, R_SERVED]
-        if tokens > S[S_POOL_TOKENS]:
-            if served:
-                logv = _log(logv, S, L_DISAGREE, D_SUPPLY_PROMPT, slot, _two(tokens, S[S_POOL_TOKENS]))
+        # larger than the whole pool (400), or more pages than it has free (503): ended, its rejection
+        # logged; confirming a request the logs show served, the logs followed, the disagreement listed
+        short = tokens > S[S_POOL_TOKENS] or need > _available(S)
+        if short:
+            whole = tokens > S[S_POOL_TOKENS]
+            if S[S_CONFIRM] and R[slot, R_SERVED]:
+                logv = _log(logv, S, L_DISAGREE, D_SUPPLY_PROMPT if whole else D_SUPPLY_PAGES, slot,
+                            _two(tokens, S[S_POOL_TOKENS]) if whole else _two(need, _available(S)))
                 out = _logged(out, splits, S, EV, i, tb)
                 return out, logv, free, rel, arena
             R[slot, R_ENDED] = 1
-            out = _engine_record(out, S, ct, co, R, rid_text, ts, slot, C_REJ_EXC)
+            out = _engine_record(out, S, ct, co, R, rid_text, ts, slot, C_REJ_EXC if whole else C_REJ_POOL)
             _group(splits, S, 1)
-            out = _engine_record(out, S, ct, co, R, rid_text, ts, slot, C_FIN_EXC)
-            _group(splits, S, 1)
-            return out, logv, free, rel, arena
-        if need > _available(S):
-            if served:
-                logv = _log(logv, S, L_DISAGREE, D_SUPPLY_PAGES, slot, _two(need, _available(S)))
-                out = _logged(out, splits, S, EV, i, tb)
-                return out, logv, free, rel, arena
-            R[slot, R_ENDED] = 1
-            out = _engine_record(out, S, ct, co, R, rid_text, ts, slot, C_REJ_POOL)
-            _group(splits, S, 1)
-            out = _engine_record(out, S, ct, co, R, rid_text, ts, slot, C_FIN_POOL)
+            out = _engine_record(out, S, ct, co, R, rid_text, ts, slot, C_FIN_EXC if whole else C_FIN_POOL)
             _group(splits, S, 1)
             return out, logv, free, rel, arena
         if ps == 1:  # PagePool.alloc
@@ -1390,7 +1368,7 @@ def run(EV: np.ndarray, n_events: int, tb: np.ndarray, R: np.ndarray, rid_text: 
             had_first = R[slot, R_HAS_FIRST]
             first_step = R[slot, R_FIRST]
             R[slot, R_HAS_FIRST] = 0
-            _ends_remove(ends, R, S, slot)
+            _unlist(ends, R, S, slot, S_NENDS, R_ENDS_POS, R_HAS_END)
             R[slot, R_HAS_CHAINS] = 0
             left = _clock_leave(R, S, rowsl, left, recs, slot)
             if had_first and fin_total >= 1 and S[S_HAS_CADENCE]:

@@ -103,6 +103,20 @@ def test_page_sizes_schedulers_and_small_pools(tmp_path: Path, monkeypatch: pyte
     _both(db, tmp_path / "hardened", monkeypatch, "sglang-hardened")
 
 
+def test_a_decode_pool_too_small_for_its_prompts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Confirming, the logs followed where the pool cannot supply a served request (each listed); in a
+    what-if, the request ended with its rejection logged: 400 where the prompt is larger than the
+    whole pool, 503 where its pages are more than the pool has free."""
+    deployment = Deployment(context_length=65_536, prefill_pool_tokens=40_960, decode_pool_tokens=12_000,
+                            page_size=16, prefill_nodes=2, decode_nodes=2, step_log_interval=7)
+    db = _case(tmp_path, deployment, 250, 3)
+    confirmed, nodes = _both(db, tmp_path / "confirm", monkeypatch)
+    assert len(nodes) == 2 and "pool_cannot_supply" in {d.kind for d in confirmed.disagreements}
+    hardened, _ = _both(db, tmp_path / "hardened", monkeypatch, "sglang-hardened")
+    written = b"".join(_files(hardened).values())
+    assert b"kv_pool_exhausted" in written and b"prompt_exceeds_kv_pool" in written
+
+
 LAYOUTS = [
     Layout(),
     Layout(ends="decode", step_log=5),
