@@ -34,6 +34,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from forensics import compiled
 from forensics.errors import BadOption
 from replay import decode_fast
 from replay.configs import WhatIf
@@ -185,7 +186,9 @@ def start_fork_server() -> None:
     numpy, numba, DuckDB, Arrow: about a second) while this process plans the requests and writes
     the workers' inputs, instead of after (``forkserver``: the pool starts it on its first worker
     otherwise), and loads the engine's compiled kernels (replay/preload.py). Once a process: a
-    server already running is kept."""
+    server already running is kept. Where the compiled decode node is not cached yet, its compile
+    (about 100 s, in the server, which the workers wait for) is said first (forensics.compiled)."""
+    compiled.announce("decode nodes")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__, "replay.preload"])
     forkserver.ensure_running()

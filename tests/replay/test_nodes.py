@@ -289,16 +289,24 @@ def test_the_fork_servers_preload_loads_the_compiled_kernels_for_the_workers() -
     step kernel, the page-string kernel and the step clock's ceiling loaded and taken from a worker's
     first call on (a worker loading them itself cost about a third of a second each); imported in a fresh
     interpreter, as the fork server does, and nowhere else in a replay in one process."""
-    code = ("import replay.engine as e, replay.pagetext as p, replay.schedule as s\n"
+    code = ("import replay.engine as e, replay.pagetext as p, replay.schedule as s, replay.decode_fast as d\n"
             "before = (next(e._RUNS), next(p._CALLS), next(s._CALLS))\n"
             "import replay.preload\n"
             "print(before, next(e._RUNS) > e.KERNEL_FROM, next(p._CALLS) > p.COMPILED_FROM,\n"
             "      next(s._CALLS) > s.COMPILED_FROM, e.kernel.run.signatures != [], p.runs.signatures != [],\n"
-            "      s.kernel.ceiling.signatures != [])\n")
+            "      s.kernel.ceiling.signatures != [], d.k.run.signatures != [])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout.split()
-    assert out == ["(1,", "1,", "1)", "True", "True", "True", "True", "True", "True"]
-    nodes.start_fork_server()  # (and the fork server is told to import it)
+    assert out == ["(1,", "1,", "1)", "True", "True", "True", "True", "True", "True", "True"]
+    from forensics import compiled
+
+    said: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:  # (the decode node's long first compile is said before it)
+        patch.setattr(compiled, "uncached", lambda part: part == "decode nodes")
+        patch.setattr(compiled.log, "info", lambda line: said.append(line))
+        nodes.start_fork_server()  # (and the fork server is told to import it)
     from multiprocessing import forkserver
 
     assert "replay.preload" in forkserver._forkserver._preload_modules
+    assert said == [f"compiling {compiled.PARTS['decode nodes'][0]} for this machine, once per install (about "
+                    f"{compiled.PARTS['decode nodes'][3]} s)"]
