@@ -24,9 +24,13 @@ from itertools import chain
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from forensics import compiled
+from replay import decode_columns
 from replay import decode_kernel as k
+from replay.carried import placed
 from replay.configs import WhatIf
 from replay.engine import (
     EXCEEDS_POOL,
@@ -40,7 +44,7 @@ from replay.engine import (
     row_beyond_bound,
     step_starved,
 )
-from replay.events import MARKS, NO_SEQ, Row, named, ok_status
+from replay.events import MARKS, NO_SEQ, Row, named, node_events, ok_status
 from replay.logset import PART_RECORDS, LogSet, record_line, ts_text
 from replay.planning import request_of
 from replay.pool import TOUCHED_BOUND
@@ -97,7 +101,8 @@ def load_kernel() -> None:
     install): a replay's fork server does, before it forks the workers (replay/preload.py)."""
     global _CALLS
     config = NodeConfig("n", "decode", 8, 1, 4)
-    _Run("n", 0, config, LogSet(), {}, False, Schedule(), None, None, [])._call(np.zeros((1, k.NEV), np.int64), 0, [])
+    _Run("n", 0, config, LogSet(), {}, False, Schedule(), None, None, [])._call(np.zeros((1, k.NEV), np.int64), 0,
+                                                                                 _bytes([]))
     _CALLS = iter(range(2, 1 << 62))
 
 
@@ -131,7 +136,6 @@ def replay(stream: Iterator[Row | str], node: str, configs: list[tuple[int, int,
     """Replay the decode node ``node`` from its ``stream`` by the kernel (:func:`covers` said it may).
     None once done; where its first record comes before its config or in another boot (the Python
     configures it otherwise), the stream, unread, for the Python."""
-    boot, seq, ts, raw = configs[0]
     head: list[Row | str] = []
     first: Row | None = None
     for item in stream:
@@ -142,9 +146,52 @@ def replay(stream: Iterator[Row | str], node: str, configs: list[tuple[int, int,
     if first is None:
         return chain(head, stream)
     record = first.record
-    key = (record["boot"], record.get("_seq_key", record["seq"] if record["seq"] is not None else NO_SEQ))
-    if record["boot"] != boot or (boot, seq) > key:
+    if not _starts(configs[0], record["boot"], record.get("_seq_key", record["seq"])):
         return chain(head, stream)
+    run = _begin(node, configs, engine, what_if, log, unlogged, confirm, disagreements, schedule, cadence, horizon,
+                 engines_used)
+    run.all(chain(head, stream))
+    _end(run, cadence, schedule, horizon, clocks_used, disagreements)
+    return None
+
+
+def replay_columns(batches: Iterator[pa.RecordBatch], node: str, configs: list[tuple[int, int, str, NodeConfig]],
+                   engine: str, what_if: WhatIf, log: LogSet, unlogged: dict[str, Any], confirm: bool,
+                   disagreements: list[Disagreement], schedule: Schedule, cadence: Cadence | None,
+                   horizon: Horizon | None, clocks_used: list[StepClock] | None,
+                   engines_used: list[NodeEngine] | None) -> Iterator[Row | str] | None:
+    """:func:`replay` of a decode node no other node carried a transfer end to, from its rows of
+    ``node_events`` as Arrow batches (``ByNode.batches_of``), read a batch at a time as columns
+    (:mod:`replay.decode_columns`): the same lines, disagreements and figures. Where its first record
+    does not start its config's boot, its records as :func:`replay` would hand them back."""
+    batches = (b for b in batches if b.num_rows)
+    first = next(batches, None)
+    if first is None:
+        return iter(())
+    if not _starts(configs[0], first.column("boot")[0].as_py(), first.column("seq")[0].as_py()):
+        return placed(node_events(_rows(chain([first], batches))), iter(()))
+    run = _begin(node, configs, engine, what_if, log, unlogged, confirm, disagreements, schedule, cadence, horizon,
+                 engines_used)
+    run.columns(chain([first], batches))
+    _end(run, cadence, schedule, horizon, clocks_used, disagreements)
+    return None
+
+
+def _starts(config: tuple[int, int, str, NodeConfig], boot: int | None, seq: int | None) -> bool:
+    """Whether a node's first record (in ``boot``, at ``seq``) comes in its config's boot after it."""
+    return boot == config[0] and (config[0], config[1]) <= (boot, NO_SEQ if seq is None else seq)
+
+
+def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[Any, ...]]:
+    for batch in batches:
+        yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
+
+
+def _begin(node: str, configs: list[tuple[int, int, str, NodeConfig]], engine: str, what_if: WhatIf, log: LogSet,
+           unlogged: dict[str, Any], confirm: bool, disagreements: list[Disagreement], schedule: Schedule,
+           cadence: Cadence | None, horizon: Horizon | None, engines_used: list[NodeEngine] | None) -> _Run:
+    """The node's boot begun: its config's record written, its engine and its run made."""
+    boot, _, ts, raw = configs[0]
     compiled.taken(_CALLS, 0, "decode nodes")  # (says so where the first run compiles it)
     config = what_if.apply(raw)
     log.new_boot(node)
@@ -153,21 +200,27 @@ def replay(stream: Iterator[Row | str], node: str, configs: list[tuple[int, int,
         engines_used.append(engine_used)
     log.emit(config.record(ts, boot))
     run = _Run(node, boot, config, log, unlogged, confirm, schedule, cadence, horizon, disagreements)
-    run.all(chain(head, stream))
+    run.engine = engine_used
+    return run
+
+
+def _end(run: _Run, cadence: Cadence | None, schedule: Schedule, horizon: Horizon | None,
+         clocks_used: list[StepClock] | None, disagreements: list[Disagreement]) -> None:
+    """What the run found, for the replay's tally: its clock, its engine's figures, its disagreements."""
     if run.clock_made:
-        clock = StepClock(cadence, schedule, node, horizon=horizon, overlap=config.overlap_schedule)
+        clock = StepClock(cadence, schedule, run.node, horizon=horizon, overlap=run.config.overlap_schedule)
         clock.steps, clock.ambiguous, clock.blind = run.scalar(k.S_STEPS), run.scalar(k.S_AMBIG), run.blind
         clock.step_records = run.scalar(k.S_SREC)
         clock.step_records_undecided = run.scalar(k.S_SUNDEC)
         clock.step_records_unchecked = run.scalar(k.S_SUNCHK)
         if clocks_used is not None:
             clocks_used.append(clock)
-    engine_used.unsupplied = run.unsupplied
-    engine_used.starved_steps = run.scalar(k.S_STARVED)
-    if confirm:
-        disagreements.extend(Disagreement("", node, "step_record_differs", step_record_differs(boot, label, d))
+    assert run.engine is not None
+    run.engine.unsupplied = run.unsupplied
+    run.engine.starved_steps = run.scalar(k.S_STARVED)
+    if run.confirm:
+        disagreements.extend(Disagreement("", run.node, "step_record_differs", step_record_differs(run.boot, label, d))
                              for label, d in run.step_disagreements)
-    return None
 
 
 class _Run:
@@ -218,6 +271,7 @@ class _Run:
         self.interval = config.step_log_interval
         self.clock_made = False
         self.blind = False
+        self.engine: NodeEngine | None = None  # (the engine figures are read from, _begin's)
 
     def scalar(self, index: int) -> int:
         return int(self.S[index])
@@ -225,6 +279,7 @@ class _Run:
     # -- the node's records as the kernel's columns --------------------------------------------
 
     def all(self, stream: Iterator[Row | str]) -> None:
+        """Run the node's records, as :func:`replay.carried.placed` hands them out, a batch at a time."""
         EV = np.zeros((BATCH, k.NEV), np.int64)
         pieces: list[bytes] = []
         used = 0
@@ -245,14 +300,107 @@ class _Run:
                 used = self._event(item, row, pieces, used)
             n += 1
             if n == BATCH:
-                self._call(EV, n, pieces)
+                self._call(EV, n, _bytes(pieces))
                 pieces, used, n = [], 0, 0
         if n:
-            self._call(EV, n, pieces)
+            self._call(EV, n, _bytes(pieces))
+        self._close()
+
+    def columns(self, batches: Iterator[pa.RecordBatch]) -> None:
+        """Run the node's rows of ``node_events`` (no transfer end carried to it), a batch at a time
+        as columns: what :meth:`all` does over their records, for each batch at once where it can."""
+        for batch in batches:
+            for lo in range(0, batch.num_rows, BATCH):
+                self._columns(batch.slice(lo, BATCH))
+        self._close()
+
+    def _close(self) -> None:
         self.logv = k.finish(self.R, self.S, self.batch, self.rowsl, self.left, self.recs, self.logv)
         self._drain()
         self.clock_made = bool(self.S[k.S_CLOCK])
         self.blind = bool(self.S[k.S_BLIND])
+
+    def _columns(self, batch: pa.RecordBatch) -> None:
+        """The rows of ``batch`` as the kernel's events, and each request's last followed by its
+        forgetting (as :func:`replay.carried.placed` hands it out), given to the kernel in one call."""
+        n = batch.num_rows
+        col = batch.column
+        step = _flags(pc.equal(col("kind"), "step"))
+        request = _flags(pc.equal(col("kind"), "request"))
+        completed = ~step & ~request & _flags(pc.equal(col("event"), "completed"))
+        names = batch.schema.names
+        plans = [col(i) for i in range(names.index("_last") + 1, names.index("_finish_i"))]
+        # the requests, record by record: rows, plans, forgetting (drive's admit; placed's last)
+        slots = np.full(n, -1, np.int64)
+        admit = np.zeros(n, np.int64)
+        served = np.zeros(n, np.int64)
+        tokens = np.full(n, -1, np.int64)  # a transfer's end that lands pages: its request's tokens
+        forget = np.full(n, -1, np.int64)
+        plan_rows: list[tuple[Any, ...]] | None = None
+        has_plan = _flags(plans[-1].is_valid())
+        logged_served = _flags(col("_served"))
+        last = _flags(col("_last"))
+        planned, unlogged, known = self.planned, self.unlogged, self.slots
+        for j, rid in enumerate(col("request_id").to_pylist()):
+            if rid is None:
+                continue
+            if not step[j]:
+                slot = known.get(rid)
+                if slot is None:
+                    slot = self._slot(rid)
+                slots[j] = slot
+                if has_plan[j] and rid not in planned:
+                    if plan_rows is None:
+                        plan_rows = list(zip(*(c.to_pylist() for c in plans), strict=True))
+                    self._plan(slot, plan_rows[j], rid)
+                    planned.add(rid)
+                    admit[j], served[j] = 1, self.confirm and logged_served[j]
+                if completed[j] and rid in planned:
+                    tokens[j] = self.R[slot, k.R_KV]
+            if last[j] and rid not in unlogged:
+                slot = known.pop(rid, None)
+                if slot is not None:
+                    planned.discard(rid)
+                    self.forgotten.append(slot)
+                    forget[j] = slot
+        forgets = forget >= 0
+        at = np.arange(n) + np.concatenate(([0], np.cumsum(forgets)[:-1]))  # (each row's place among the events)
+        EV = np.zeros((n + int(forgets.sum()), k.NEV), np.int64)
+        EV[at[forgets] + 1, k.EV_KIND] = k.K_FORGET
+        EV[at[forgets] + 1, k.EV_SLOT] = forget[forgets]
+        rows = np.zeros((n, k.NEV), np.int64)
+        rows[:, k.EV_TS] = _ints(col("ts"), 0) * 1000
+        rows[:, k.EV_AT] = _ints(col("_i"), -1)
+        rows[:, k.EV_SLOT] = slots
+        rows[:, k.EV_KIND] = np.where(step, k.K_STEP, np.where(request, k.K_REQUEST, k.K_TRANSFER))
+        event = pc.index_in(col("event"), value_set=_EVENT_NAMES)
+        rows[:, k.EV_EVENT] = np.where(request, _EVENT_CODES[_ints(event, len(_EVENT_NAMES))],
+                                       np.where(completed, k.E_COMPLETED, k.E_OTHER))
+        status = _ints(col("status"), 0)
+        rows[:, k.EV_OK] = ~step & (status >= 200) & (status <= 299)
+        rows[:, k.EV_FINISH_AT] = np.where(step, 0, _ints(col("_finish_i"), -1))
+        rows[:, k.EV_ADMIT], rows[:, k.EV_SERVED] = admit, served
+        seq = col("seq")
+        rows[:, k.EV_HAS_SEQ] = step & _flags(seq.is_valid())
+        rows[:, k.EV_SEQ] = np.where(step, _ints(seq, 0), 0)
+        steps = _ints(col("steps"), 0)
+        interval = -1 if self.interval is None else self.interval
+        rows[:, k.EV_STEPS] = np.where(step, np.where(steps != 0, steps, interval), 0)
+        rows[:, k.EV_RUNNING] = np.where(step, _ints(col("running"), 0), 0)
+        data, start, middle = decode_columns.templates(batch, self.node, self.boot)
+        rows[:, k.EV_TA], rows[:, k.EV_TB] = start, middle
+        rows[:, k.EV_TC] = np.append(start[1:], len(data))
+        lands = np.flatnonzero(tokens >= 0)
+        if len(lands):
+            more, first, second, third = decode_columns.landed(batch.take(lands), self.node, self.boot, tokens[lands])
+            rows[lands, k.EV_WA], rows[lands, k.EV_WB] = first + len(data), second + len(data)
+            rows[lands, k.EV_WC] = third + len(data)
+            rows[lands, k.EV_WD] = np.append(first[1:], len(more)) + len(data)
+            data = np.concatenate([data, more])
+        else:
+            data = data.copy()  # (writable, as the kernel's signature has it)
+        EV[at] = rows
+        self._call(EV, len(EV), data)
 
     def _event(self, item: Row, row: np.ndarray, pieces: list[bytes], used: int) -> int:
         """Event ``item`` as a row of the kernel's columns, its templates appended to ``pieces``
@@ -373,12 +521,12 @@ class _Run:
 
     # -- the kernel, and what it returns -------------------------------------------------------
 
-    def _call(self, EV: np.ndarray, n: int, pieces: list[bytes]) -> None:
+    def _call(self, EV: np.ndarray, n: int, tb: np.ndarray) -> None:
+        """The kernel over the first ``n`` events of ``EV``, their lines' templates in ``tb``
+        (writable, as load_kernel's: numba compiles, and caches, one signature)."""
         S = self.S
         S[k.S_SEQ] = self.log.seq(self.node)
         S[k.S_PART] = self.log.part_records
-        # (writable, as load_kernel's: numba compiles, and caches, one signature)
-        tb = np.frombuffer(bytearray(b"".join(pieces)), np.uint8)
         (self.free, self.rel, self.arena, self.chains, self.left, self.recs, self.out, self.logv) = k.run(
             EV, n, tb, self.R, self.rid_text, S, self.F, *self.hz, self.ct, self.co, self.free, self.rel, self.arena,
             self.chains, self.batch, self.ends, self.rowsl, self.left, self.recs, self.out, self.splits, self.logv)
@@ -411,6 +559,26 @@ class _Run:
             else:
                 self.step_disagreements.append((_label(values[:3]), _step_worded(code, values[3:])))
         S[k.S_OUT] = S[k.S_NSPLIT] = S[k.S_RECORDS] = S[k.S_NLOG] = 0
+
+
+def _bytes(pieces: list[bytes]) -> np.ndarray:
+    """Templates' texts as the kernel reads them (a writable array: the signature it is compiled for)."""
+    return np.frombuffer(bytearray(b"".join(pieces)), np.uint8)
+
+
+def _flags(values: pa.Array) -> np.ndarray:
+    """A boolean column as a numpy one, null as false."""
+    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
+
+
+def _ints(values: pa.Array, null: int) -> np.ndarray:
+    """An integer column as int64, ``null`` where it is null."""
+    return pc.fill_null(values, null).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+#: The request events the kernel tells apart, and their codes (any other: E_OTHER, last).
+_EVENT_NAMES = pa.array(["admitted", "rejected", "decode_started", "finished"])
+_EVENT_CODES = np.array([k.E_ADMITTED, k.E_REJECTED, k.E_DECODE_STARTED, k.E_FINISHED, k.E_OTHER], np.int64)
 
 
 def _worded(code: int, v: list[int]) -> tuple[str, str]:

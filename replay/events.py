@@ -3,14 +3,16 @@ each with its request's plan, in one query for every node, handed out a node at 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from typing import Any, NamedTuple, Protocol
 
 import duckdb
+import pyarrow as pa
 
 from replay.logset import ts_text
 from replay.planning import PLAN_SQL
-from replay.scratch import batches, reader
+from replay.scratch import BATCH, reader
 from replay.statements import SqlList, statement
 
 #: A record's fields as a node's replay reads them.
@@ -89,19 +91,49 @@ class ByNode:
     """The rows of a query ordered by node first, handed out a node at a time: one query for
     every node, not one a node (a replay of ten thousand nodes ran 40 ms of queries a node). The
     nodes are asked for in the order the query gives them (Python's and DuckDB's string orders
-    agree: code points); a node asked for takes its rows, a node passed over is skipped."""
+    agree: code points); a node asked for takes its rows, a node passed over is skipped.
 
-    def __init__(self, rows: Iterator[tuple[Any, ...]]) -> None:
-        self._rows = rows
-        self._next = next(rows, None)
+    Read from the query's Arrow batches (its first column the node): a node's rows as tuples
+    (:meth:`of`), or as the batches' slices (:meth:`batches_of`: a compiled replay reads them as
+    columns)."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._batches = batches
+        self._batch: pa.RecordBatch | None = None
+        self._nodes: list[str] = []  # the batch's nodes, in order
+        self._at = 0  # the batch's first row not handed out
+
+    def _current(self) -> bool:
+        """Whether rows are left (the next batch taken where this one is done)."""
+        while self._at >= len(self._nodes):
+            batch = next(self._batches, None)
+            if batch is None:
+                self._batch, self._nodes, self._at = None, [], 0
+                return False
+            self._batch, self._nodes, self._at = batch, batch.column(0).to_pylist(), 0
+        return True
+
+    def has(self, node: str) -> bool:
+        """Whether ``node`` has rows (the rows of nodes before it skipped)."""
+        while self._current():
+            if self._nodes[-1] >= node:
+                self._at = bisect.bisect_left(self._nodes, node, self._at)
+                return self._nodes[self._at] == node
+            self._at = len(self._nodes)
+        return False
+
+    def batches_of(self, node: str) -> Iterator[pa.RecordBatch]:
+        """``node``'s rows as slices of the query's batches, without the node."""
+        while self.has(node):
+            assert self._batch is not None
+            end = bisect.bisect_right(self._nodes, node, self._at)
+            start, self._at = self._at, end
+            yield self._batch.slice(start, end - start).drop_columns([self._batch.schema.names[0]])
 
     def of(self, node: str) -> Iterator[tuple[Any, ...]]:
         """``node``'s rows, without the node (the rows of nodes before it skipped)."""
-        while self._next is not None and self._next[0] < node:
-            self._next = next(self._rows, None)
-        while self._next is not None and self._next[0] == node:
-            row, self._next = self._next, next(self._rows, None)
-            yield row[1:]
+        for batch in self.batches_of(node):
+            yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
 
 
 class NodeReader(Protocol):
@@ -133,7 +165,7 @@ class NodeQueries:
     def _query(self, con: duckdb.DuckDBPyConnection, sql: str) -> ByNode:
         cur = reader(con)
         self._cursors.append(cur)
-        return ByNode(batches(cur, sql))
+        return ByNode(iter(cur.sql(sql).to_arrow_reader(BATCH)))
 
     def close(self) -> None:
         for cur in self._cursors:

@@ -38,13 +38,19 @@ def _second_text(second: int) -> str:
     return (EPOCH + dt.timedelta(seconds=second)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def schema_order(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """Record fields ``keys`` in the order :func:`record_line` writes them (the schema's)."""
+    order = _ORDERS.get(keys)
+    if order is None:
+        order = _ORDERS[keys] = tuple(sorted(keys, key=_RANK.__getitem__))  # (a field not in the schema: KeyError)
+    return order
+
+
 def record_line(record: dict[str, Any]) -> str:
     """One record as a JSON line: fields in schema order, absent and null fields left out,
     ``boot`` only when not 0. A field the schema does not have is refused."""
     keys = tuple(record)
-    order = _ORDERS.get(keys)
-    if order is None:
-        order = _ORDERS[keys] = tuple(sorted(keys, key=_RANK.__getitem__))  # (a field not in the schema: KeyError)
+    order = _ORDERS.get(keys) or schema_order(keys)
     parts = []
     for k in order:  # (as json.dumps writes the dict, in half the time: texts and whole numbers by hand)
         v = record[k]
@@ -165,6 +171,11 @@ class LogSet:
     def packed(self) -> bool:
         """Whether the nodes share files of about :data:`PART_RECORDS` records each."""
         return self._packed
+
+    @property
+    def writes_files(self) -> bool:
+        """Whether records go to their files as they are emitted (``into``), not kept in memory."""
+        return self._into is not None
 
     @property
     def part_records(self) -> int:

@@ -366,19 +366,18 @@ class _FileQueries:
 
     def __init__(self, files: dict[str, Path], resolution: dict[str, int]) -> None:
         self.resolution = resolution
-        self.events = ByNode(_rows(files.get("events")))
-        self.carried = ByNode(_rows(files.get("carried")))
-        self.horizons = ByNode(_rows(files.get("horizons")))
-        self.spans = ByNode(_rows(files.get("spans")))
+        self.events = ByNode(_batches(files.get("events")))
+        self.carried = ByNode(_batches(files.get("carried")))
+        self.horizons = ByNode(_batches(files.get("horizons")))
+        self.spans = ByNode(_batches(files.get("spans")))
 
 
-def _rows(path: Path | None) -> Iterator[tuple[Any, ...]]:
-    """The rows of an Arrow IPC file, as :func:`replay.scratch.batches` reads a query's."""
+def _batches(path: Path | None) -> Iterator[pa.RecordBatch]:
+    """The batches of an Arrow IPC file, as the replay's query gave them."""
     if path is None:
         return
     with pa.ipc.open_stream(pa.memory_map(str(path))) as stream:
-        for batch in stream:
-            yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
+        yield from stream
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:

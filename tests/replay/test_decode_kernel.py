@@ -43,21 +43,34 @@ def _figures(result: ReplayResult) -> dict[str, Any]:
     return {k: v for k, v in result.as_dict().items() if k != "out"}
 
 
-def _compiled(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The decode nodes the kernel replays from here on, as it starts each."""
-    nodes: list[str] = []
-    run = decode_fast._Run.all
+class _Nodes(list[str]):
+    """The decode nodes the kernel replayed, as it finished each; ``columnar``: those of them read
+    as columns (no transfer end carried to them), the others record by record."""
 
-    def counted(self: Any, stream: Any) -> None:
+    columnar: list[str]
+
+
+def _compiled(monkeypatch: pytest.MonkeyPatch) -> _Nodes:
+    """The decode nodes the kernel replays from here on (:class:`_Nodes`)."""
+    nodes = _Nodes()
+    nodes.columnar = []
+    close, columns = decode_fast._Run._close, decode_fast._Run.columns
+
+    def closed(self: Any) -> None:
         nodes.append(self.node)
-        run(self, stream)
+        close(self)
 
-    monkeypatch.setattr(decode_fast._Run, "all", counted)
+    def read(self: Any, batches: Any) -> None:
+        nodes.columnar.append(self.node)
+        columns(self, batches)
+
+    monkeypatch.setattr(decode_fast._Run, "_close", closed)
+    monkeypatch.setattr(decode_fast._Run, "columns", read)
     return nodes
 
 
 def _both(db: Path, out: Path, monkeypatch: pytest.MonkeyPatch, engine: str = "sglang-placeholder",
-          **options: Any) -> tuple[ReplayResult, list[str]]:
+          **options: Any) -> tuple[ReplayResult, _Nodes]:
     """``db`` replayed with its decode nodes in Python and by the kernel, held equal; the kernel's
     replay, and the nodes it replayed."""
     monkeypatch.setenv(decode_fast.VARIABLE, "never")
@@ -81,6 +94,7 @@ def test_a_simulated_case_under_every_replay_the_job_runs(tmp_path: Path, monkey
     db = _case(tmp_path, SMALL, 300, 5)
     confirmed, nodes = _both(db, tmp_path / "confirm", monkeypatch)
     assert sorted(nodes) == ["decode-0", "decode-1", "decode-2"]
+    assert sorted(nodes.columnar) == sorted(nodes)  # (the simulator's decode nodes log their transfer ends)
     assert confirmed.exposure["exposed_responses"] > 0 and confirmed.step_records > 50
     hardened, nodes = _both(db, tmp_path / "hardened", monkeypatch, "sglang-hardened")
     assert len(nodes) == 3 and hardened.mode == "what-if" and hardened.exposure["exposed_responses"] == 0
@@ -146,20 +160,34 @@ def test_the_independent_generators_logs(tmp_path: Path, monkeypatch: pytest.Mon
     if layout.flush or layout.retract:  # (a flush, a retraction: that node is the Python's)
         assert blocked
     assert set(nodes) == decode - blocked  # (every decode node it covers; the others in Python)
+    if layout.ends in ("prefill", "neither"):  # (decode's transfer ends carried to it: placed record by record)
+        assert nodes.columnar == []
+    else:
+        assert sorted(nodes.columnar) == sorted(nodes)
     _both(tmp_path / "bare.duckdb", tmp_path / "hardened", monkeypatch, "sglang-hardened")
+
+
+def test_a_node_that_does_not_start_its_boot_goes_back_to_the_python(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a node's first record does not come after its config in its boot, the columnar reader
+    hands its records back to the Python, as the record reader does: the same bytes."""
+    monkeypatch.setattr(decode_fast, "_starts", lambda *_: False)
+    db = _case(tmp_path, SMALL, 150, 6)
+    confirmed, nodes = _both(db, tmp_path / "confirm", monkeypatch)
+    assert nodes == [] and confirmed.records > 0
 
 
 def test_its_memory_follows_the_requests_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A request's row is let go once the node's records of it end (out of the running batch), and
     taken by a later request: the rows a node holds are the requests in flight, not all it saw."""
     rows: list[tuple[int, int]] = []
-    run = decode_fast._Run.all
+    close = decode_fast._Run._close
 
-    def watched(self: Any, stream: Any) -> None:
-        run(self, stream)
+    def watched(self: Any) -> None:
+        close(self)
         rows.append((len(self.slot_list), self.requests))
 
-    monkeypatch.setattr(decode_fast._Run, "all", watched)
+    monkeypatch.setattr(decode_fast._Run, "_close", watched)
     monkeypatch.setattr(decode_fast, "BATCH", 64)  # (rows let go in a call are taken in the next)
     db = _case(tmp_path, SMALL, 600, 4)
     _both(db, tmp_path / "confirm", monkeypatch)
