@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from replay import decode_fast
+from replay import decode_fast, router_columns
 from replay.carried import carried_to, placed
 from replay.configs import WhatIf
 from replay.engine import Disagreement, NodeConfig, NodeEngine, Plan, Request, decode_steps
@@ -28,6 +28,11 @@ def prefix_guesses(guessed: dict[str, int]) -> tuple[str, ...]:
     return (f"{sum(guessed.values()):,} prefix-cache hit(s) on prefill ({shown}) whose cached prompt the logs do "
             "not name took the one touched last (of its tenant first): prefill's pages from there are one layout "
             "of several; decode's pages, and the victims, do not depend on them",)
+
+
+#: Whether a node without an engine config (the router) is replayed as columns (replay/router_columns.py),
+#: not record by record through its engine (the reference it is held to).
+ROUTER_COLUMNS = True
 
 
 def replay_node(
@@ -85,6 +90,9 @@ def replay_node(
     if not configs:  # a router (or any node without a config): its events pass through
         router = NodeEngine(NodeConfig(node, "router", 1 << 62, 1, 2), engine, log, requests, plans)
         engines.append(router)
+        if ROUTER_COLUMNS and log.writes_files:  # (its records as columns, a batch at a time: the same lines)
+            router_columns.route(queries.events.batches_of(node), node, log, unlogged)
+            return
         for item in stream:
             if isinstance(item, str):
                 forget(item)

@@ -287,11 +287,13 @@ def test_page_records_missing_in_a_window_are_filled_by_replay(tmp_path: Path) -
 def test_a_replay_holds_a_request_only_while_it_is_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory flat in the number of requests: each node's engine knows a request from its first
     record on the node to its last, and holds nothing of it after (the figures are unchanged). (The
-    Python's engine on every node; the compiled decode node's memory: test_decode_kernel.py.)"""
-    from replay import decode_fast
+    Python's engine on every node; the compiled decode node's memory: test_decode_kernel.py; the router
+    as columns holds a batch of its records at a time.)"""
+    from replay import decode_fast, drive
     from replay import engine as engine_module
 
     monkeypatch.setenv(decode_fast.VARIABLE, "never")
+    monkeypatch.setattr(drive, "ROUTER_COLUMNS", False)
 
     full = tmp_path / "full"
     simulate(full, _arrivals(400, 3, SMALL), deployment=SMALL, seed=3, late_writes=0.02)
