@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replay.events import EVENT_FIELDS
-from replay.logset import _ESCAPED, _string, record_line, schema_order
+from replay.logset import _ESCAPED, _string, record_line, schema_order, ts_texts
 
 #: A logged record's fields in the order its line has them: kind, ts, node and seq come first, the
 #: text before the seq; the rest after it.
@@ -28,7 +28,6 @@ assert ORDER[:4] == ("kind", "ts", "node", "seq"), ORDER
 _AFTER_SEQ = ORDER[4:]
 #: What JSON escapes in a string (:data:`replay.logset._ESCAPED`), for Arrow's regular expressions.
 _ESCAPED_RE2 = _ESCAPED.pattern
-_US_UTC = pa.timestamp("us", tz="UTC")
 
 
 def quoted(values: pa.Array) -> pa.Array:
@@ -38,13 +37,6 @@ def quoted(values: pa.Array) -> pa.Array:
     if pc.any(pc.match_substring_regex(values, _ESCAPED_RE2)).as_py():
         return pa.array([None if v is None else _string(v) for v in values.to_pylist()], pa.string())
     return pc.binary_join_element_wise('"', values, '"', "")
-
-
-def ts_texts(micros: pa.Array) -> pa.Array:
-    """Each time (microseconds since the epoch) as :func:`replay.logset.ts_text` writes it: the kernel's
-    times lie within int64 nanoseconds (decode_fast.BLOCKERS: 1677 to 2262), four-digit years,
-    which Arrow's strftime writes as Python's does."""
-    return pc.strftime(micros.cast(_US_UTC), format="%Y-%m-%dT%H:%M:%SZ")
 
 
 def _fragment(name: str, values: pa.Array) -> pa.Array:

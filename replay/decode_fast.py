@@ -60,6 +60,7 @@ from replay.schedule import (
     step_record_differs,
     steps_differ,
 )
+from replay.scratch import flags, ints
 
 #: Decode nodes of at least this many records (request, transfer and step) are replayed compiled,
 #: where covered; smaller ones in Python (the sample's nodes: nothing to compile).
@@ -169,7 +170,7 @@ def replay_columns(batches: Iterator[pa.RecordBatch], node: str, configs: list[t
     if first is None:
         return iter(())
     if not _starts(configs[0], first.column("boot")[0].as_py(), first.column("seq")[0].as_py()):
-        return placed(node_events(_rows(chain([first], batches))), iter(()))
+        return placed(node_events(chain([first], batches)), iter(()))
     run = _begin(node, configs, engine, what_if, log, unlogged, confirm, disagreements, schedule, cadence, horizon,
                  engines_used)
     run.columns(chain([first], batches))
@@ -181,10 +182,6 @@ def _starts(config: tuple[int, int, str, NodeConfig], boot: int | None, seq: int
     """Whether a node's first record (in ``boot``, at ``seq``) comes in its config's boot after it."""
     return boot == config[0] and (config[0], config[1]) <= (boot, NO_SEQ if seq is None else seq)
 
-
-def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[Any, ...]]:
-    for batch in batches:
-        yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
 
 
 def _begin(node: str, configs: list[tuple[int, int, str, NodeConfig]], engine: str, what_if: WhatIf, log: LogSet,
@@ -325,9 +322,9 @@ class _Run:
         forgetting (as :func:`replay.carried.placed` hands it out), given to the kernel in one call."""
         n = batch.num_rows
         col = batch.column
-        step = _flags(pc.equal(col("kind"), "step"))
-        request = _flags(pc.equal(col("kind"), "request"))
-        completed = ~step & ~request & _flags(pc.equal(col("event"), "completed"))
+        step = flags(pc.equal(col("kind"), "step"))
+        request = flags(pc.equal(col("kind"), "request"))
+        completed = ~step & ~request & flags(pc.equal(col("event"), "completed"))
         names = batch.schema.names
         plans = [col(i) for i in range(names.index("_last") + 1, names.index("_finish_i"))]
         # the requests, record by record: rows, plans, forgetting (drive's admit; placed's last)
@@ -337,9 +334,9 @@ class _Run:
         tokens = np.full(n, -1, np.int64)  # a transfer's end that lands pages: its request's tokens
         forget = np.full(n, -1, np.int64)
         plan_rows: list[tuple[Any, ...]] | None = None
-        has_plan = _flags(plans[-1].is_valid())
-        logged_served = _flags(col("_served"))
-        last = _flags(col("_last"))
+        has_plan = flags(plans[-1].is_valid())
+        logged_served = flags(col("_served"))
+        last = flags(col("_last"))
         planned, unlogged, known = self.planned, self.unlogged, self.slots
         for j, rid in enumerate(col("request_id").to_pylist()):
             if rid is None:
@@ -369,24 +366,24 @@ class _Run:
         EV[at[forgets] + 1, k.EV_KIND] = k.K_FORGET
         EV[at[forgets] + 1, k.EV_SLOT] = forget[forgets]
         rows = np.zeros((n, k.NEV), np.int64)
-        rows[:, k.EV_TS] = _ints(col("ts"), 0) * 1000
-        rows[:, k.EV_AT] = _ints(col("_i"), -1)
+        rows[:, k.EV_TS] = ints(col("ts"), 0) * 1000
+        rows[:, k.EV_AT] = ints(col("_i"), -1)
         rows[:, k.EV_SLOT] = slots
         rows[:, k.EV_KIND] = np.where(step, k.K_STEP, np.where(request, k.K_REQUEST, k.K_TRANSFER))
         event = pc.index_in(col("event"), value_set=_EVENT_NAMES)
-        rows[:, k.EV_EVENT] = np.where(request, _EVENT_CODES[_ints(event, len(_EVENT_NAMES))],
+        rows[:, k.EV_EVENT] = np.where(request, _EVENT_CODES[ints(event, len(_EVENT_NAMES))],
                                        np.where(completed, k.E_COMPLETED, k.E_OTHER))
-        status = _ints(col("status"), 0)
+        status = ints(col("status"), 0)
         rows[:, k.EV_OK] = ~step & (status >= 200) & (status <= 299)
-        rows[:, k.EV_FINISH_AT] = np.where(step, 0, _ints(col("_finish_i"), -1))
+        rows[:, k.EV_FINISH_AT] = np.where(step, 0, ints(col("_finish_i"), -1))
         rows[:, k.EV_ADMIT], rows[:, k.EV_SERVED] = admit, served
         seq = col("seq")
-        rows[:, k.EV_HAS_SEQ] = step & _flags(seq.is_valid())
-        rows[:, k.EV_SEQ] = np.where(step, _ints(seq, 0), 0)
-        steps = _ints(col("steps"), 0)
+        rows[:, k.EV_HAS_SEQ] = step & flags(seq.is_valid())
+        rows[:, k.EV_SEQ] = np.where(step, ints(seq, 0), 0)
+        steps = ints(col("steps"), 0)
         interval = -1 if self.interval is None else self.interval
         rows[:, k.EV_STEPS] = np.where(step, np.where(steps != 0, steps, interval), 0)
-        rows[:, k.EV_RUNNING] = np.where(step, _ints(col("running"), 0), 0)
+        rows[:, k.EV_RUNNING] = np.where(step, ints(col("running"), 0), 0)
         data, start, middle = decode_columns.templates(batch, self.node, self.boot)
         rows[:, k.EV_TA], rows[:, k.EV_TB] = start, middle
         rows[:, k.EV_TC] = np.append(start[1:], len(data))
@@ -566,14 +563,6 @@ def _bytes(pieces: list[bytes]) -> np.ndarray:
     return np.frombuffer(bytearray(b"".join(pieces)), np.uint8)
 
 
-def _flags(values: pa.Array) -> np.ndarray:
-    """A boolean column as a numpy one, null as false."""
-    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
-
-
-def _ints(values: pa.Array, null: int) -> np.ndarray:
-    """An integer column as int64, ``null`` where it is null."""
-    return pc.fill_null(values, null).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
 #: The request events the kernel tells apart, and their codes (any other: E_OTHER, last).

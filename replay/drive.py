@@ -60,7 +60,7 @@ def replay_node(
     requests = {rid: r for rid, (r, _, _) in unlogged.items()}
     plans = {rid: p for rid, (_, p, _) in unlogged.items()}
     served: set[str] | None = set() if confirm else None
-    stream: Iterator[Row | str] = placed(node_events(queries.events.of(node)),
+    stream: Iterator[Row | str] = placed(node_events(queries.events.batches_of(node)),
                                         carried_to(queries.carried.of(node), node))
     engines: list[NodeEngine] = []
 

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple, Protocol
 import duckdb
 import pyarrow as pa
 
-from replay.logset import ts_text
+from replay.logset import ts_text, ts_texts
 from replay.planning import PLAN_SQL
 from replay.scratch import BATCH, reader
 from replay.statements import SqlList, statement
@@ -177,7 +177,10 @@ def prepare(con: duckdb.DuckDBPyConnection, roles: dict[str, str]) -> None:
     each is carried (``carried_rows``)."""
     con.execute(statement("create_roles"))
     con.executemany(statement("insert_role"), sorted((n, r) for n, r in roles.items() if r in ("prefill", "decode")))
-    con.execute(node_statement("carried_rows"))
+    rows = node_statement("carried_rows")
+    if not con.execute(statement("carried_any")).fetchall()[0][0]:  # (none may be: the table made empty)
+        rows = rows.rstrip().rstrip(";") + " LIMIT 0"
+    con.execute(rows)
 
 
 def resolutions(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
@@ -192,13 +195,28 @@ def node_rows(con: Any) -> dict[str, int]:
     return dict(con.execute(statement("node_rows")).fetchall())
 
 
-def node_events(rows: Iterator[tuple[Any, ...]]) -> Iterator[Row]:
-    """One node's request and transfer records, in its order (its rows of ``node_events``)."""
-    for row in rows:
-        out = row_of(row[:-2])
-        # where it and its request's delivered finish come in the node's order
-        out.record["_finish_i"], out.record["_i"] = row[-2], row[-1]
-        yield out
+def node_events(batches: Iterator[pa.RecordBatch]) -> Iterator[Row]:
+    """One node's request and transfer records, in its order (its batches of ``node_events``,
+    ``ByNode.batches_of``): each row as :func:`row_of` reads it, its times written a batch at a time."""
+    assert EVENT_FIELDS[1] == "ts"
+    for batch in batches:
+        micros = batch.column("ts")
+        if micros.null_count:  # (a record without its time: row_of's error, as it always was)
+            for row in zip(*(column.to_pylist() for column in batch.columns), strict=True):
+                out = row_of(row[:-2])
+                out.record["_finish_i"], out.record["_i"] = row[-2], row[-1]
+                yield out
+            continue
+        columns = [[None] * len(c) if c.null_count == len(c) else c.to_pylist() for c in batch.columns]
+        columns[1] = ts_texts(micros).to_pylist()
+        nanos = (micros.to_numpy() * 1000).tolist()
+        for row, ns in zip(zip(*columns, strict=True), nanos, strict=True):
+            record = dict(zip(EVENT_FIELDS, row[:_N_EVENT], strict=False))
+            record["_ns"] = ns
+            # where it and its request's delivered finish come in the node's order
+            record["_finish_i"], record["_i"] = row[-2], row[-1]
+            plan_row = row[_N_EVENT + 2:-2]
+            yield Row(record, bool(row[_N_EVENT + 1]), None if plan_row[-1] is None else plan_row, bool(row[_N_EVENT]))
 
 
 def row_of(row: tuple[Any, ...]) -> Row:

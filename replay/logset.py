@@ -13,6 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from forensics.schema import FIELDS, V1_1_CONFIG
 
 _RANK = {name: i for i, name in enumerate((*FIELDS, *V1_1_CONFIG))}  # (v1.1's after v1's)
@@ -31,6 +34,21 @@ def ts_text(ns: int) -> str:
     """RFC 3339 UTC text of nanoseconds since the epoch, to the microsecond (as the case keeps it)."""
     second, micros = divmod(ns // 1000, 1_000_000)
     return f"{_second_text(second)}.{micros:06d}Z"
+
+
+def ts_texts(micros: pa.Array) -> pa.Array:
+    """:func:`ts_text` of each time of ``micros`` (microseconds since the epoch, none null), written
+    by Arrow's strftime where its years have four digits (as Python's strftime writes them), else
+    one at a time."""
+    lo, hi = pc.min_max(micros).values()
+    if lo.as_py() is None or (_FROM_US <= lo.as_py() and hi.as_py() < _UNTIL_US):
+        return pc.strftime(micros.cast(_US_UTC), format="%Y-%m-%dT%H:%M:%SZ")
+    return pa.array([ts_text(t * 1000) for t in micros.to_pylist()], pa.string())
+
+
+#: The times :func:`ts_texts` has Arrow write: the years 1000 to 9999, in microseconds since the epoch.
+_FROM_US, _UNTIL_US = -30_610_224_000_000_000, 253_402_300_800_000_000
+_US_UTC = pa.timestamp("us", tz="UTC")
 
 
 @functools.lru_cache(maxsize=1 << 14)

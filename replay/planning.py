@@ -9,13 +9,15 @@ from collections import defaultdict
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from forensics.store import scan
 from replay.configs import NodeConfigs, WhatIf
-from replay.engine import Disagreement, Plan, Request, plan
+from replay.engine import Disagreement, NodeConfig, Plan, Request, plan
 from replay.logset import ts_text
-from replay.scratch import BATCH, batches, log_ns, log_ts, reader
+from replay.scratch import BATCH, flags, log_ns, log_ts, reader
 from replay.simulate import DECODE_PER_TOKEN, PREFILL_FIXED, PREFILL_PER_TOKEN, TRANSFER_FIXED, TRANSFER_PER_TOKEN
 from replay.statements import SqlList, statement
 
@@ -65,33 +67,105 @@ def plan_requests(
     admitted: list[str] = []
     cur = reader(con)
     cur.register("node_roles", pa.table({"node": list(roles), "role": list(roles.values())}))
-    rows: list[tuple[Any, ...]] = []
-    for values in batches(cur, statement("request_facts")):
-        f = dict(zip(_FACT_NAMES, values, strict=True))
-        rid = f["request_id"]
-        max_new = f["max_new_tokens"] if f["max_new_tokens"] is not None else (f["output"] or 0)
-        request = Request(rid, f["tenant_id"], f["prompt_tokens"], max_new, f["prefill_node"], f["decode_node"],
-                          f["output"])
-        p = plan(request, engine, last_config.get(f["prefill_node"] or f["prefill_of"] or "", fallback))
-        if not p.router_rejects and not (f["on_prefill"] or f["on_decode"]):
-            if confirm:
-                admitted.append(rid)
-            else:
-                unlogged[rid] = (request, p, log_ts(f["ts"]))
-        if confirm:
-            p = _followed(f, p, disagreements)
-        rows.append((rid, request.tenant_id, request.prompt_tokens, request.max_new_tokens, request.prefill_node,
-                     request.decode_node, request.output_tokens, p.router_rejects, p.over_long, p.prefill_rejects,
-                     p.kv_tokens, p.limit_tokens, p.context_length))
-        if len(rows) >= BATCH:
-            _insert_plans(con, rows)
-            rows = []
-    _insert_plans(con, rows)
+    take = _Planner(last_config, fallback, engine, confirm, disagreements, unlogged, admitted)
+    for batch in cur.sql(statement("request_facts")).to_arrow_reader(BATCH):
+        if COLUMNS and not batch.column("prompt_tokens").null_count:
+            scan(con, take.columns(batch), "plan_rows", statement("insert_plans"))
+        else:  # (a prompt without its size: the model's own error, as each request's plan raises it)
+            _insert_plans(con, [take.row(dict(zip(_FACT_NAMES, values, strict=True)))
+                                for values in zip(*(c.to_pylist() for c in batch.columns), strict=True)])
     cur.close()
     disagreements += [Disagreement(rid, "router", "model_admits_rejected",
                                    "the model admits a prompt the logs show rejected, never on the engine")
                       for rid in admitted]
     return unlogged
+
+
+#: Whether requests are planned a batch at a time as columns (:meth:`_Planner.columns`), not one at
+#: a time (:meth:`_Planner.row`, the reference it is held to: tests/replay/test_planning.py).
+COLUMNS = True
+
+
+@dataclasses.dataclass
+class _Planner:
+    """Each received request's plan under the replay's engine and the last config of its prefill
+    node (``fallback`` where it names none); what it finds said into ``disagreements``, ``unlogged``
+    and ``admitted`` (:func:`plan_requests`)."""
+
+    last_config: dict[str, NodeConfig]
+    fallback: NodeConfig
+    engine: str
+    confirm: bool
+    disagreements: list[Disagreement]
+    unlogged: dict[str, tuple[Request, Plan, str]]
+    admitted: list[str]
+
+    def row(self, f: dict[str, Any]) -> tuple[Any, ...]:
+        """The plan row of one request's facts ``f``."""
+        rid = f["request_id"]
+        max_new = f["max_new_tokens"] if f["max_new_tokens"] is not None else (f["output"] or 0)
+        request = Request(rid, f["tenant_id"], f["prompt_tokens"], max_new, f["prefill_node"], f["decode_node"],
+                          f["output"])
+        p = plan(request, self.engine, self.last_config.get(f["prefill_node"] or f["prefill_of"] or "", self.fallback))
+        if not p.router_rejects and not (f["on_prefill"] or f["on_decode"]):
+            if self.confirm:
+                self.admitted.append(rid)
+            else:
+                self.unlogged[rid] = (request, p, log_ts(f["ts"]))
+        if self.confirm:
+            p = _followed(f, p, self.disagreements)
+        return (rid, request.tenant_id, request.prompt_tokens, request.max_new_tokens, request.prefill_node,
+                request.decode_node, request.output_tokens, p.router_rejects, p.over_long, p.prefill_rejects,
+                p.kv_tokens, p.limit_tokens, p.context_length)
+
+    def columns(self, batch: pa.RecordBatch) -> pa.Table:
+        """:meth:`row` of every request of ``batch`` (its prompts' sizes all known), as a table of plans."""
+        col = batch.column
+        prompt = col("prompt_tokens").to_numpy(zero_copy_only=False)
+        max_new = pc.coalesce(col("max_new_tokens"), col("output"), pa.scalar(0, pa.int64()))
+        # the prefill node's config: the one the router named, else the first prefill node that logged it
+        named = [pc.if_else(pc.equal(col(c), ""), pa.scalar(None, pa.string()), col(c))
+                 for c in ("prefill_node", "prefill_of")]
+        nodes = sorted(self.last_config)
+        at = pc.index_in(pc.coalesce(*named), value_set=pa.array(nodes, pa.string()))
+        known = flags(at.is_valid())
+        which = pc.fill_null(at, 0).to_numpy(zero_copy_only=False)
+        by_node = [self.last_config[n] for n in nodes] or [self.fallback]
+        context = np.where(known, np.array([c.context_length for c in by_node], np.int64)[which],
+                           self.fallback.context_length)
+        limit = np.where(known, np.array([c.max_req_input_len for c in by_node], np.int64)[which],
+                         self.fallback.max_req_input_len)
+        router = prompt >= context
+        over_long = ~router & (prompt >= limit)
+        prefill = over_long & (self.engine == "sglang-hardened")
+        on_prefill, on_decode = flags(col("on_prefill")), flags(col("on_decode"))
+        rids = col("request_id").to_pylist()
+        for j in np.flatnonzero(~router & ~(on_prefill | on_decode)):  # (the engine's: none of its events logged)
+            if self.confirm:
+                self.admitted.append(rids[j])
+                continue
+            f = {name: col(name)[j].as_py() for name in _FACT_NAMES}
+            request = Request(rids[j], f["tenant_id"], f["prompt_tokens"], int(max_new[j].as_py()), f["prefill_node"],
+                              f["decode_node"], f["output"])
+            self.unlogged[rids[j]] = (request, Plan(False, bool(over_long[j]), bool(prefill[j]),
+                                                    1 if over_long[j] else int(prompt[j]), int(limit[j]),
+                                                    int(context[j])), log_ts(f["ts"]))
+        if self.confirm:  # (_followed: where the logs show the engine at work, they are followed)
+            router_served = router & (on_prefill | on_decode) & flags(col("engine_work"))
+            prefill_served = ~router_served & prefill & on_decode & flags(col("decode_work"))
+            for j in np.flatnonzero(router_served | prefill_served):
+                self.disagreements.append(
+                    Disagreement(rids[j], "router", "model_rejects_served",
+                                 f"the router would reject its prompt (context {context[j]})") if router_served[j]
+                    else Disagreement(rids[j], "prefill", "model_rejects_served",
+                                      f"prefill would reject its prompt (limit {limit[j]})"))
+            router = router & ~router_served
+            prefill = prefill & ~prefill_served
+        return pa.Table.from_arrays(
+            [col("request_id"), col("tenant_id"), col("prompt_tokens"), max_new, col("prefill_node"),
+             col("decode_node"), col("output"), pa.array(router), pa.array(over_long), pa.array(prefill),
+             pa.array(np.where(over_long, 1, prompt)), pa.array(limit), pa.array(context)], schema=PLAN_SCHEMA)
+
 
 
 def _insert_plans(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> None:

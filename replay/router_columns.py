@@ -22,6 +22,7 @@ from replay import logset
 from replay.decode_columns import flat, lines
 from replay.engine import ROUTER_REJECT
 from replay.logset import LogSet, record_line, ts_text
+from replay.scratch import flags
 
 
 def route(batches: Iterator[pa.RecordBatch], node: str, log: LogSet, unlogged: dict[str, Any]) -> None:
@@ -31,23 +32,20 @@ def route(batches: Iterator[pa.RecordBatch], node: str, log: LogSet, unlogged: d
             _route(batch, node, log, unlogged)
 
 
-def _flags(values: pa.Array) -> np.ndarray:
-    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
-
 
 def _route(batch: pa.RecordBatch, node: str, log: LogSet, unlogged: dict[str, Any]) -> None:
     col = batch.column
     rids = col("request_id").to_pylist()
     kind = col("kind")
-    engine_event = _flags(pc.or_(pc.equal(kind, "request"), pc.equal(kind, "transfer"))) & \
-        _flags(col("request_id").is_valid())
-    named_received = _flags(pc.equal(col("event"), "received"))
-    received = named_received & _flags(pc.equal(kind, "request"))
+    engine_event = flags(pc.or_(pc.equal(kind, "request"), pc.equal(kind, "transfer"))) & \
+        flags(col("request_id").is_valid())
+    named_received = flags(pc.equal(col("event"), "received"))
+    received = named_received & flags(pc.equal(kind, "request"))
     mine = np.array([rid in unlogged for rid in rids], bool) if unlogged else np.zeros(len(rids), bool)
     names = batch.schema.names
     plans = names[names.index("_last") + 1:names.index("_finish_i")]
-    planned = _flags(col(plans[-1]).is_valid()) | mine  # (a plan: its row's, or the unlogged request's)
-    rejects = _flags(col("p_router_rejects")).copy()
+    planned = flags(col(plans[-1]).is_valid()) | mine  # (a plan: its row's, or the unlogged request's)
+    rejects = flags(col("p_router_rejects")).copy()
     context = col("p_context_length").to_pylist()
     for j in np.flatnonzero(mine):
         plan = unlogged[rids[j]][1]

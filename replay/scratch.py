@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from forensics.errors import CaseError
 from forensics.store import case_path, one, restored, session
@@ -56,11 +59,15 @@ def reader(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     return cur
 
 
-def batches(cur: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None
-            ) -> Iterator[tuple[Any, ...]]:
-    """The rows of ``sql``, read :data:`BATCH` at a time."""
-    for batch in cur.sql(sql, params=params or {}).to_arrow_reader(BATCH):
-        yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
+
+def flags(values: pa.Array) -> np.ndarray:
+    """A boolean column as a numpy one, null as false."""
+    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
+
+
+def ints(values: pa.Array, null: int) -> np.ndarray:
+    """An integer column as int64, ``null`` where it is null."""
+    return pc.fill_null(values, null).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
 def sql_path(path: Path) -> str:

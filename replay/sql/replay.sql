@@ -128,6 +128,25 @@ LEFT JOIN kvf_scratch.main.replay_plans p ON p.request_id = ev.request_id
 LEFT JOIN kvf_scratch.main.replay_served s ON s.request_id = ev.request_id
 ORDER BY ev.node, x._i;
 
+-- name: carried_any
+-- Whether any transfer end may be carried to an engine node: one logged for its side by other nodes
+-- and not by it, or implied by a decode start with no transfer end logged anywhere (carried_rows'
+-- ends and more, before each node's records are numbered, which costs a sort of them all). Where
+-- none is, carried_rows is made empty without that sort (SGLang's logs: each side logs its own).
+SELECT EXISTS (
+  SELECT 1 FROM (
+    SELECT src_node, dst_node, bool_or(node = src_node) AS by_src, bool_or(node = dst_node) AS by_dst
+    FROM records WHERE kind = 'transfer' AND event IN ('completed', 'failed')
+    GROUP BY request_id, transfer_id, event, src_node, dst_node
+  ) t
+  WHERE (NOT t.by_src AND t.src_node IN (SELECT node FROM kvf_scratch.main.replay_roles WHERE role = 'prefill'))
+     OR (NOT t.by_dst AND t.dst_node IN (SELECT node FROM kvf_scratch.main.replay_roles WHERE role = 'decode'))
+) OR EXISTS (
+  SELECT 1 FROM records r WHERE kind = 'request' AND event = 'decode_started' AND request_id IS NOT NULL
+    AND request_id NOT IN (SELECT request_id FROM records WHERE kind = 'transfer' AND event IN ('completed', 'failed')
+                           AND request_id IS NOT NULL)
+);
+
 -- name: carried_rows
 -- For every engine node, the transfer ends it did not log itself but another node did, for its
 -- side (replay/carried.py's carried_to), with the place each may go from in the node's order:

@@ -115,3 +115,15 @@ def test_a_node_queries_batches_handed_out_node_by_node() -> None:
                 assert all(b.schema.names == ["i"] for b in by_node.batches_of(node))  # (none left: asked once)
             assert got == expected.get(node, [])
             assert not by_node.has(node)  # (its rows handed out)
+
+
+def test_times_written_a_batch_at_a_time_as_one_at_a_time() -> None:
+    """replay.logset.ts_texts against ts_text: four-digit years by Arrow, the others (years 1 to 999)
+    one at a time, in batches of either and of both."""
+    from replay.logset import ts_texts
+
+    rng = random.Random(3)
+    first, four_digits, last = -62_135_596_800_000_000, -30_610_224_000_000_000, 253_402_300_799_999_999
+    for lo, hi in ((four_digits, last), (first, four_digits), (first, last)):
+        micros = [rng.randrange(lo, hi + 1) for _ in range(500)] + [lo, hi]
+        assert ts_texts(pa.array(micros, pa.int64())).to_pylist() == [ts_text(t * 1000) for t in micros]
