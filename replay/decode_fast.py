@@ -529,8 +529,10 @@ class _Run:
             self.chains, self.batch, self.ends, self.rowsl, self.left, self.recs, self.out, self.splits, self.logv)
         self._drain()
         # the rows the kernel let go (forgotten out of the batch) are taken by the next new requests
-        self.free_slots.extend(s for s in self.forgotten if self.R[s, k.R_DEAD])
-        self.forgotten.clear()
+        if self.forgotten:
+            forgotten = np.array(self.forgotten, np.int64)
+            self.free_slots.extend(forgotten[self.R[forgotten, k.R_DEAD] != 0].tolist())
+            self.forgotten.clear()
 
     def _drain(self) -> None:
         """The kernel's lines to the log set, its log worded: after each call."""

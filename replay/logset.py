@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,10 +103,10 @@ class LogSet:
         self._seq: dict[str, int] = {}
         self._used: set[str] = set()  # file names written
         self._into = into
-        self._open: dict[str, IO[str]] = {}
+        self._open: dict[str, TextIO] = {}
         self.records = 0
         self._packed = packed
-        self._part: IO[str] | None = None  # packed: the file being written
+        self._part: TextIO | None = None  # packed: the file being written
         self._part_records = 0
         self._closed: Path | None = None  # the last file closed
         self._quoted = _Quoted()
@@ -215,7 +215,8 @@ class LogSet:
         for cut in [*splits, len(text)]:
             if cut > start:
                 fh = self._open.get(node) or self._start(node, self._into)
-                fh.write(text[start:cut].decode())
+                fh.flush()  # (the bytes as they are, after what the file's text layer holds: UTF-8 both)
+                fh.buffer.write(text[start:cut])
                 if cut != len(text) or cut in splits:
                     self._close(fh)
             start = cut
@@ -258,7 +259,7 @@ class LogSet:
             self._close(fh)
         self._open.clear()
 
-    def _close(self, fh: IO[str]) -> None:
+    def _close(self, fh: TextIO) -> None:
         fh.close()
         self._closed = Path(fh.name)
         if fh is self._part:
@@ -266,7 +267,7 @@ class LogSet:
             self._open = {n: f for n, f in self._open.items() if f is not fh}
         self._part_records = 0
 
-    def _start(self, node: str, out: Path) -> IO[str]:
+    def _start(self, node: str, out: Path) -> TextIO:
         """Open ``node``'s file in ``out``, under a name no other node of this set has (packed:
         the part being written, or the next one)."""
         out.mkdir(parents=True, exist_ok=True)
