@@ -18,7 +18,9 @@ clock and engine the replay's tally reads.
 
 from __future__ import annotations
 
+import heapq
 import os
+from collections import defaultdict
 from collections.abc import Iterator
 from itertools import chain
 from typing import Any
@@ -44,8 +46,8 @@ from replay.engine import (
     row_beyond_bound,
     step_starved,
 )
-from replay.events import MARKS, NO_SEQ, Row, named, node_events, ok_status
-from replay.logset import PART_RECORDS, LogSet, record_line, ts_text
+from replay.events import AFTER_TRANSFER_END, MARKS, NO_SEQ, Row, named, node_events, ok_status
+from replay.logset import PART_RECORDS, LogSet, record_line, ts_text, ts_texts
 from replay.planning import request_of
 from replay.pool import TOUCHED_BOUND
 from replay.schedule import (
@@ -156,24 +158,27 @@ def replay(stream: Iterator[Row | str], node: str, configs: list[tuple[int, int,
     return None
 
 
-def replay_columns(batches: Iterator[pa.RecordBatch], node: str, configs: list[tuple[int, int, str, NodeConfig]],
-                   engine: str, what_if: WhatIf, log: LogSet, unlogged: dict[str, Any], confirm: bool,
-                   disagreements: list[Disagreement], schedule: Schedule, cadence: Cadence | None,
-                   horizon: Horizon | None, clocks_used: list[StepClock] | None,
+def replay_columns(batches: Iterator[pa.RecordBatch], carried: Iterator[tuple[int, Row]], node: str,
+                   configs: list[tuple[int, int, str, NodeConfig]], engine: str, what_if: WhatIf, log: LogSet,
+                   unlogged: dict[str, Any], confirm: bool, disagreements: list[Disagreement], schedule: Schedule,
+                   cadence: Cadence | None, horizon: Horizon | None, clocks_used: list[StepClock] | None,
                    engines_used: list[NodeEngine] | None) -> Iterator[Row | str] | None:
-    """:func:`replay` of a decode node no other node carried a transfer end to, from its rows of
-    ``node_events`` as Arrow batches (``ByNode.batches_of``), read a batch at a time as columns
-    (:mod:`replay.decode_columns`): the same lines, disagreements and figures. Where its first record
-    does not start its config's boot, its records as :func:`replay` would hand them back."""
+    """:func:`replay` of a decode node from its rows of ``node_events`` as Arrow batches
+    (``ByNode.batches_of``), read a batch at a time as columns (:mod:`replay.decode_columns`), with
+    the transfer ends ``carried`` to it placed among them as :func:`replay.carried.placed` places
+    them: the same lines, disagreements and figures. Where its first record does not start its
+    config's boot, its records as :func:`replay` would hand them back."""
     batches = (b for b in batches if b.num_rows)
     first = next(batches, None)
-    if first is None:
-        return iter(())
+    if first is None:  # (no record of its own: what is carried to it, if anything, record by record)
+        return replay(placed(iter(()), carried), node, configs, engine, what_if, log, unlogged, confirm,
+                      disagreements, schedule, cadence, horizon, clocks_used, engines_used)
+    # (a carried end placed before its first row takes that row's boot and seq: the row decides)
     if not _starts(configs[0], first.column("boot")[0].as_py(), first.column("seq")[0].as_py()):
-        return placed(node_events(chain([first], batches)), iter(()))
+        return placed(node_events(chain([first], batches)), carried)
     run = _begin(node, configs, engine, what_if, log, unlogged, confirm, disagreements, schedule, cadence, horizon,
                  engines_used)
-    run.columns(chain([first], batches))
+    run.columns(chain([first], batches), carried)
     _end(run, cadence, schedule, horizon, clocks_used, disagreements)
     return None
 
@@ -277,6 +282,10 @@ class _Run:
 
     def all(self, stream: Iterator[Row | str]) -> None:
         """Run the node's records, as :func:`replay.carried.placed` hands them out, a batch at a time."""
+        self._rows(stream)
+        self._close()
+
+    def _rows(self, stream: Iterator[Row | str]) -> None:
         EV = np.zeros((BATCH, k.NEV), np.int64)
         pieces: list[bytes] = []
         used = 0
@@ -301,14 +310,19 @@ class _Run:
                 pieces, used, n = [], 0, 0
         if n:
             self._call(EV, n, _bytes(pieces))
-        self._close()
 
-    def columns(self, batches: Iterator[pa.RecordBatch]) -> None:
-        """Run the node's rows of ``node_events`` (no transfer end carried to it), a batch at a time
-        as columns: what :meth:`all` does over their records, for each batch at once where it can."""
+    def columns(self, batches: Iterator[pa.RecordBatch], carried: Iterator[tuple[int, Row]]) -> None:
+        """Run the node's rows of ``node_events`` with the transfer ends ``carried`` to it
+        (:func:`replay.carried.carried_to`), a batch at a time as columns: what :meth:`all` does over
+        them as :func:`replay.carried.placed` orders them, for each batch at once where it can."""
+        placer = _Placer(carried)
         for batch in batches:
             for lo in range(0, batch.num_rows, BATCH):
-                self._columns(batch.slice(lo, BATCH))
+                part = batch.slice(lo, BATCH)
+                self._columns(part, placer.order(part))
+        rest = placer.rest()
+        if rest:
+            self._rows(iter(rest))
         self._close()
 
     def _close(self) -> None:
@@ -317,9 +331,11 @@ class _Run:
         self.clock_made = bool(self.S[k.S_CLOCK])
         self.blind = bool(self.S[k.S_BLIND])
 
-    def _columns(self, batch: pa.RecordBatch) -> None:
-        """The rows of ``batch`` as the kernel's events, and each request's last followed by its
-        forgetting (as :func:`replay.carried.placed` hands it out), given to the kernel in one call."""
+    def _columns(self, batch: pa.RecordBatch, items: list[int | Row | str] | None) -> None:
+        """The rows of ``batch`` as the kernel's events, given to it in one call, in the order of
+        ``items`` (:class:`_Placer`: a row by its place in the batch, a transfer end carried to the
+        node as its record, a request forgotten by its id); None: the rows in order, each request's
+        last followed by its forgetting (nothing carried to place among them)."""
         n = batch.num_rows
         col = batch.column
         step = flags(pc.equal(col("kind"), "step"))
@@ -327,21 +343,29 @@ class _Run:
         completed = ~step & ~request & flags(pc.equal(col("event"), "completed"))
         names = batch.schema.names
         plans = [col(i) for i in range(names.index("_last") + 1, names.index("_finish_i"))]
-        # the requests, record by record: rows, plans, forgetting (drive's admit; placed's last)
+        rids = col("request_id").to_pylist()
+        # the requests, event by event: rows, plans, carried ends, forgetting (drive's admit; placed's order)
         slots = np.full(n, -1, np.int64)
         admit = np.zeros(n, np.int64)
         served = np.zeros(n, np.int64)
         tokens = np.full(n, -1, np.int64)  # a transfer's end that lands pages: its request's tokens
-        forget = np.full(n, -1, np.int64)
         plan_rows: list[tuple[Any, ...]] | None = None
         has_plan = flags(plans[-1].is_valid())
         logged_served = flags(col("_served"))
-        last = flags(col("_last"))
         planned, unlogged, known = self.planned, self.unlogged, self.slots
-        for j, rid in enumerate(col("request_id").to_pylist()):
-            if rid is None:
-                continue
-            if not step[j]:
+        what: list[int] = []  # each event's: a row of the batch (its place), a carried end, a forgetting
+        which: list[int] = []  # and which: the row, the carried end's row in `carried`, the slot forgotten
+        carried: list[np.ndarray] = []
+        pieces: list[bytes] = []
+        used = 0
+        for item in _in_order(rids, flags(col("_last"))) if items is None else items:
+            if isinstance(item, int):
+                j = item
+                what.append(_ROW)
+                which.append(j)
+                rid = rids[j]
+                if rid is None or step[j]:
+                    continue
                 slot = known.get(rid)
                 if slot is None:
                     slot = self._slot(rid)
@@ -354,17 +378,22 @@ class _Run:
                     admit[j], served[j] = 1, self.confirm and logged_served[j]
                 if completed[j] and rid in planned:
                     tokens[j] = self.R[slot, k.R_KV]
-            if last[j] and rid not in unlogged:
-                slot = known.pop(rid, None)
-                if slot is not None:
-                    planned.discard(rid)
-                    self.forgotten.append(slot)
-                    forget[j] = slot
-        forgets = forget >= 0
-        at = np.arange(n) + np.concatenate(([0], np.cumsum(forgets)[:-1]))  # (each row's place among the events)
-        EV = np.zeros((n + int(forgets.sum()), k.NEV), np.int64)
-        EV[at[forgets] + 1, k.EV_KIND] = k.K_FORGET
-        EV[at[forgets] + 1, k.EV_SLOT] = forget[forgets]
+            elif isinstance(item, str):
+                if item in unlogged:
+                    continue
+                slot = known.pop(item, None)
+                if slot is None:
+                    continue
+                planned.discard(item)
+                self.forgotten.append(slot)
+                what.append(_FORGET)
+                which.append(slot)
+            else:
+                row = np.zeros(k.NEV, np.int64)
+                used = self._event(item, row, pieces, used)
+                what.append(_CARRIED)
+                which.append(len(carried))
+                carried.append(row)
         rows = np.zeros((n, k.NEV), np.int64)
         rows[:, k.EV_TS] = ints(col("ts"), 0) * 1000
         rows[:, k.EV_AT] = ints(col("_i"), -1)
@@ -387,17 +416,29 @@ class _Run:
         data, start, middle = decode_columns.templates(batch, self.node, self.boot)
         rows[:, k.EV_TA], rows[:, k.EV_TB] = start, middle
         rows[:, k.EV_TC] = np.append(start[1:], len(data))
+        texts = [data]
         lands = np.flatnonzero(tokens >= 0)
         if len(lands):
             more, first, second, third = decode_columns.landed(batch.take(lands), self.node, self.boot, tokens[lands])
             rows[lands, k.EV_WA], rows[lands, k.EV_WB] = first + len(data), second + len(data)
             rows[lands, k.EV_WC] = third + len(data)
             rows[lands, k.EV_WD] = np.append(first[1:], len(more)) + len(data)
-            data = np.concatenate([data, more])
-        else:
-            data = data.copy()  # (writable, as the kernel's signature has it)
-        EV[at] = rows
-        self._call(EV, len(EV), data)
+            texts.append(more)
+        kinds, places = np.array(what, np.int64), np.array(which, np.int64)
+        EV = np.zeros((len(kinds), k.NEV), np.int64)
+        EV[kinds == _ROW] = rows[places[kinds == _ROW]]
+        EV[kinds == _FORGET, k.EV_KIND] = k.K_FORGET
+        EV[kinds == _FORGET, k.EV_SLOT] = places[kinds == _FORGET]
+        if carried:  # (their templates after the rows': the offsets _event gave them moved past those)
+            ends = np.array(carried)
+            before = sum(len(t) for t in texts)
+            logged = ends[:, k.EV_IMPLIED] == 0  # (an implied end is not written: no template)
+            ends[np.ix_(logged, [k.EV_TA, k.EV_TB, k.EV_TC])] += before
+            lands_too = ends[:, k.EV_WD] != 0
+            ends[np.ix_(lands_too, [k.EV_WA, k.EV_WB, k.EV_WC, k.EV_WD])] += before
+            EV[kinds == _CARRIED] = ends[places[kinds == _CARRIED]]
+            texts.append(_bytes(pieces))
+        self._call(EV, len(EV), np.concatenate(texts))  # (a new array: writable, as the kernel's signature has it)
 
     def _event(self, item: Row, row: np.ndarray, pieces: list[bytes], used: int) -> int:
         """Event ``item`` as a row of the kernel's columns, its templates appended to ``pieces``
@@ -558,6 +599,138 @@ class _Run:
             else:
                 self.step_disagreements.append((_label(values[:3]), _step_worded(code, values[3:])))
         S[k.S_OUT] = S[k.S_NSPLIT] = S[k.S_RECORDS] = S[k.S_NLOG] = 0
+
+
+#: What an event of :meth:`_Run._columns` is: a row of the batch, a transfer end carried to the node, a
+#: request forgotten.
+_ROW, _CARRIED, _FORGET = 0, 1, 2
+
+
+def _in_order(rids: list[str | None], last: np.ndarray) -> Iterator[int | str]:
+    """A batch's rows in order, each request's last followed by its id (:func:`replay.carried.placed`
+    with nothing carried to place)."""
+    for j, rid in enumerate(rids):
+        yield j
+        if last[j] and rid is not None:
+            yield rid
+
+
+class _Placer:
+    """:func:`replay.carried.placed` over a node's rows a batch at a time: where each transfer end
+    carried to the node goes among them, and where each request is forgotten. :meth:`order` gives
+    a batch's events (a row by its place in the batch, a carried end as its record, a forgotten
+    request by its id), or None where nothing carried is left to place (the rows in order, each
+    request's last followed by its id); :meth:`rest`, what comes after the node's last row. Each
+    step is placed's own, on the rows' ids, times, kinds and lasts instead of their records."""
+
+    def __init__(self, carried: Iterator[tuple[int, Row]]) -> None:
+        self._upcoming = iter(carried)
+        self._nxt = next(self._upcoming, None)
+        self._armed: dict[str, list[tuple[int, Row]]] = defaultdict(list)  # by request, in carried order
+        self._by_time: list[tuple[str, int, str]] = []  # heap of the armed: (ts, n, request)
+        self._done: set[str] = set()  # requests past their last record, waiting for their ends
+        self._n = 0
+        self._i = 0  # the node's rows before the batch
+        self._prev: tuple[Any, Any] | None = None  # the (boot, sort key) of the last record handed out
+
+    def _quiet(self) -> bool:
+        return self._nxt is None and not self._by_time and not self._armed
+
+    def _arm(self, at: int) -> None:
+        while self._nxt is not None and self._nxt[0] <= at:
+            row = self._nxt[1]
+            rid = row.record["request_id"]
+            self._armed[rid].append((self._n, row))
+            heapq.heappush(self._by_time, (row.record["ts"], self._n, rid))
+            self._n += 1
+            self._nxt = next(self._upcoming, None)
+
+    def _take(self, rid: str, ns: set[int]) -> list[tuple[int, Row]]:
+        mine = self._armed.get(rid, [])
+        out = [d for d in mine if d[0] in ns]
+        left = [d for d in mine if d[0] not in ns]
+        if left:
+            self._armed[rid] = left
+        else:
+            self._armed.pop(rid, None)
+        return out
+
+    def _place(self, due: list[tuple[int, Row]], before: tuple[Any, Any] | None) -> list[Row | str]:
+        out: list[Row | str] = []
+        ids = []
+        for _, row in sorted(due, key=lambda d: d[0]):
+            ref = self._prev if self._prev is not None else before
+            boot, key = ref if ref is not None else (0, None)
+            record = dict(row.record, boot=boot, _seq_key=NO_SEQ if key is None else key)
+            out.append(row._replace(record=record))
+            self._prev = (boot, record["_seq_key"])
+            ids.append(record["request_id"])
+        for rid in dict.fromkeys(ids):  # (once every end due here is placed)
+            if rid in self._done and not self._armed.get(rid):
+                self._done.discard(rid)
+                out.append(rid)
+        return out
+
+    def order(self, batch: pa.RecordBatch) -> list[int | Row | str] | None:
+        """The events of ``batch``, the node's next rows, in placed's order; None: the rows in order."""
+        n = batch.num_rows
+        self._arm(self._i)
+        if self._quiet() or (not self._by_time and not self._armed and self._nxt is not None
+                             and self._nxt[0] > self._i + n):  # (nothing to place among these rows)
+            self._i += n
+            if n:
+                seq = batch.column("seq")[n - 1].as_py()
+                self._prev = (batch.column("boot")[n - 1].as_py(), seq)
+            return None
+        col = batch.column
+        rids = col("request_id").to_pylist()
+        times = ts_texts(col("ts")).to_pylist()
+        boots, seqs = col("boot").to_pylist(), col("seq").to_pylist()
+        after = flags(pc.equal(col("kind"), "request")) & flags(pc.is_in(col("event"), value_set=_AFTER_END))
+        last = flags(col("_last"))
+        out: list[int | Row | str] = []
+        for j in range(n):
+            rid = rids[j]
+            if self._quiet():
+                out.append(j)
+                self._prev = (boots[j], seqs[j])
+                if last[j] and rid is not None:
+                    out.append(rid)
+                continue
+            self._arm(self._i + j)
+            due_n: dict[str, set[int]] = defaultdict(set)
+            while self._by_time and self._by_time[0][0] < times[j]:
+                _, m, r = heapq.heappop(self._by_time)
+                due_n[r].add(m)
+            if rid in self._armed and after[j]:
+                due_n[rid].update(m for m, _ in self._armed[rid])
+            due = [d for r, ms in due_n.items() for d in self._take(r, ms)]
+            if due:
+                out.extend(self._place(due, (boots[j], seqs[j])))
+            out.append(j)
+            self._prev = (boots[j], seqs[j])
+            self._arm(self._i + j + 1)
+            if last[j] and rid is not None:
+                if self._armed.get(rid):
+                    self._done.add(rid)
+                else:
+                    self._armed.pop(rid, None)
+                    out.append(rid)
+        self._i += n
+        return out
+
+    def rest(self) -> list[Row | str]:
+        """The carried ends left to place after the node's last row, then the requests still to forget."""
+        self._arm(1 << 62)
+        rest = [d for r in list(self._armed) for d in self._take(r, {m for m, _ in self._armed[r]})]
+        out = self._place(rest, None)
+        out.extend(sorted(self._done))
+        return out
+
+
+#: The events after which no transfer end of their request comes (replay.events.AFTER_TRANSFER_END).
+_AFTER_END = pa.array(sorted(e for kind, e in AFTER_TRANSFER_END if kind == "request"))
+assert all(kind == "request" for kind, _ in AFTER_TRANSFER_END)
 
 
 def _bytes(pieces: list[bytes]) -> np.ndarray:

@@ -111,13 +111,9 @@ def replay_node(
     if fast and role == "decode" and decode_fast.covers(configs, engine, what_if, schedule, extra,
                                                        _unmodelled(what_if.apply(configs[0][3]))):
         boot = configs[0][0]  # (compiled: replay/decode_fast.py; the stream comes back where it does not start)
-        if queries.carried.has(node):  # (transfer ends carried to it: its records placed among them, one by one)
-            rest = decode_fast.replay(stream, node, configs, engine, what_if, log, unlogged, confirm, disagreements,
-                                      schedule, cadences.get(boot), horizons.get(boot), clocks_used, engines_used)
-        else:  # (its rows as they come, read a batch at a time as columns)
-            rest = decode_fast.replay_columns(queries.events.batches_of(node), node, configs, engine, what_if, log,
-                                              unlogged, confirm, disagreements, schedule, cadences.get(boot),
-                                              horizons.get(boot), clocks_used, engines_used)
+        rest = decode_fast.replay_columns(queries.events.batches_of(node), carried_to(queries.carried.of(node), node),
+                                          node, configs, engine, what_if, log, unlogged, confirm, disagreements,
+                                          schedule, cadences.get(boot), horizons.get(boot), clocks_used, engines_used)
         if rest is None:
             return
         stream = rest

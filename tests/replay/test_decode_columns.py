@@ -127,3 +127,67 @@ def test_times_written_a_batch_at_a_time_as_one_at_a_time() -> None:
     for lo, hi in ((four_digits, last), (first, four_digits), (first, last)):
         micros = [rng.randrange(lo, hi + 1) for _ in range(500)] + [lo, hi]
         assert ts_texts(pa.array(micros, pa.int64())).to_pylist() == [ts_text(t * 1000) for t in micros]
+
+
+def test_carried_ends_placed_among_batches_as_placed_places_them() -> None:
+    """decode_fast._Placer, over a node's rows a batch at a time (batches of any size), against
+    replay.carried.placed over the same rows as records: the same rows, carried ends (with the boot
+    and key each takes) and forgotten requests, in the same order."""
+    from replay.carried import placed
+    from replay.decode_fast import _Placer
+    from replay.events import Row
+
+    rng = random.Random(21)
+    general = after_last = 0  # (batches placed end by end; carried ends placed after the node's last row)
+    for _ in range(300):
+        n = rng.randrange(0, 40)
+        rids = [rng.choice([None, *(f"r{i}" for i in range(8))]) for _ in range(n)]
+        micros = sorted(rng.randrange(1_700_000_000_000_000, 1_700_000_000_000_100) for _ in range(n))
+        if rng.random() < 0.3:  # (times out of order)
+            rng.shuffle(micros)
+        kinds = [rng.choice([("request", "admitted"), ("request", "decode_started"), ("request", "finished"),
+                             ("transfer", "completed"), ("step", None)]) for _ in range(n)]
+        seen: set[str] = set()
+        last = [False] * n
+        for j in range(n - 1, -1, -1):  # (a request's last row on the node)
+            if rids[j] is not None and rids[j] not in seen:
+                seen.add(rids[j])
+                last[j] = True
+        batch = pa.RecordBatch.from_pydict({
+            "kind": pa.array([k for k, _ in kinds], pa.string()), "ts": pa.array(micros, pa.int64()),
+            "boot": pa.array([0] * n, pa.int64()),
+            "seq": pa.array([j if rng.random() < 0.9 else None for j in range(n)], pa.int64()),
+            "request_id": pa.array(rids, pa.string()), "event": pa.array([e for _, e in kinds], pa.string()),
+            "_last": pa.array(last, pa.bool_())})
+        records = [dict(kind=kinds[j][0], ts=ts_text(micros[j] * 1000), boot=0, seq=batch.column("seq")[j].as_py(),
+                        request_id=rids[j], event=kinds[j][1]) for j in range(n)]
+        rows = [Row(r, last[j], None, False) for j, r in enumerate(records)]
+        carried = sorted(((rng.randrange(0, n + 2), Row(
+            {"kind": "transfer", "ts": ts_text(rng.randrange(1_700_000_000_000_000, 1_700_000_000_000_100) * 1000),
+             "request_id": f"r{rng.randrange(8)}", "event": "completed", "seq": None}, False, None, False))
+            for _ in range(rng.randrange(0, 6))), key=lambda c: c[0])
+        expected = list(placed(iter(rows), iter(carried)))
+        placer = _Placer(iter(carried))
+        got: list[Any] = []
+        at = 0
+        while at < n or at == 0:
+            size = rng.randrange(1, 12)
+            part = batch.slice(at, size)
+            order = placer.order(part)
+            general += order is not None
+            if order is None:  # (the rows in order, each request's last followed by its id)
+                order = []
+                for j in range(part.num_rows):
+                    order.append(j)
+                    if last[at + j] and rids[at + j] is not None:
+                        order.append(rids[at + j])
+            got += [rows[at + x] if isinstance(x, int) else x for x in order]
+            at += size
+            if at >= n:
+                break
+        rest = placer.rest()
+        after_last += any(not isinstance(x, str) for x in rest)
+        got += rest
+        assert [x if isinstance(x, str) else x.record for x in got] == \
+            [x if isinstance(x, str) else x.record for x in expected]
+    assert general > 100 and after_last > 20
