@@ -18,9 +18,7 @@ clock and engine the replay's tally reads.
 
 from __future__ import annotations
 
-import heapq
 import os
-from collections import defaultdict
 from collections.abc import Iterator
 from itertools import chain
 from typing import Any
@@ -32,7 +30,7 @@ import pyarrow.compute as pc
 from forensics import compiled
 from replay import decode_columns
 from replay import decode_kernel as k
-from replay.carried import placed
+from replay.carried import Placer, placed
 from replay.configs import WhatIf
 from replay.engine import (
     EXCEEDS_POOL,
@@ -315,7 +313,7 @@ class _Run:
         """Run the node's rows of ``node_events`` with the transfer ends ``carried`` to it
         (:func:`replay.carried.carried_to`), a batch at a time as columns: what :meth:`all` does over
         them as :func:`replay.carried.placed` orders them, for each batch at once where it can."""
-        placer = _Placer(carried)
+        placer = _Batches(carried)
         for batch in batches:
             for lo in range(0, batch.num_rows, BATCH):
                 part = batch.slice(lo, BATCH)
@@ -333,7 +331,7 @@ class _Run:
 
     def _columns(self, batch: pa.RecordBatch, items: list[int | Row | str] | None) -> None:
         """The rows of ``batch`` as the kernel's events, given to it in one call, in the order of
-        ``items`` (:class:`_Placer`: a row by its place in the batch, a transfer end carried to the
+        ``items`` (:class:`_Batches`: a row by its place in the batch, a transfer end carried to the
         node as its record, a request forgotten by its id); None: the rows in order, each request's
         last followed by its forgetting (nothing carried to place among them)."""
         n = batch.num_rows
@@ -615,117 +613,48 @@ def _in_order(rids: list[str | None], last: np.ndarray) -> Iterator[int | str]:
             yield rid
 
 
-class _Placer:
-    """:func:`replay.carried.placed` over a node's rows a batch at a time: where each transfer end
-    carried to the node goes among them, and where each request is forgotten. :meth:`order` gives
-    a batch's events (a row by its place in the batch, a carried end as its record, a forgotten
-    request by its id), or None where nothing carried is left to place (the rows in order, each
-    request's last followed by its id); :meth:`rest`, what comes after the node's last row. Each
-    step is placed's own, on the rows' ids, times, kinds and lasts instead of their records."""
+class _Batches:
+    """:func:`replay.carried.placed` over a node's rows a batch at a time (its :class:`Placer`): a
+    batch's events in placed's order (a row by its place in the batch, a carried end as its record, a
+    forgotten request by its id), or None where nothing carried is to be placed among its rows (the
+    rows in order, each request's last followed by its id); then :meth:`rest`, what comes after the
+    node's last row."""
 
     def __init__(self, carried: Iterator[tuple[int, Row]]) -> None:
-        self._upcoming = iter(carried)
-        self._nxt = next(self._upcoming, None)
-        self._armed: dict[str, list[tuple[int, Row]]] = defaultdict(list)  # by request, in carried order
-        self._by_time: list[tuple[str, int, str]] = []  # heap of the armed: (ts, n, request)
-        self._done: set[str] = set()  # requests past their last record, waiting for their ends
-        self._n = 0
+        self.placer = Placer(carried)
         self._i = 0  # the node's rows before the batch
-        self._prev: tuple[Any, Any] | None = None  # the (boot, sort key) of the last record handed out
-
-    def _quiet(self) -> bool:
-        return self._nxt is None and not self._by_time and not self._armed
-
-    def _arm(self, at: int) -> None:
-        while self._nxt is not None and self._nxt[0] <= at:
-            row = self._nxt[1]
-            rid = row.record["request_id"]
-            self._armed[rid].append((self._n, row))
-            heapq.heappush(self._by_time, (row.record["ts"], self._n, rid))
-            self._n += 1
-            self._nxt = next(self._upcoming, None)
-
-    def _take(self, rid: str, ns: set[int]) -> list[tuple[int, Row]]:
-        mine = self._armed.get(rid, [])
-        out = [d for d in mine if d[0] in ns]
-        left = [d for d in mine if d[0] not in ns]
-        if left:
-            self._armed[rid] = left
-        else:
-            self._armed.pop(rid, None)
-        return out
-
-    def _place(self, due: list[tuple[int, Row]], before: tuple[Any, Any] | None) -> list[Row | str]:
-        out: list[Row | str] = []
-        ids = []
-        for _, row in sorted(due, key=lambda d: d[0]):
-            ref = self._prev if self._prev is not None else before
-            boot, key = ref if ref is not None else (0, None)
-            record = dict(row.record, boot=boot, _seq_key=NO_SEQ if key is None else key)
-            out.append(row._replace(record=record))
-            self._prev = (boot, record["_seq_key"])
-            ids.append(record["request_id"])
-        for rid in dict.fromkeys(ids):  # (once every end due here is placed)
-            if rid in self._done and not self._armed.get(rid):
-                self._done.discard(rid)
-                out.append(rid)
-        return out
 
     def order(self, batch: pa.RecordBatch) -> list[int | Row | str] | None:
-        """The events of ``batch``, the node's next rows, in placed's order; None: the rows in order."""
         n = batch.num_rows
-        self._arm(self._i)
-        if self._quiet() or (not self._by_time and not self._armed and self._nxt is not None
-                             and self._nxt[0] > self._i + n):  # (nothing to place among these rows)
-            self._i += n
-            if n:
-                seq = batch.column("seq")[n - 1].as_py()
-                self._prev = (batch.column("boot")[n - 1].as_py(), seq)
-            return None
+        placer, first = self.placer, self._i
+        self._i += n
         col = batch.column
+        boots, seqs = col("boot"), col("seq")
+        if placer.quiet() or placer.waits_past(first + n - 1):  # (nothing to place among these rows)
+            if n:
+                placer.passed((boots[n - 1].as_py(), seqs[n - 1].as_py()))
+            return None
         rids = col("request_id").to_pylist()
         times = ts_texts(col("ts")).to_pylist()
-        boots, seqs = col("boot").to_pylist(), col("seq").to_pylist()
+        keys = list(zip(boots.to_pylist(), seqs.to_pylist(), strict=True))
         after = flags(pc.equal(col("kind"), "request")) & flags(pc.is_in(col("event"), value_set=_AFTER_END))
         last = flags(col("_last"))
         out: list[int | Row | str] = []
         for j in range(n):
             rid = rids[j]
-            if self._quiet():
+            if placer.quiet():
                 out.append(j)
-                self._prev = (boots[j], seqs[j])
+                placer.passed(keys[j])
                 if last[j] and rid is not None:
                     out.append(rid)
                 continue
-            self._arm(self._i + j)
-            due_n: dict[str, set[int]] = defaultdict(set)
-            while self._by_time and self._by_time[0][0] < times[j]:
-                _, m, r = heapq.heappop(self._by_time)
-                due_n[r].add(m)
-            if rid in self._armed and after[j]:
-                due_n[rid].update(m for m, _ in self._armed[rid])
-            due = [d for r, ms in due_n.items() for d in self._take(r, ms)]
-            if due:
-                out.extend(self._place(due, (boots[j], seqs[j])))
+            out.extend(placer.before(first + j, rid, times[j], bool(after[j]), keys[j]))
             out.append(j)
-            self._prev = (boots[j], seqs[j])
-            self._arm(self._i + j + 1)
-            if last[j] and rid is not None:
-                if self._armed.get(rid):
-                    self._done.add(rid)
-                else:
-                    self._armed.pop(rid, None)
-                    out.append(rid)
-        self._i += n
+            out.extend(placer.after(first + j, rid, bool(last[j]), keys[j]))
         return out
 
     def rest(self) -> list[Row | str]:
-        """The carried ends left to place after the node's last row, then the requests still to forget."""
-        self._arm(1 << 62)
-        rest = [d for r in list(self._armed) for d in self._take(r, {m for m, _ in self._armed[r]})]
-        out = self._place(rest, None)
-        out.extend(sorted(self._done))
-        return out
+        return self.placer.rest()
 
 
 #: The events after which no transfer end of their request comes (replay.events.AFTER_TRANSFER_END).

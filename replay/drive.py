@@ -60,8 +60,8 @@ def replay_node(
     requests = {rid: r for rid, (r, _, _) in unlogged.items()}
     plans = {rid: p for rid, (_, p, _) in unlogged.items()}
     served: set[str] | None = set() if confirm else None
-    stream: Iterator[Row | str] = placed(node_events(queries.events.batches_of(node)),
-                                        carried_to(queries.carried.of(node), node))
+    events, carried = queries.events.batches_of(node), carried_to(queries.carried.of(node), node)
+    stream: Iterator[Row | str] = placed(node_events(events), carried)  # (lazy: the compiled node reads them itself)
     engines: list[NodeEngine] = []
 
     def admit(row: Row) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def replay_node(
         router = NodeEngine(NodeConfig(node, "router", 1 << 62, 1, 2), engine, log, requests, plans)
         engines.append(router)
         if ROUTER_COLUMNS and log.writes_files:  # (its records as columns, a batch at a time: the same lines)
-            router_columns.route(queries.events.batches_of(node), node, log, unlogged)
+            router_columns.route(events, node, log, unlogged)
             return
         for item in stream:
             if isinstance(item, str):
@@ -111,9 +111,9 @@ def replay_node(
     if fast and role == "decode" and decode_fast.covers(configs, engine, what_if, schedule, extra,
                                                        _unmodelled(what_if.apply(configs[0][3]))):
         boot = configs[0][0]  # (compiled: replay/decode_fast.py; the stream comes back where it does not start)
-        rest = decode_fast.replay_columns(queries.events.batches_of(node), carried_to(queries.carried.of(node), node),
-                                          node, configs, engine, what_if, log, unlogged, confirm, disagreements,
-                                          schedule, cadences.get(boot), horizons.get(boot), clocks_used, engines_used)
+        rest = decode_fast.replay_columns(events, carried, node, configs, engine, what_if, log, unlogged, confirm,
+                                          disagreements, schedule, cadences.get(boot), horizons.get(boot), clocks_used,
+                                          engines_used)
         if rest is None:
             return
         stream = rest

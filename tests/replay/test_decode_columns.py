@@ -130,11 +130,12 @@ def test_times_written_a_batch_at_a_time_as_one_at_a_time() -> None:
 
 
 def test_carried_ends_placed_among_batches_as_placed_places_them() -> None:
-    """decode_fast._Placer, over a node's rows a batch at a time (batches of any size), against
-    replay.carried.placed over the same rows as records: the same rows, carried ends (with the boot
-    and key each takes) and forgotten requests, in the same order."""
+    """decode_fast._Batches, carried.Placer driven over a node's rows a batch at a time (batches of
+    any size, the rows with nothing to place passed over in bulk), against replay.carried.placed
+    driving it a record at a time: the same rows, carried ends (with the boot and key each takes)
+    and forgotten requests, in the same order."""
     from replay.carried import placed
-    from replay.decode_fast import _Placer
+    from replay.decode_fast import _Batches
     from replay.events import Row
 
     rng = random.Random(21)
@@ -167,7 +168,7 @@ def test_carried_ends_placed_among_batches_as_placed_places_them() -> None:
              "request_id": f"r{rng.randrange(8)}", "event": "completed", "seq": None}, False, None, False))
             for _ in range(rng.randrange(0, 6))), key=lambda c: c[0])
         expected = list(placed(iter(rows), iter(carried)))
-        placer = _Placer(iter(carried))
+        placer = _Batches(iter(carried))
         got: list[Any] = []
         at = 0
         while at < n or at == 0:
